@@ -1,0 +1,33 @@
+"""The JSON body of one chat completion, exactly as SGLang 0.5.23 takes it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from regen.config import SamplingConfig
+
+
+def chat_request_body(
+    model: str,
+    messages: list[dict[str, str]],
+    sampling: SamplingConfig,
+    rid: str | None = None,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """`rid` is the sample id, so a request can be found in server logs and aborted by id."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens if max_tokens is not None else sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "chat_template_kwargs": {"enable_thinking": sampling.enable_thinking},
+        "separate_reasoning": True,
+        "stream": False,
+    }
+    if sampling.min_p:
+        body["min_p"] = sampling.min_p
+    if rid is not None:
+        body["rid"] = rid
+    return body

@@ -1,0 +1,248 @@
+"""`RegenConfig`: the one configuration model, loaded from YAML and used as the flow's parameter.
+
+Every section forbids unknown keys, so a typo is an error that names its dotted path
+instead of a silently ignored setting discovered after the GPUs are rented.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from regen.audit.thresholds import AuditConfig
+from regen.errors import ConfigError
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ModelConfig(_Section):
+    """Where the weights come from and under which name the servers serve them."""
+
+    source: str = Field(description="Local directory, s3://bucket/prefix, or hf://org/repo.")
+    revision: str | None = Field(default=None, description="HF revision or S3 version tag.")
+    served_name: str = Field(min_length=1, description="--served-model-name of every server.")
+    stage_dir: Path | None = Field(
+        default=None,
+        description="Where the model is staged (a RAM disk); default /dev/shm/regen-models/<name>.",
+    )
+    stage: bool = Field(default=True, description="Copy the model to stage_dir before launch.")
+    tokenizer_path: Path | None = Field(
+        default=None, description="Tokenizer for the audit's loss-mask check; default the model."
+    )
+
+    def staged_path(self) -> Path:
+        """The directory the servers load from."""
+        if not self.stage:
+            return Path(self.source)
+        return self.stage_dir or Path("/dev/shm/regen-models") / self.served_name
+
+
+class SpeculativeConfig(_Section):
+    """MTP / EAGLE speculative decoding; NEXTN needs no draft model for Qwen3.5-family models."""
+
+    enabled: bool = True
+    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = "NEXTN"
+    num_steps: int = Field(default=3, ge=1)
+    eagle_topk: int = Field(default=1, ge=1)
+    num_draft_tokens: int = Field(default=4, ge=1)
+    draft_model_path: Path | None = None
+
+
+class EmulatorConfig(_Section):
+    """Settings only the emulator reads: simulated speed, load time and injected faults."""
+
+    load_s: float = Field(default=0.5, ge=0)
+    tokens_per_s: float = Field(default=250.0, gt=0)
+    time_scale: float = Field(default=0.01, gt=0, description="Wall seconds per simulated second.")
+    seed: int = 0
+    reasoning_tokens: str = Field(default="200:4000", pattern=r"^\d+:\d+$")
+    answer_tokens: str = Field(default="20:800", pattern=r"^\d+:\d+$")
+    faults: list[str] = Field(default_factory=list, description="--emu-fault specs, all servers.")
+    server_faults: dict[int, list[str]] = Field(
+        default_factory=dict, description="Extra --emu-fault specs by server index."
+    )
+
+
+class EngineConfig(_Section):
+    """How the fleet is launched: one server per GPU, each on base_port + index."""
+
+    kind: Literal["sglang", "emulator", "external"] = "sglang"
+    python: str = Field(
+        default=sys.executable,
+        description="Interpreter of the venv that has sglang (on a local file system).",
+    )
+    launcher: Literal["module", "serve"] = "module"
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(default_factory=lambda: [0])
+    host: str = "127.0.0.1"
+    base_port: Port = 30000
+    api_key: SecretStr | None = Field(
+        default=None, description="Server API key; generated per run when empty."
+    )
+    reasoning_parser: str | None = "qwen3"
+    speculative: SpeculativeConfig = SpeculativeConfig()
+    max_running_requests: int = Field(default=64, ge=1)
+    context_length: int = Field(default=40960, ge=256)
+    mem_fraction_static: float = Field(default=0.88, gt=0, le=1)
+    extra_args: list[str] = Field(default_factory=list)
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    min_servers: int | None = Field(
+        default=None, ge=1, description="Go on with this many healthy servers; default all."
+    )
+    urls: list[str] = Field(default_factory=list, description="Server URLs for kind: external.")
+    emulator: EmulatorConfig = EmulatorConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if self.kind == "external" and not self.urls:
+            raise ValueError("engine.kind external needs engine.urls")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"engine.gpus lists a GPU twice: {self.gpus}")
+        if self.base_port + self.num_servers - 1 > 65535:
+            raise ValueError("engine.base_port + number of GPUs exceeds 65535")
+        if self.host not in {"127.0.0.1", "localhost", "::1"} and self.api_key is None:
+            raise ValueError(f"engine.host {self.host} is not loopback: set engine.api_key")
+        if self.min_servers is not None and self.min_servers > self.num_servers:
+            raise ValueError(f"engine.min_servers {self.min_servers} > {self.num_servers} servers")
+        return self
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.urls) if self.kind == "external" else len(self.gpus)
+
+
+class SamplingConfig(_Section):
+    """The sampling parameters of every request; part of the run's fingerprint."""
+
+    max_tokens: int = Field(default=4096, ge=1)
+    temperature: float = Field(default=0.6, ge=0)
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    top_k: int = Field(default=20, ge=-1)
+    min_p: float = Field(default=0.0, ge=0, le=1)
+    enable_thinking: bool = True
+
+
+class GenerationConfig(_Section):
+    """How the dispatcher retries, gives up and reports."""
+
+    max_attempts: int = Field(default=4, ge=1)
+    request_timeout_s: float | None = Field(
+        default=None, gt=0, description="Default: derived from max_tokens and measured speed."
+    )
+    fleet_dead_s: float = Field(default=120.0, gt=0)
+    retry_errors: bool = Field(default=False, description="Regenerate error rows of done shards.")
+    shards: str | None = Field(default=None, pattern=r"^\d*:\d*$", description="e.g. 100:200")
+    shard_retries: int = Field(default=2, ge=0)
+    progress_interval_s: float = Field(default=2.0, gt=0)
+    new_output: bool = Field(
+        default=False, description="Allow a changed fingerprint: start a fresh dataset."
+    )
+
+
+class RegenConfig(_Section):
+    """Everything a run needs; the Prefect flow takes it as its parameter (a form in the UI)."""
+
+    model: ModelConfig
+    engine: EngineConfig = EngineConfig()
+    prompts: str = Field(description="JSONL or Parquet file, local path or s3:// URL.")
+    output: str = Field(description="Dataset root: a directory or an s3://bucket/prefix.")
+    work_dir: Path = Field(default=Path(".regen"), description="Local logs and PID files.")
+    sampling: SamplingConfig = SamplingConfig()
+    shard_size: int = Field(default=500, gt=0)
+    concurrency_per_server: int | None = Field(
+        default=None, gt=0, description="Default: engine.max_running_requests."
+    )
+    generation: GenerationConfig = GenerationConfig()
+    audit: AuditConfig = AuditConfig()
+
+    @field_validator("prompts", "output")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        if value.startswith("s3://") and not value[len("s3://") :].split("/", 1)[0]:
+            raise ValueError(f"{value!r} has no bucket name")
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @property
+    def concurrency(self) -> int:
+        return self.concurrency_per_server or self.engine.max_running_requests
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "<root>"
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem, each naming the dotted key, e.g. `engine.base_port: ...`."""
+    lines = []
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{source}: {_dotted(e['loc'])}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "config") -> RegenConfig:
+    """Validate a mapping (from YAML, a flow parameter or a test) into a `RegenConfig`."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
+    try:
+        return RegenConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def read_config_data(path: Path) -> dict[str, Any]:
+    """The raw mapping of a YAML config file, with YAML errors named by file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read config: {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}:{where}: invalid YAML: {problem}") from None
+    if data is None:
+        raise ConfigError(f"{path}: config file is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: Path, overrides: dict[str, Any] | None = None) -> RegenConfig:
+    """Load a YAML file, apply dotted-key overrides from the CLI, and validate."""
+    data = read_config_data(path)
+    for key, value in (overrides or {}).items():
+        set_dotted(data, key, value)
+    return parse_config(data, str(path))
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `a.b.c` in a nested mapping, creating sections as needed."""
+    *parents, last = key.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value

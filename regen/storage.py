@@ -1,0 +1,105 @@
+"""The dataset root behind one small interface: a local directory or an S3 prefix.
+
+Everything that writes the dataset goes through `Storage`, so the commit protocol
+(data first, manifest last) is written once and holds on both back ends.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from regen.errors import UserError
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """Keys are '/'-separated paths relative to the dataset root."""
+
+    uri: str
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """Write atomically: a reader sees the old object, the new one, or none."""
+
+    def read_bytes(self, key: str) -> bytes:
+        """Raise FileNotFoundError when the key does not exist."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys under `prefix`, sorted."""
+
+    def delete(self, key: str) -> None:
+        """Delete; a missing key is not an error."""
+
+    def polars_path(self, key: str) -> str:
+        """A path or URL polars can scan (a glob is allowed)."""
+
+    def polars_options(self) -> dict[str, Any] | None:
+        """`storage_options` for polars, or None for local files."""
+
+
+class LocalStorage:
+    """A directory; writes go to a temp file in the same directory, fsync, then os.replace."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.expanduser().absolute()
+        self.uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            # mkstemp creates 0600; the dataset should follow the user's umask like any file.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def read_bytes(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix)
+        if prefix and not prefix.endswith("/"):
+            base = base.parent
+        if not base.is_dir():
+            return []
+        keys = (p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
+        return sorted(k for k in keys if k.startswith(prefix) and not Path(k).name.startswith("."))
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def polars_path(self, key: str) -> str:
+        return str(self._path(key))
+
+    def polars_options(self) -> dict[str, Any] | None:
+        return None
+
+
+def open_storage(uri: str) -> Storage:
+    """A `Storage` for a directory path or an `s3://bucket/prefix` URL."""
+    if uri.startswith("s3://"):
+        from regen.s3 import S3Storage
+
+        return S3Storage.from_url(uri)
+    if "://" in uri:
+        raise UserError(f"{uri}: unsupported storage URL (use a directory or s3://bucket/prefix)")
+    return LocalStorage(Path(uri))
