@@ -79,6 +79,17 @@ class EmulatorConfig(_Section):
     )
 
 
+class BenchConfig(_Section):
+    """The fleet's micro-benchmark: a short fixed load per server, to catch a slow GPU early."""
+
+    concurrency: int = Field(default=32, ge=1)
+    max_tokens: int = Field(default=256, ge=1)
+    budget_s: float = Field(default=20.0, gt=0)
+    min_relative_speed: float = Field(
+        default=0.5, ge=0, le=1, description="Flag a server below this share of the median."
+    )
+
+
 class EngineConfig(_Section):
     """How the fleet is launched: one server per GPU, each on base_port + index."""
 
@@ -105,6 +116,7 @@ class EngineConfig(_Section):
         default=None, ge=1, description="Go on with this many healthy servers; default all."
     )
     urls: list[str] = Field(default_factory=list, description="Server URLs for kind: external.")
+    bench: BenchConfig = BenchConfig()
     emulator: EmulatorConfig = EmulatorConfig()
 
     @model_validator(mode="after")

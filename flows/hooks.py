@@ -1,0 +1,40 @@
+"""State hooks: a cancelled or crashed run must not leave servers holding GPUs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import Flow
+from prefect.client.schemas.objects import FlowRun
+from prefect.logging import get_logger
+from prefect.states import State
+
+from regen.config import parse_config
+from regen.fleet import reap_orphans
+from regen.storage import open_storage
+
+
+def reap_fleet_on_exit(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any]) -> None:
+    """Stop every server this run's work dir records and mark progress.json with the end state.
+
+    Hooks get only the flow run, so the fleet is found through its PID files rather than an
+    object: the same path works in the flow's own process and after it was killed.
+    """
+    logger = get_logger("regen.hooks")
+    raw = flow_run.parameters.get("config")
+    if raw is None:
+        return
+    config = parse_config(
+        raw if isinstance(raw, dict) else json.loads(json.dumps(raw, default=str))
+    )
+    stopped = reap_orphans(Path(config.work_dir))
+    logger.warning("run %s: %s; stopped %d server(s)", flow_run.name, state.name, len(stopped))
+    storage = open_storage(config.output)
+    try:
+        progress = json.loads(storage.read_bytes("progress.json"))
+    except (FileNotFoundError, ValueError):
+        progress = {}
+    progress["state"] = state.name
+    storage.write_bytes("progress.json", json.dumps(progress, indent=2).encode())

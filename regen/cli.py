@@ -1,0 +1,162 @@
+"""`regen`: the command line. Each verb is thin; the work is in the library and the flows.
+
+Prefect is imported only by the verbs that run a flow, so `regen emulator` and
+`regen --help` start fast and a config error is reported before Prefect loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from regen.errors import UserError
+
+
+def _add_config(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument(
+        "--config", "-c", type=Path, required=required, help="YAML file with a RegenConfig."
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="regen",
+        description="Regenerate a prompt set with a target model on a fleet of SGLang servers.",
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    p = verbs.add_parser(
+        "rehearse",
+        help="Run the whole flow on this CPU against emulated SGLang servers.",
+        description="The real flow, config, storage and Prefect states, with emulators for GPUs.",
+    )
+    _add_config(p, required=False)
+    p.add_argument("--prompts", help="JSONL/Parquet prompts (default: the bundled sample set).")
+    p.add_argument("--out", help="Dataset root, a directory or s3://bucket/prefix.")
+    p.add_argument("--servers", type=int, help="Number of emulator servers (default 4).")
+    p.add_argument(
+        "--emu-fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="Fault injected into every emulator, e.g. empty-answer=0.87 (repeatable).",
+    )
+    p.set_defaults(func=_rehearse)
+
+    p = verbs.add_parser("run", help="Run the flow on this node's GPUs (engine.kind: sglang).")
+    _add_config(p, required=True)
+    p.set_defaults(func=_run)
+
+    p = verbs.add_parser("check", help="Provisioning checks only: a table, exit 1 on failure.")
+    _add_config(p, required=True)
+    p.set_defaults(func=_check)
+
+    p = verbs.add_parser("audit", help="Audit an existing dataset; exit 1 when the gate fails.")
+    p.add_argument("dataset", help="Dataset root, a directory or s3://bucket/prefix.")
+    _add_config(p, required=False)
+    p.set_defaults(func=_audit)
+
+    p = verbs.add_parser(
+        "emulator",
+        help="One SGLang-compatible emulator server (same as python -m regen.emulator).",
+        add_help=False,
+    )
+    p.set_defaults(func=None)
+
+    p = verbs.add_parser("blocks", help="Prefect blocks: register the block types.")
+    p.add_argument("action", choices=["register"], help="register: make the blocks known.")
+    p.set_defaults(func=_blocks)
+    return parser
+
+
+def _prefect_env() -> None:
+    # No network here or on many GPU nodes: Prefect's telemetry would only log an error.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def _rehearse(args: argparse.Namespace) -> int:
+    from regen.rehearsal import rehearsal_config
+
+    config = rehearsal_config(
+        config_path=args.config,
+        prompts=args.prompts,
+        out=args.out,
+        servers=args.servers,
+        faults=args.emu_fault,
+    )
+    return _run_flow(config)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from regen.config import load_config
+
+    return _run_flow(load_config(args.config))
+
+
+def _run_flow(config: object) -> int:
+    _prefect_env()
+    from flows.runner import run_regenerate
+
+    return run_regenerate(config)  # type: ignore[arg-type]
+
+
+def _check(args: argparse.Namespace) -> int:
+    from regen.config import load_config
+    from regen.preflight import print_report, run_checks
+
+    report = run_checks(load_config(args.config))
+    print_report(report)
+    return 0 if report.ok else 1
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from regen.audit import audit_table, run_audit
+    from regen.audit.thresholds import AuditConfig
+    from regen.config import load_config
+    from regen.storage import open_storage
+
+    audit_config = load_config(args.config).audit if args.config else AuditConfig()
+    result = run_audit(open_storage(args.dataset), audit_config)
+    Console().print(audit_table(result))
+    print(f"verdict: {result.verdict}")
+    return 1 if result.verdict == "fail" else 0
+
+
+def _blocks(args: argparse.Namespace) -> int:
+    _prefect_env()
+    from blocks import register_blocks
+
+    for name in register_blocks():
+        print(f"registered block type {name}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `regen` console script; user errors are one line, exit 1 or 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "emulator":
+        from regen.emulator import main as emulator_main
+
+        return emulator_main(argv[1:])
+    args = _parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except UserError as err:
+        print(f"regen: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(
+            "regen: interrupted; the fleet was stopped and committed shards are kept.",
+            file=sys.stderr,
+        )
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

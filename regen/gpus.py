@@ -1,0 +1,47 @@
+"""What the node's GPUs are, through NVML, behind an interface tests can feed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+    driver: str
+
+
+class GpuProbe(Protocol):
+    """Lists the GPUs; raises RuntimeError when the driver cannot be reached."""
+
+    def gpus(self) -> list[GpuInfo]: ...
+
+
+class NvmlProbe:
+    """The real probe: nvidia-ml-py, imported only when a GPU run asks for it."""
+
+    def gpus(self) -> list[GpuInfo]:
+        try:
+            import pynvml
+        except ImportError as err:
+            hint = "nvidia-ml-py is not installed (pip install 'regen[sglang]')"
+            raise RuntimeError(hint) from err
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            raise RuntimeError(f"NVML: {err}") from err
+        try:
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            out = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                name = pynvml.nvmlDeviceGetName(handle)
+                out.append(GpuInfo(i, str(name), int(mem.total), int(mem.free), str(driver)))
+            return out
+        finally:
+            pynvml.nvmlShutdown()

@@ -1,0 +1,359 @@
+"""Provisioning checks: everything that can be known before a GPU is rented or a server starts.
+
+Every check runs even when another fails, so one rehearsal shows every problem at once;
+any failed row stops the run before staging or launch.
+"""
+
+from __future__ import annotations
+
+import compileall
+import importlib
+import pkgutil
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import psutil
+from pydantic import BaseModel
+
+from regen.config import RegenConfig
+from regen.gpus import GpuProbe, NvmlProbe
+from regen.ports import port_is_free
+
+Status = Literal["ok", "warn", "fail", "skip"]
+
+# The sglang releases whose launch flags the command builder was written against.
+KNOWN_SGLANG = ("0.5.23",)
+REMOTE_FILESYSTEMS = {
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smbfs",
+    "fuse",
+    "fuse.sshfs",
+    "lustre",
+    "gpfs",
+    "fuse.s3fs",
+    "fuse.gcsfuse",
+    "9p",
+}
+
+
+class CheckRow(BaseModel):
+    """One line of the provisioning table: what was checked, what was found, how to fix it."""
+
+    name: str
+    status: Status
+    figure: str = ""
+    hint: str = ""
+
+
+class PreflightReport(BaseModel):
+    rows: list[CheckRow]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status != "fail" for r in self.rows)
+
+    def failures(self) -> list[CheckRow]:
+        return [r for r in self.rows if r.status == "fail"]
+
+    def summary(self) -> str:
+        """One line per failed check, for the error that fails the stage."""
+        return "; ".join(
+            f"{r.name}: {r.figure} ({r.hint})" if r.hint else f"{r.name}: {r.figure}"
+            for r in self.failures()
+        )
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _fs_type(path: Path) -> str:
+    """The mount type of the file system holding `path` (longest mount-point match)."""
+    path = path.resolve()
+    best, kind = "", "unknown"
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint
+        if (str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")) and len(
+            mount
+        ) > len(best):
+            best, kind = mount, part.fstype
+    return kind
+
+
+def check_config(config: RegenConfig) -> CheckRow:
+    problems = []
+    if config.concurrency > config.engine.max_running_requests:
+        problems.append(
+            f"concurrency_per_server {config.concurrency} > engine.max_running_requests "
+            f"{config.engine.max_running_requests} (requests would queue inside the server)"
+        )
+    if config.sampling.max_tokens >= config.engine.context_length:
+        problems.append(
+            f"sampling.max_tokens {config.sampling.max_tokens} leaves no room for a prompt in "
+            f"engine.context_length {config.engine.context_length}"
+        )
+    if problems:
+        return CheckRow(
+            name="config", status="fail", figure="; ".join(problems), hint="fix the config"
+        )
+    return CheckRow(
+        name="config",
+        status="ok",
+        figure=f"shard_size {config.shard_size}, concurrency {config.concurrency}",
+    )
+
+
+def check_code() -> CheckRow:
+    """Compile and import every module that will run: the incident's SyntaxError, caught here."""
+    bad = []
+    count = 0
+    for package in ("regen", "tasks", "flows", "blocks"):
+        mod = importlib.import_module(package)
+        for location in getattr(mod, "__path__", []):
+            if not compileall.compile_dir(location, quiet=2, force=False):
+                bad.append(f"{package}: compile error under {location}")
+        for info in pkgutil.walk_packages(mod.__path__, prefix=f"{package}."):
+            if info.name.endswith("__main__"):
+                continue
+            count += 1
+            try:
+                importlib.import_module(info.name)
+            except Exception as err:  # any import failure is exactly what this check is for
+                bad.append(f"{info.name}: {type(err).__name__}: {err}")
+    if bad:
+        return CheckRow(
+            name="code",
+            status="fail",
+            figure="; ".join(bad[:3]),
+            hint="fix the module before renting GPUs",
+        )
+    return CheckRow(name="code", status="ok", figure=f"{count} modules compile and import")
+
+
+def check_engine(config: RegenConfig, import_timeout_s: float = 60.0) -> CheckRow:
+    engine = config.engine
+    if engine.kind == "external":
+        return CheckRow(name="engine", status="skip", figure="external servers, nothing to launch")
+    python = shutil.which(engine.python) or engine.python
+    if not Path(python).exists():
+        return CheckRow(
+            name="engine",
+            status="fail",
+            figure=f"{engine.python} not found",
+            hint="set engine.python to the venv interpreter that has sglang",
+        )
+    module = "sglang" if engine.kind == "sglang" else "regen.emulator"
+    code = f"import {module} as m; print(getattr(m, '__version__', 'ok'))"
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [python, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=import_timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return CheckRow(
+            name="engine",
+            status="fail",
+            figure=f"import {module} took over {import_timeout_s:.0f} s",
+            hint="put the venv on a local disk, not a network file system",
+        )
+    took = time.monotonic() - start
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return CheckRow(
+            name="engine",
+            status="fail",
+            figure=f"import {module} failed: {last}",
+            hint=f"install it into {python}",
+        )
+    version = proc.stdout.strip()
+    fs = _fs_type(Path(python))
+    figure = f"{module} {version} in {took:.1f} s ({python}, {fs})"
+    if engine.kind == "sglang" and version not in KNOWN_SGLANG:
+        return CheckRow(
+            name="engine",
+            status="fail",
+            figure=figure,
+            hint=f"the command builder knows sglang {', '.join(KNOWN_SGLANG)}",
+        )
+    if fs in REMOTE_FILESYSTEMS or fs.startswith("fuse"):
+        return CheckRow(
+            name="engine",
+            status="warn",
+            figure=figure,
+            hint="the venv is on a network file system: imports will be slow",
+        )
+    return CheckRow(name="engine", status="ok", figure=figure)
+
+
+def check_gpus(config: RegenConfig, probe: GpuProbe, model_bytes: int | None) -> CheckRow:
+    if config.engine.kind != "sglang":
+        return CheckRow(name="gpus", status="skip", figure=f"not needed ({config.engine.kind})")
+    try:
+        gpus = probe.gpus()
+    except RuntimeError as err:
+        return CheckRow(name="gpus", status="fail", figure=str(err), hint="is the driver loaded?")
+    by_index = {g.index: g for g in gpus}
+    missing = [i for i in config.engine.gpus if i not in by_index]
+    if missing:
+        return CheckRow(
+            name="gpus",
+            status="fail",
+            figure=f"GPU {missing} not present ({len(gpus)} found)",
+            hint="fix engine.gpus",
+        )
+    short = []
+    for i in config.engine.gpus:
+        g = by_index[i]
+        need = max(config.engine.mem_fraction_static * g.total_bytes, model_bytes or 0)
+        if g.free_bytes < need:
+            short.append(f"GPU {i}: {_gb(g.free_bytes)} free < {_gb(need)} needed")
+    driver = gpus[0].driver if gpus else "?"
+    figure = f"{len(config.engine.gpus)} of {len(gpus)} GPUs, driver {driver}"
+    if short:
+        return CheckRow(
+            name="gpus",
+            status="fail",
+            figure=f"{figure}; " + "; ".join(short),
+            hint="another process holds GPU memory (nvidia-smi)",
+        )
+    return CheckRow(name="gpus", status="ok", figure=figure)
+
+
+def check_ports(config: RegenConfig) -> CheckRow:
+    if config.engine.kind == "external":
+        return CheckRow(name="ports", status="skip", figure="external servers")
+    ports = [config.engine.base_port + i for i in range(config.engine.num_servers)]
+    taken = [p for p in ports if not port_is_free(config.engine.host, p)]
+    if taken:
+        return CheckRow(
+            name="ports",
+            status="fail",
+            figure=f"in use: {taken}",
+            hint="stop what listens there or change engine.base_port",
+        )
+    return CheckRow(name="ports", status="ok", figure=f"{ports[0]}-{ports[-1]} free")
+
+
+def check_stage_space(config: RegenConfig, model_bytes: int | None) -> CheckRow:
+    if not config.model.stage:
+        return CheckRow(name="stage dir", status="skip", figure="model.stage is false")
+    target = config.model.staged_path()
+    if model_bytes is None:
+        return CheckRow(
+            name="stage dir", status="skip", figure="model size known only after listing the source"
+        )
+    free = shutil.disk_usage(_nearest_existing(target)).free
+    already = _dir_size(target) if target.is_dir() else 0
+    need = model_bytes - already
+    figure = f"{_gb(model_bytes)} model, {_gb(free)} free at {target}"
+    if need > free:
+        return CheckRow(
+            name="stage dir",
+            status="fail",
+            figure=figure,
+            hint="free space on the RAM disk or set model.stage_dir",
+        )
+    if _fs_type(target) == "tmpfs" and model_bytes > psutil.virtual_memory().available:
+        return CheckRow(
+            name="stage dir",
+            status="fail",
+            figure=f"{figure}; RAM available {_gb(psutil.virtual_memory().available)}",
+            hint="the RAM disk would push the node into swap",
+        )
+    return CheckRow(name="stage dir", status="ok", figure=figure)
+
+
+def check_storage(config: RegenConfig) -> CheckRow:
+    from regen.storage import open_storage, probe
+
+    storage = open_storage(config.output)
+    probe(storage)
+    return CheckRow(name="storage", status="ok", figure=f"{storage.uri} writable and readable")
+
+
+def check_prompts(config: RegenConfig, sample_rows: int = 1000) -> CheckRow:
+    from regen.prompts import preview
+
+    found = preview(config.prompts, sample_rows)
+    figure = f"{found.valid} of first {found.checked} rows valid"
+    if found.valid == 0:
+        reason = f"{config.prompts}: {found.first_reason}"
+        return CheckRow(name="prompts", status="fail", figure=reason, hint="fix the prompts file")
+    if found.rejected:
+        figure = f"{figure}; first: {found.first_reason}"
+        return CheckRow(
+            name="prompts", status="warn", figure=figure, hint="rejected rows go to rejects/"
+        )
+    return CheckRow(name="prompts", status="ok", figure=figure)
+
+
+def _model_bytes(config: RegenConfig) -> int | None:
+    source = Path(config.model.source)
+    return _dir_size(source) if "://" not in config.model.source and source.is_dir() else None
+
+
+def check_memory(config: RegenConfig) -> CheckRow:
+    mem = psutil.virtual_memory()
+    return CheckRow(
+        name="ram",
+        status="ok" if mem.available > 2e9 else "warn",
+        figure=f"{_gb(mem.available)} available of {_gb(mem.total)}",
+    )
+
+
+def run_checks(config: RegenConfig, gpu_probe: GpuProbe | None = None) -> PreflightReport:
+    """All checks, each isolated: one that raises becomes a failed row, the others still run."""
+    model_bytes = _model_bytes(config)
+    checks: list[tuple[str, Callable[[], CheckRow]]] = [
+        ("config", lambda: check_config(config)),
+        ("code", check_code),
+        ("prompts", lambda: check_prompts(config)),
+        ("storage", lambda: check_storage(config)),
+        ("engine", lambda: check_engine(config)),
+        ("gpus", lambda: check_gpus(config, gpu_probe or NvmlProbe(), model_bytes)),
+        ("ports", lambda: check_ports(config)),
+        ("stage dir", lambda: check_stage_space(config, model_bytes)),
+        ("ram", lambda: check_memory(config)),
+    ]
+    rows = []
+    for name, check in checks:
+        try:
+            rows.append(check())
+        except Exception as err:  # a check that cannot run is a failed check, not a crash
+            rows.append(CheckRow(name=name, status="fail", figure=str(err).splitlines()[0]))
+    return PreflightReport(rows=rows)
+
+
+def print_report(report: PreflightReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    styles = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+    table = Table(title="regen provisioning checks")
+    for col in ("check", "status", "figure", "fix"):
+        table.add_column(col)
+    for r in report.rows:
+        table.add_row(r.name, f"[{styles[r.status]}]{r.status}[/]", r.figure, r.hint)
+    Console(width=max(120, shutil.get_terminal_size().columns)).print(table)
+    print("provisioning: " + ("ok" if report.ok else "FAILED"))

@@ -1,0 +1,237 @@
+"""Stage 4 as Prefect tasks: plan the shards, then one mapped task per pending shard.
+
+Every shard task hands its rows to the one `Dispatcher` the flow started. Mapped tasks
+each run in a worker thread with their own event loop, so the dispatcher owns its loop
+in its own thread and shard tasks only block on a thread-safe future: the servers see
+one continuous queue across shard borders while each shard stays a retryable task.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import get_run_logger, task, unmapped
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    update_progress_artifact,
+)
+from prefect.cache_policies import NONE
+from pydantic import BaseModel, SecretStr
+
+from regen.client import Dispatcher
+from regen.config import RegenConfig
+from regen.errors import UserError
+from regen.fleet import Fleet
+from regen.progress import ProgressSnapshot, ProgressWriter
+from regen.prompts import load_prompts, write_rejects
+from regen.shards import (
+    cache_prompts,
+    commit_shard,
+    committed_shards,
+    open_run,
+    parse_shard_range,
+    pending_shards,
+    plan_shards,
+    prompts_for_shard,
+    run_info,
+)
+from regen.storage import open_storage
+
+
+class RunPlan(BaseModel):
+    """What generation must do: the run's fingerprint and the shards not yet committed."""
+
+    fingerprint: str
+    num_rows: int
+    num_shards: int
+    rejected: int
+    pending: list[int]
+    committed_rows: int
+    prompt_cache: Path
+
+
+class ShardOutcome(BaseModel):
+    shard: int
+    rows: int
+    ok: int
+    failed: int
+    completion_tokens: int
+    seconds: float
+
+
+class GenerationSummary(BaseModel):
+    shards_generated: int
+    rows: int
+    ok: int
+    failed: int
+    completion_tokens: int
+    seconds: float
+    tokens_per_s: float
+
+    @classmethod
+    def empty(cls) -> GenerationSummary:
+        """A resumed run with every shard committed generated nothing."""
+        return cls(
+            shards_generated=0,
+            rows=0,
+            ok=0,
+            failed=0,
+            completion_tokens=0,
+            seconds=0.0,
+            tokens_per_s=0.0,
+        )
+
+
+@task(name="plan-shards", persist_result=False)
+def plan_run(config: RegenConfig) -> RunPlan:
+    """Read and validate every prompt, write run.json + plan, and find what is left to do."""
+    logger = get_run_logger()
+    storage = open_storage(config.output)
+    prompts = load_prompts(config.prompts)
+    write_rejects(storage, prompts)
+    plan = plan_shards(prompts, config.shard_size)
+    info = run_info(prompts, plan, config)
+    run = open_run(storage, info, new_output=config.generation.new_output)
+    cache = config.work_dir / "prompts" / f"{run.fingerprint}.parquet"
+    cache_prompts(prompts, plan, cache)
+    committed = committed_shards(storage, run.fingerprint)
+    selection = (
+        parse_shard_range(config.generation.shards, plan.num_shards)
+        if config.generation.shards
+        else None
+    )
+    pending = pending_shards(plan, committed, selection)
+    if config.generation.retry_errors:
+        pending = sorted({*pending, *(k for k, m in committed.items() if m.failed)})
+    logger.info(
+        "%d prompts (%d rejected) in %d shards of %d; %d committed, %d to generate",
+        plan.num_rows,
+        prompts.rejects.height,
+        plan.num_shards,
+        plan.shard_size,
+        len(committed),
+        len(pending),
+    )
+    return RunPlan(
+        fingerprint=run.fingerprint,
+        num_rows=plan.num_rows,
+        num_shards=plan.num_shards,
+        rejected=prompts.rejects.height,
+        pending=pending,
+        committed_rows=sum(m.rows for m in committed.values()),
+        prompt_cache=cache,
+    )
+
+
+@task(
+    name="generate-shard",
+    task_run_name="generate-shard-{shard:06d}",
+    retries=2,
+    retry_delay_seconds=5,
+    persist_result=False,
+    cache_policy=NONE,
+)
+def generate_shard(
+    shard: int, plan: RunPlan, dispatcher: Dispatcher, output: str, retry_errors: bool
+) -> ShardOutcome:
+    """Generate one shard through the shared dispatcher and commit it (manifest last)."""
+    start = time.monotonic()
+    storage = open_storage(output)
+    rows = prompts_for_shard(plan.prompt_cache, shard)
+    committed = committed_shards(storage, plan.fingerprint).get(shard)
+    if committed is not None and retry_errors:
+        from regen.shards import error_rows, replace_shard
+
+        todo = error_rows(storage, committed)
+        fixed = dispatcher.submit_shard(shard, rows.join(todo.select("id"), on="id")).result()
+        manifest = replace_shard(storage, committed, fixed, fingerprint=plan.fingerprint)
+    else:
+        out = dispatcher.submit_shard(shard, rows).result()
+        timings = {"generate_s": round(time.monotonic() - start, 3)}
+        manifest = commit_shard(storage, shard, out, fingerprint=plan.fingerprint, timings=timings)
+    get_run_logger().info(
+        "shard %06d committed: %d rows, %d ok, %d failed",
+        shard,
+        manifest.rows,
+        manifest.ok,
+        manifest.failed,
+    )
+    return ShardOutcome(
+        shard=shard,
+        rows=manifest.rows,
+        ok=manifest.ok,
+        failed=manifest.failed,
+        completion_tokens=manifest.completion_tokens,
+        seconds=time.monotonic() - start,
+    )
+
+
+def _progress_markdown(s: ProgressSnapshot) -> str:
+    return s.to_markdown()
+
+
+def generate(
+    config: RegenConfig, plan: RunPlan, fleet: Fleet, api_key: SecretStr
+) -> GenerationSummary:
+    """Map a task over every pending shard, all fed through one dispatcher; raise if any failed."""
+    start = time.monotonic()
+    storage = open_storage(config.output)
+    artifact_id = create_progress_artifact(
+        progress=0.0, key="generation-progress", description="regen: share of prompts done"
+    )
+
+    def publish(snapshot: ProgressSnapshot) -> None:
+        update_progress_artifact(artifact_id=artifact_id, progress=100.0 * snapshot.fraction)
+
+    with (
+        Dispatcher(
+            fleet.endpoints,
+            api_key=api_key,
+            model=config.model.served_name,
+            sampling=config.sampling,
+            generation=config.generation,
+            concurrency_per_server=config.concurrency,
+            reprobe=fleet.reprobe,
+        ) as dispatcher,
+        ProgressWriter(
+            storage,
+            dispatcher,
+            total=plan.num_rows,
+            already_done=plan.committed_rows,
+            interval_s=config.generation.progress_interval_s,
+            on_update=publish,
+        ) as progress,
+    ):
+        futures = generate_shard.with_options(retries=config.generation.shard_retries).map(
+            plan.pending,
+            plan=unmapped(plan),
+            dispatcher=unmapped(dispatcher),
+            output=unmapped(config.output),
+            retry_errors=unmapped(config.generation.retry_errors),
+        )
+        outcomes, failures = [], []
+        for shard, future in zip(plan.pending, futures, strict=True):
+            try:
+                outcome = future.result()
+            except Exception as err:  # each shard failed after its retries; others still commit
+                failures.append(f"shard {shard:06d}: {err}")
+                continue
+            outcomes.append(outcome)
+            progress.shard_committed(outcome.rows, outcome.ok, outcome.failed)
+        final = progress.snapshot()
+    create_markdown_artifact(key="generation-summary", markdown=_progress_markdown(final))
+    if failures:
+        raise UserError(f"{len(failures)} shard(s) failed: " + "; ".join(failures[:5]))
+    seconds = time.monotonic() - start
+    tokens = sum(o.completion_tokens for o in outcomes)
+    return GenerationSummary(
+        shards_generated=len(outcomes),
+        rows=sum(o.rows for o in outcomes),
+        ok=sum(o.ok for o in outcomes),
+        failed=sum(o.failed for o in outcomes),
+        completion_tokens=tokens,
+        seconds=seconds,
+        tokens_per_s=tokens / seconds if seconds else 0.0,
+    )

@@ -1,0 +1,32 @@
+"""Stage 1 as a Prefect task: the provisioning table artifact, and a Failed state on any fail."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+
+from regen.config import RegenConfig
+from regen.errors import UserError
+from regen.preflight import PreflightReport, run_checks
+
+
+class ProvisioningFailed(UserError):
+    """A check failed: nothing was staged or launched."""
+
+
+@task(name="provision", persist_result=False)
+def provision(config: RegenConfig) -> PreflightReport:
+    """Run every check, publish the table, and stop the run before a GPU is touched."""
+    logger = get_run_logger()
+    report = run_checks(config)
+    create_table_artifact(
+        key="provisioning-checks",
+        table=[r.model_dump() for r in report.rows],
+        description="regen provisioning checks: every row must be ok, warn or skip.",
+    )
+    for row in report.rows:
+        log = logger.error if row.status == "fail" else logger.info
+        log("check %-9s %-4s %s", row.name, row.status, row.figure)
+    if not report.ok:
+        raise ProvisioningFailed(f"provisioning failed: {report.summary()}")
+    return report
