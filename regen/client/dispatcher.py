@@ -1,0 +1,548 @@
+"""The one dispatcher of a run: every shard's rows through one queue to every server.
+
+Why this shape:
+
+- One FIFO across shards. Each shard is its own Prefect task, but the GPUs must not see
+  shard borders: while shard k's last long answers run, shard k+1's rows fill the slots
+  they free. Waiting shards are ordered by shard number, so a retried shard goes first.
+- Its own thread and event loop. Prefect runs mapped tasks in worker threads, each with
+  its own loop, and an aiohttp session is bound to the loop that made it. So the
+  dispatcher owns a loop in a thread started by `start()`, with ONE `ClientSession` (one
+  connector, keep-alive, limit = slots of the fleet + one probe per server); shard tasks
+  hand rows over with `call_soon_threadsafe` and block on a `concurrent.futures.Future`.
+- A scheduler, not a worker pool. A slot freeing or a shard arriving calls `_pump`, which
+  starts one task per request on the healthy server with the fewest requests in flight
+  (ties round robin). Nothing polls and no coroutine sits parked per slot, so the client
+  costs a few hundred microseconds of CPU per request, and an idle fleet costs nothing.
+- Failures by class (SGLANG_API.md): 400-like answers become error rows at once; 401 stops
+  the run (`FleetUnauthorized`); 5xx, timeouts and broken connections are retried with
+  jittered backoff, preferably on another server, up to `generation.max_attempts`.
+- Quarantine. `quarantine_after` consecutive transport failures take a server out; its
+  other in-flight requests are cancelled and requeued at once *without* counting an
+  attempt (they did not fail, their server did). The failures themselves do count, so a
+  prompt that crashes every server it touches ends as an error row instead of taking the
+  whole fleet down. A quarantined server is re-probed with backoff and comes back when
+  the probe passes. No healthy server for `generation.fleet_dead_s` fails every pending
+  future with `FleetError`; shards already returned are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import heapq
+import json
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+
+import aiohttp
+import polars as pl
+from pydantic import SecretStr
+
+from regen.client.probe import probe_server
+from regen.client.request import chat_request_body
+from regen.client.response import Verdict, error_message, parse_completion, verdict
+from regen.client.shard_job import ShardJob
+from regen.client.stats import DispatchStats, ServerState, ServerStats
+from regen.client.timeouts import RequestTimeout
+from regen.client.tuning import DispatchTuning
+from regen.config import GenerationConfig, SamplingConfig
+from regen.errors import FleetError, FleetUnauthorized
+from regen.fleet.endpoint import Endpoint
+
+log = logging.getLogger(__name__)
+
+Reprobe = Callable[[Endpoint], Awaitable[bool]]
+
+
+class _Work:
+    """One row on its way: where it lives in its shard and how it has fared."""
+
+    __slots__ = ("attempts", "avoid", "job", "pos")
+
+    def __init__(self, job: ShardJob, pos: int) -> None:
+        self.job = job
+        self.pos = pos
+        self.attempts = 0
+        self.avoid = -1  # the server that last failed this row
+
+
+class _Server:
+    """Loop-thread state of one endpoint; `running` maps each request task to its row."""
+
+    __slots__ = (
+        "chat_url",
+        "completed",
+        "consecutive_failures",
+        "endpoint",
+        "failed_attempts",
+        "last_failure",
+        "output_tokens",
+        "probe",
+        "quarantines",
+        "running",
+        "slots",
+        "state",
+    )
+
+    def __init__(self, endpoint: Endpoint, slots: int) -> None:
+        self.endpoint = endpoint
+        self.chat_url = f"{endpoint.url.rstrip('/')}/v1/chat/completions"
+        self.slots = slots
+        self.state = ServerState.HEALTHY
+        self.running: dict[asyncio.Task[None], _Work] = {}
+        self.consecutive_failures = 0
+        self.last_failure = ""
+        self.completed = 0
+        self.failed_attempts = 0
+        self.output_tokens = 0
+        self.quarantines = 0
+        self.probe: asyncio.Task[None] | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.state is ServerState.HEALTHY
+
+
+class Dispatcher:
+    """Send shards of rows to a fleet; see the module docstring for the design."""
+
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        *,
+        api_key: SecretStr | None,
+        model: str,
+        sampling: SamplingConfig,
+        generation: GenerationConfig,
+        concurrency_per_server: int,
+        reprobe: Reprobe | None = None,
+        tuning: DispatchTuning | None = None,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("Dispatcher needs at least one endpoint")
+        if concurrency_per_server < 1:
+            raise ValueError("concurrency_per_server must be >= 1")
+        self._servers = [_Server(e, concurrency_per_server) for e in endpoints]
+        self._model = model
+        self._sampling = sampling
+        self._generation = generation
+        self._tuning = tuning or DispatchTuning()
+        self._reprobe = reprobe
+        self._headers = {"Content-Type": "application/json"}
+        if api_key is not None:
+            self._headers["Authorization"] = f"Bearer {api_key.get_secret_value()}"
+        self._timeout = RequestTimeout(
+            sampling.max_tokens, self._tuning, generation.request_timeout_s
+        )
+        self._client_timeout = aiohttp.ClientTimeout(total=self._timeout.seconds)
+        self._random = random.Random()
+        self._lock = threading.Lock()  # guards the counters stats() reads from other threads
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+        # Loop-thread state.
+        self._waiting: list[tuple[int, int, ShardJob]] = []  # heap by (shard, arrival)
+        self._current: ShardJob | None = None
+        self._retry: deque[_Work] = deque()
+        self._open_jobs: set[ShardJob] = set()
+        self._arrivals = 0
+        self._rr = 0
+        self._fatal: BaseException | None = None
+        self._dead_timer: asyncio.TimerHandle | None = None
+        self._dead_since: float | None = None
+        # Counters (written in the loop thread under _lock).
+        self._submitted = 0
+        self._ok = 0
+        self._failed = 0
+        self._aborted = 0
+        self._retries = 0
+        self._output_tokens = 0
+
+    # ---- caller side (any thread) -------------------------------------------------------
+
+    def start(self) -> Dispatcher:
+        if self._loop is not None:
+            raise RuntimeError("Dispatcher already started")
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(
+            target=self._serve, args=(loop,), name="regen-dispatcher", daemon=True
+        )
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._open(), loop).result()
+        return self
+
+    def close(self) -> None:
+        """Fail what is still pending, close the session, stop the loop thread."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or self._closed:
+            return
+        self._closed = True
+        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+    def __enter__(self) -> Dispatcher:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def submit_shard(
+        self, shard: int, rows: pl.DataFrame
+    ) -> concurrent.futures.Future[pl.DataFrame]:
+        """Queue a shard's rows (`id`, `messages`); the future gives `row_schema()` rows in
+        input order, one per id, or raises `FleetError` / `FleetUnauthorized`."""
+        if self._loop is None or self._closed:
+            raise RuntimeError("Dispatcher is not running (call start() first)")
+        job = ShardJob(shard, rows)
+        if job.size:
+            self._loop.call_soon_threadsafe(self._accept, job)
+        return job.future
+
+    def stats(self) -> DispatchStats:
+        """A consistent snapshot of the counters; cheap enough to call every second."""
+        with self._lock:
+            servers = tuple(
+                ServerStats(
+                    name=s.endpoint.name,
+                    url=s.endpoint.url,
+                    state=s.state,
+                    in_flight=len(s.running),
+                    slots=s.slots,
+                    completed=s.completed,
+                    failed_attempts=s.failed_attempts,
+                    output_tokens=s.output_tokens,
+                    quarantines=s.quarantines,
+                )
+                for s in self._servers
+            )
+            in_flight = sum(s.in_flight for s in servers)
+            queued = self._submitted - self._ok - self._failed - self._aborted - in_flight
+            return DispatchStats(
+                monotonic=time.monotonic(),
+                submitted=self._submitted,
+                queued=max(queued, 0),
+                in_flight=in_flight,
+                ok=self._ok,
+                failed=self._failed,
+                retries=self._retries,
+                output_tokens=self._output_tokens,
+                request_timeout_s=self._timeout.seconds,
+                servers=servers,
+            )
+
+    # ---- loop thread ------------------------------------------------------------------
+
+    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_forever()
+
+    async def _open(self) -> None:
+        slots = sum(s.slots for s in self._servers)
+        connector = aiohttp.TCPConnector(limit=slots + len(self._servers), limit_per_host=0)
+        self._session = aiohttp.ClientSession(connector=connector)
+
+    async def _shutdown(self) -> None:
+        self._abort_all(FleetError("dispatcher closed before the shard finished"))
+        for server in self._servers:
+            if server.probe is not None:
+                server.probe.cancel()
+        if self._dead_timer is not None:
+            self._dead_timer.cancel()
+        pending = [s.probe for s in self._servers if s.probe is not None]
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    def _accept(self, job: ShardJob) -> None:
+        if self._fatal is not None or self._closed:
+            job.abort(self._fatal or FleetError("dispatcher closed"))
+            return
+        with self._lock:
+            self._submitted += job.size
+        self._arrivals += 1
+        heapq.heappush(self._waiting, (job.shard, self._arrivals, job))
+        self._open_jobs.add(job)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Fill every free slot of every healthy server while there is work."""
+        while True:
+            server = self._pick()
+            if server is None:
+                return
+            work = self._take(server)
+            if work is None:
+                return
+            self._launch(work, server)
+
+    def _pick(self) -> _Server | None:
+        servers = self._servers
+        n = len(servers)
+        best: _Server | None = None
+        best_at = 0
+        for k in range(n):
+            at = (self._rr + k) % n
+            s = servers[at]
+            if (
+                s.healthy
+                and len(s.running) < s.slots
+                and (best is None or len(s.running) < len(best.running))
+            ):
+                best, best_at = s, at
+        if best is not None:
+            self._rr = (best_at + 1) % n
+        return best
+
+    def _take(self, server: _Server) -> _Work | None:
+        """Retries first, each on another server than the one that failed it when possible."""
+        retry = self._retry
+        if retry:
+            alone = sum(s.healthy for s in self._servers) == 1
+            for i, queued in enumerate(retry):
+                if alone or queued.avoid != server.endpoint.index:
+                    del retry[i]
+                    return queued
+        fresh = self._take_fresh()
+        if fresh is None and retry:
+            return retry.popleft()
+        return fresh
+
+    def _take_fresh(self) -> _Work | None:
+        job = self._current
+        while job is None or job.cursor >= job.size:
+            if not self._waiting:
+                self._current = None
+                return None
+            job = heapq.heappop(self._waiting)[2]
+            job.materialize()
+            self._current = job
+        pos = job.cursor
+        job.cursor += 1
+        return _Work(job, pos)
+
+    def _launch(self, work: _Work, server: _Server) -> None:
+        work.attempts += 1
+        assert self._loop is not None
+        task = self._loop.create_task(self._attempt(work, server))
+        server.running[task] = work
+
+    async def _attempt(self, work: _Work, server: _Server) -> None:
+        job, pos = work.job, work.pos
+        # A retry gets its own rid: the first try may still be running somewhere.
+        rid = job.ids[pos] if work.attempts == 1 else f"{job.ids[pos]}:retry{work.attempts - 1}"
+        body = json.dumps(
+            chat_request_body(self._model, job.messages[pos], self._sampling, rid=rid)
+        )
+        if self._client_timeout.total != self._timeout.seconds:
+            self._client_timeout = aiohttp.ClientTimeout(total=self._timeout.seconds)
+        timeout = self._client_timeout
+        assert self._session is not None
+        started = time.monotonic()
+        status = 0
+        raw = b""
+        failure = ""
+        try:
+            async with self._session.post(
+                server.chat_url, data=body, headers=self._headers, timeout=timeout
+            ) as resp:
+                status = resp.status
+                raw = await resp.read()
+        except TimeoutError:
+            failure = f"timeout after {timeout.total:.0f} s"
+        except (aiohttp.ClientError, OSError) as err:
+            failure = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        latency = time.monotonic() - started
+        task = asyncio.current_task()
+        if server.running.pop(task, None) is None:  # type: ignore[arg-type]
+            return  # quarantine or shutdown took this row back while we waited
+        if failure:
+            self._transport_failure(work, server, failure, latency)
+        else:
+            server.consecutive_failures = 0
+            self._answer(work, server, status, raw, latency)
+        self._pump()
+
+    def _answer(
+        self, work: _Work, server: _Server, status: int, raw: bytes, latency: float
+    ) -> None:
+        kind = verdict(status)
+        if kind is Verdict.OK:
+            try:
+                completion = parse_completion(raw)
+            except ValueError as err:
+                self._retry_or_fail(work, server, str(err), latency)
+                return
+            tokens = completion.completion_tokens or 0
+            self._timeout.observe(tokens, latency)
+            with self._lock:
+                self._ok += 1
+                self._output_tokens += tokens
+                server.completed += 1
+                server.output_tokens += tokens
+            work.job.complete(work.pos, completion, server.endpoint.name, work.attempts, latency)
+            self._forget_if_done(work.job)
+        elif kind is Verdict.REJECTED:
+            self._fail_row(work, error_message(status, raw), server, latency)
+        elif kind is Verdict.UNAUTHORIZED:
+            self._die(
+                FleetUnauthorized(
+                    f"{server.endpoint.name} ({server.endpoint.url}) answered 401 Unauthorized: "
+                    "the API key is wrong or missing (engine.api_key); stopping the run"
+                )
+            )
+        else:
+            with self._lock:
+                server.failed_attempts += 1
+            self._retry_or_fail(work, server, error_message(status, raw), latency)
+
+    def _transport_failure(self, work: _Work, server: _Server, reason: str, latency: float) -> None:
+        server.consecutive_failures += 1
+        server.last_failure = reason
+        with self._lock:
+            server.failed_attempts += 1
+        self._retry_or_fail(work, server, reason, latency)
+        if server.healthy and server.consecutive_failures >= self._tuning.quarantine_after:
+            self._quarantine(server)
+
+    def _retry_or_fail(self, work: _Work, server: _Server, reason: str, latency: float) -> None:
+        work.avoid = server.endpoint.index
+        attempts = work.attempts
+        if attempts >= self._generation.max_attempts:
+            self._fail_row(work, f"gave up after {attempts} attempts: {reason}", server, latency)
+            return
+        with self._lock:
+            self._retries += 1
+        t = self._tuning
+        delay = min(t.retry_backoff_max_s, t.retry_backoff_s * 2 ** (attempts - 1))
+        assert self._loop is not None
+        self._loop.call_later(delay * self._random.uniform(0.5, 1.5), self._requeue, work)
+
+    def _requeue(self, work: _Work) -> None:
+        if work.job.is_open() and self._fatal is None:
+            self._retry.append(work)
+            self._pump()
+
+    def _fail_row(self, work: _Work, error: str, server: _Server, latency: float) -> None:
+        with self._lock:
+            self._failed += 1
+        work.job.fail(work.pos, error, server.endpoint.name, work.attempts, latency)
+        self._forget_if_done(work.job)
+
+    def _forget_if_done(self, job: ShardJob) -> None:
+        if not job.is_open():
+            self._open_jobs.discard(job)
+            if self._current is job:
+                self._current = None
+
+    def _quarantine(self, server: _Server) -> None:
+        server.state = ServerState.QUARANTINED
+        taken = list(server.running.items())
+        with self._lock:
+            server.quarantines += 1
+            server.running.clear()
+        for task, work in taken:
+            task.cancel()
+            work.attempts -= 1  # its server failed, not the row: no attempt spent
+            work.avoid = server.endpoint.index
+            self._retry.append(work)
+        log.warning(
+            "%s quarantined after %d consecutive failures (%s); %d requests moved elsewhere",
+            server.endpoint.name,
+            server.consecutive_failures,
+            server.last_failure,
+            len(taken),
+        )
+        assert self._loop is not None
+        server.probe = self._loop.create_task(self._reprobe_until_healthy(server))
+        self._check_fleet()
+        self._pump()
+
+    async def _reprobe_until_healthy(self, server: _Server) -> None:
+        t = self._tuning
+        delay = t.probe_backoff_s
+        while True:
+            await asyncio.sleep(delay * self._random.uniform(0.8, 1.2))
+            if await self._probe(server.endpoint):
+                break
+            delay = min(delay * 2, t.probe_backoff_max_s)
+        server.state = ServerState.HEALTHY
+        server.consecutive_failures = 0
+        server.probe = None
+        log.warning("%s passed its probe and is back in the fleet", server.endpoint.name)
+        self._check_fleet()
+        self._pump()
+
+    async def _probe(self, endpoint: Endpoint) -> bool:
+        timeout = self._tuning.probe_timeout_s
+        try:
+            if self._reprobe is not None:
+                return await asyncio.wait_for(self._reprobe(endpoint), timeout)
+            assert self._session is not None
+            return await probe_server(
+                self._session,
+                endpoint,
+                headers=self._headers,
+                model=self._model,
+                sampling=self._sampling,
+                timeout_s=timeout,
+            )
+        except TimeoutError:
+            return False
+
+    def _check_fleet(self) -> None:
+        """Arm the fleet-dead timer when the last healthy server goes, disarm when one returns."""
+        assert self._loop is not None
+        if any(s.healthy for s in self._servers):
+            self._dead_since = None
+            if self._dead_timer is not None:
+                self._dead_timer.cancel()
+                self._dead_timer = None
+        elif self._dead_since is None:
+            self._dead_since = time.monotonic()
+            self._dead_timer = self._loop.call_later(
+                self._generation.fleet_dead_s, self._fleet_dead
+            )
+
+    def _fleet_dead(self) -> None:
+        reasons = "; ".join(f"{s.endpoint.name}: {s.last_failure}" for s in self._servers)
+        self._die(
+            FleetError(f"no healthy server for {self._generation.fleet_dead_s:.0f} s ({reasons})")
+        )
+
+    def _die(self, error: FleetError) -> None:
+        if self._fatal is None:
+            log.error("%s", error)
+            self._fatal = error
+        self._abort_all(error)
+
+    def _abort_all(self, error: BaseException) -> None:
+        for server in self._servers:
+            for task in server.running:
+                task.cancel()
+            with self._lock:
+                server.running.clear()
+        pending = 0
+        for job in self._open_jobs:
+            pending += job.remaining
+            job.abort(error)
+        with self._lock:
+            self._aborted += pending
+        self._open_jobs.clear()
+        self._waiting.clear()
+        self._retry.clear()
+        self._current = None

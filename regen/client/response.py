@@ -1,0 +1,81 @@
+"""Reading SGLang's answers: a completion's fields, or what an error status means for the row."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Verdict(Enum):
+    """What the dispatcher does with an HTTP answer (SGLANG_API.md, error table)."""
+
+    OK = "ok"
+    REJECTED = "rejected"  # 4xx: the request itself is wrong; retrying gives the same answer
+    UNAUTHORIZED = "unauthorized"  # 401: every request will fail; stop the run
+    RETRY = "retry"  # 5xx, or a 200 we cannot read: try again, elsewhere
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The output-row fields of one chat completion."""
+
+    content: str
+    reasoning_content: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    reasoning_tokens: int | None
+    model: str | None
+
+
+def verdict(status: int) -> Verdict:
+    if status == 200:
+        return Verdict.OK
+    if status == 401:
+        return Verdict.UNAUTHORIZED
+    if status >= 500 or status in (408, 429):
+        return Verdict.RETRY
+    return Verdict.REJECTED
+
+
+def parse_completion(raw: bytes) -> Completion:
+    """Raise ValueError when a 200 body is not a chat completion (treated as retryable)."""
+    try:
+        data = json.loads(raw)
+        choice = data["choices"][0]
+        message = choice["message"]
+    except (ValueError, KeyError, IndexError, TypeError) as err:
+        raise ValueError(f"unreadable completion: {type(err).__name__}") from None
+    usage: dict[str, Any] = data.get("usage") or {}
+    reasoning_tokens = usage.get("reasoning_tokens")
+    if reasoning_tokens is None:
+        # The OpenAI spelling, for servers other than SGLang behind the same API.
+        reasoning_tokens = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    return Completion(
+        content=message.get("content") or "",
+        reasoning_content=message.get("reasoning_content"),
+        finish_reason=choice.get("finish_reason"),
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+        reasoning_tokens=reasoning_tokens,
+        model=data.get("model"),
+    )
+
+
+def error_message(status: int, raw: bytes, limit: int = 500) -> str:
+    """`HTTP <status>: <server message>`, truncated because it is stored in every error row."""
+    text = raw[: limit * 4].decode("utf-8", errors="replace")
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        found = data.get("message") or data.get("error") or data.get("detail")
+        if isinstance(found, dict):
+            found = found.get("message")
+        if found:
+            text = str(found)
+    text = " ".join(text.split())
+    return f"HTTP {status}: {text[:limit]}" if text else f"HTTP {status}"

@@ -1,0 +1,46 @@
+"""Immutable snapshots of the dispatcher's counters, safe to hand to any thread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ServerState(StrEnum):
+    HEALTHY = "healthy"
+    QUARANTINED = "quarantined"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStats:
+    """One server's counters; `output_tokens` is cumulative so rates come from two snapshots."""
+
+    name: str
+    url: str
+    state: ServerState
+    in_flight: int
+    slots: int
+    completed: int
+    failed_attempts: int
+    output_tokens: int
+    quarantines: int
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchStats:
+    """Row counters of this dispatcher since `start()`; `done` = `ok` + `failed`."""
+
+    monotonic: float
+    submitted: int
+    queued: int
+    in_flight: int
+    ok: int
+    failed: int
+    retries: int
+    output_tokens: int
+    request_timeout_s: float
+    servers: tuple[ServerStats, ...]
+
+    @property
+    def done(self) -> int:
+        return self.ok + self.failed

@@ -1,0 +1,260 @@
+"""Progress of a run: a snapshot built from dispatcher stats, written to `progress.json`.
+
+The file is rewritten atomically every few seconds so that anyone watching the dataset
+root (an S3 console, `regen status`) sees done/total, throughput and ETA without access
+to the node; the Prefect layer mirrors the same snapshot into a progress artifact
+through `on_update`, so this module never imports Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from types import TracebackType
+from typing import Protocol
+
+from rich.progress import Progress, TaskID
+
+from regen.client.stats import DispatchStats
+from regen.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerProgress:
+    name: str
+    state: str
+    in_flight: int
+    slots: int
+    tokens_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressSnapshot:
+    """`done` includes rows committed by earlier runs (`already_done`); rates are this run's."""
+
+    updated_at: float
+    elapsed_s: float
+    total: int
+    done: int
+    already_done: int
+    ok: int
+    failed: int
+    in_flight: int
+    queued: int
+    retries: int
+    shards_committed: int
+    rows_committed: int
+    output_tokens: int
+    tokens_per_s: float
+    rows_per_s: float
+    eta_s: float | None
+    servers: tuple[ServerProgress, ...]
+
+    @property
+    def fraction(self) -> float:
+        return min(self.done / self.total, 1.0) if self.total else 1.0
+
+    def to_json(self) -> bytes:
+        return json.dumps({**asdict(self), "fraction": self.fraction}, indent=2).encode()
+
+    def to_markdown(self) -> str:
+        eta = "-" if self.eta_s is None else f"{self.eta_s / 3600:.2f} h"
+        lines = [
+            f"**{self.done:,} / {self.total:,}** prompts ({100 * self.fraction:.1f} %), "
+            f"{self.ok:,} ok, {self.failed:,} failed this run; "
+            f"{self.tokens_per_s:,.0f} output tok/s; ETA {eta}",
+            "",
+            "| server | state | in flight | tok/s |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {s.name} | {s.state} | {s.in_flight}/{s.slots} | {s.tokens_per_s:,.0f} |"
+            for s in self.servers
+        ]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    at: float
+    done: int
+    tokens: int
+    server_tokens: tuple[int, ...]
+
+
+class StatsSource(Protocol):
+    def stats(self) -> DispatchStats: ...
+
+
+class ProgressMeter:
+    """Turns cumulative `DispatchStats` into rates over a sliding window (thread-safe)."""
+
+    def __init__(self, total: int, *, already_done: int = 0, window_s: float = 60.0) -> None:
+        self._total = total
+        self._already_done = already_done
+        self._window_s = window_s
+        self._samples: deque[_Sample] = deque()
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._shards_committed = 0
+        self._rows_committed = already_done
+
+    def shard_committed(self, rows: int) -> None:
+        with self._lock:
+            self._shards_committed += 1
+            self._rows_committed += rows
+
+    def snapshot(self, stats: DispatchStats) -> ProgressSnapshot:
+        now = stats.monotonic
+        sample = _Sample(
+            now, stats.done, stats.output_tokens, tuple(s.output_tokens for s in stats.servers)
+        )
+        with self._lock:
+            samples = self._samples
+            samples.append(sample)
+            # Keep one sample older than the window, so the rate always spans the window.
+            while len(samples) > 2 and samples[1].at <= now - self._window_s:
+                samples.popleft()
+            oldest = samples[0]
+            shards_committed, rows_committed = self._shards_committed, self._rows_committed
+        span = now - oldest.at
+
+        def rate(new: int, old: int) -> float:
+            return (new - old) / span if span > 0 else 0.0
+
+        done = min(self._already_done + stats.done, self._total)
+        remaining = self._total - done
+        rows_per_s = rate(sample.done, oldest.done)
+        eta = remaining / rows_per_s if rows_per_s > 0 else (0.0 if remaining == 0 else None)
+        return ProgressSnapshot(
+            updated_at=time.time(),
+            elapsed_s=now - self._started,
+            total=self._total,
+            done=done,
+            already_done=self._already_done,
+            ok=stats.ok,
+            failed=stats.failed,
+            in_flight=stats.in_flight,
+            queued=stats.queued,
+            retries=stats.retries,
+            shards_committed=shards_committed,
+            rows_committed=rows_committed,
+            output_tokens=stats.output_tokens,
+            tokens_per_s=rate(sample.tokens, oldest.tokens),
+            rows_per_s=rows_per_s,
+            eta_s=eta,
+            servers=tuple(
+                ServerProgress(
+                    name=s.name,
+                    state=str(s.state),
+                    in_flight=s.in_flight,
+                    slots=s.slots,
+                    tokens_per_s=rate(s.output_tokens, oldest.server_tokens[i]),
+                )
+                for i, s in enumerate(stats.servers)
+            ),
+        )
+
+
+class ProgressWriter:
+    """Rewrites `progress.json` every `interval_s` from a background thread, and on close.
+
+    A failed write (an S3 hiccup) or a failing `on_update` is logged and retried at the
+    next tick: progress must never stop the generation.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        dispatcher: StatsSource,
+        *,
+        total: int,
+        already_done: int = 0,
+        interval_s: float = 2.0,
+        on_update: Callable[[ProgressSnapshot], None] | None = None,
+        show_bar: bool | None = None,
+        window_s: float = 60.0,
+        key: str = "progress.json",
+    ) -> None:
+        self._storage = storage
+        self._dispatcher = dispatcher
+        self._meter = ProgressMeter(total, already_done=already_done, window_s=window_s)
+        self._interval_s = interval_s
+        self._on_update = on_update
+        self._show_bar = sys.stdout.isatty() if show_bar is None else show_bar
+        self._key = key
+        self._stop = threading.Event()
+        self._write_lock = threading.Lock()  # the final write must not interleave with a tick
+        self._thread: threading.Thread | None = None
+        self._bar: Progress | None = None
+        self._bar_task: TaskID | None = None
+
+    def start(self) -> ProgressWriter:
+        if self._show_bar:
+            self._bar = Progress()
+            self._bar.start()
+        self._thread = threading.Thread(target=self._run, name="regen-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.write_now()
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __enter__(self) -> ProgressWriter:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def shard_committed(self, rows: int, ok: int = 0, failed: int = 0) -> None:
+        """Count a shard whose manifest is written (`ok`/`failed` are in the dispatcher's)."""
+        self._meter.shard_committed(rows)
+
+    def snapshot(self) -> ProgressSnapshot:
+        return self._meter.snapshot(self._dispatcher.stats())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.write_now()
+
+    def write_now(self) -> ProgressSnapshot:
+        with self._write_lock:
+            snap = self.snapshot()
+            try:
+                self._storage.write_bytes(self._key, snap.to_json())
+            except Exception as err:
+                log.warning("could not write %s: %s", self._key, err)
+            if self._on_update is not None:
+                try:
+                    self._on_update(snap)
+                except Exception as err:
+                    log.warning("progress callback failed: %s", err)
+            if self._bar is not None:
+                self._update_bar(self._bar, snap)
+            return snap
+
+    def _update_bar(self, bar: Progress, snap: ProgressSnapshot) -> None:
+        text = f"{snap.tokens_per_s:,.0f} tok/s, {snap.failed} failed"
+        if self._bar_task is None:
+            self._bar_task = bar.add_task(text, total=snap.total)
+        bar.update(self._bar_task, completed=snap.done, total=snap.total, description=text)
