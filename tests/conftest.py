@@ -1,0 +1,57 @@
+"""Shared fixtures: a Prefect home per test worker, and the env a `regen` subprocess runs with."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ephemeral-Prefect home per xdist worker: its database is set up once, then reused."""
+    return tmp_path_factory.mktemp("prefect-home")
+
+
+@pytest.fixture
+def regen_env(prefect_home: Path) -> dict[str, str]:
+    """The environment of a `regen` subprocess: ephemeral Prefect, no telemetry, no server URL."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        PREFECT_HOME=str(prefect_home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def run_regen(
+    args: list[str], env: dict[str, str], cwd: Path, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """`regen ARGS` as a user runs it, from `cwd`."""
+    return subprocess.run(
+        [sys.executable, "-m", "regen.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """An in-process Prefect test server, for tests that run flows here and read their states."""
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
