@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -73,7 +74,7 @@ class LocalStorage:
         return self._path(key).read_bytes()
 
     def exists(self, key: str) -> bool:
-        return self._path(key).exists()
+        return self._path(key).is_file()
 
     def list(self, prefix: str = "") -> list[str]:
         base = self._path(prefix)
@@ -103,3 +104,19 @@ def open_storage(uri: str) -> Storage:
     if "://" in uri:
         raise UserError(f"{uri}: unsupported storage URL (use a directory or s3://bucket/prefix)")
     return LocalStorage(Path(uri))
+
+
+def probe(storage: Storage) -> None:
+    """Write, read back and delete one object, so a wrong root fails before any server starts."""
+    key = f".regen-probe-{uuid.uuid4().hex}"
+    payload = key.encode()
+    try:
+        storage.write_bytes(key, payload)
+        try:
+            if storage.read_bytes(key) != payload:
+                raise UserError(f"{storage.uri}: a probe object read back different bytes")
+        finally:
+            storage.delete(key)
+    except OSError as err:
+        # S3 failures are UserErrors already; this names a local root that cannot be written.
+        raise UserError(f"{storage.uri}: not writable ({err.strerror or err})") from err

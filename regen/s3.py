@@ -1,0 +1,286 @@
+"""An S3 prefix as a `Storage`, with one retry layer that rides out an outage of bounded length.
+
+botocore's own retries are switched off (`client_config`) so that a single deadline bounds how
+long any call may wait for S3 to come back; permanent failures (no bucket, no access) are not
+retried and become a one-line `UserError` naming the bucket.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlparse
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+from pydantic import BaseModel, Field
+
+from regen.errors import UserError
+
+if TYPE_CHECKING:
+    from botocore.client import BaseClient
+
+T = TypeVar("T")
+
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "InternalError",
+        "ServiceUnavailable",
+        "BandwidthLimitExceeded",
+    }
+)
+_MISSING_BUCKET_CODES = frozenset({"NoSuchBucket"})
+_DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "403",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+    }
+)
+
+
+class RetryPolicy(BaseModel):
+    """How long a call keeps retrying transient failures before it gives up."""
+
+    deadline_s: float = Field(default=60.0, gt=0, description="Total time one call may retry.")
+    first_delay_s: float = Field(default=0.1, gt=0)
+    max_delay_s: float = Field(default=5.0, gt=0)
+
+    def delay(self, attempt: int) -> float:
+        """Exponential backoff with jitter, so many writers do not retry in lockstep."""
+        return min(self.max_delay_s, self.first_delay_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class S3Object:
+    """One listed object; `key` is relative to the storage prefix."""
+
+    key: str
+    size: int
+    etag: str
+
+
+def client_config(connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0) -> Config:
+    """botocore settings for clients behind `S3Storage`: no hidden retries, short connects."""
+    return Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        connect_timeout=connect_timeout_s,
+        read_timeout=read_timeout_s,
+        max_pool_connections=32,
+    )
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix")."""
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise UserError(f"{url}: not an S3 URL (expected s3://bucket/prefix)")
+    return parsed.netloc, parsed.path.strip("/")
+
+
+class S3Storage:
+    """A dataset root under `s3://bucket/prefix`; every PutObject is atomic, so no temp keys."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        client_factory: Callable[[], BaseClient],
+        *,
+        session: boto3.Session | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """`session` is only read for credentials to hand to polars; the client does the I/O."""
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.retry = retry or RetryPolicy()
+        self._client_factory = client_factory
+        self._session = session
+        self._client_lock = threading.Lock()
+        self._client_obj: BaseClient | None = None
+
+    @classmethod
+    def from_url(
+        cls, url: str, endpoint_url: str | None = None, retry: RetryPolicy | None = None
+    ) -> S3Storage:
+        """The default credential chain; botocore reads AWS_ENDPOINT_URL(_S3) when none given."""
+        bucket, prefix = parse_s3_url(url)
+        session = boto3.Session()
+        config = client_config()
+
+        def factory() -> BaseClient:
+            return session.client("s3", endpoint_url=endpoint_url, config=config)
+
+        return cls(bucket, prefix, factory, session=session, retry=retry)
+
+    def _client(self) -> BaseClient:
+        # boto3 clients are thread-safe but creating them from one session is not.
+        with self._client_lock:
+            if self._client_obj is None:
+                self._client_obj = self._client_factory()
+            return self._client_obj
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, op: str, key: str, fn: Callable[[BaseClient], T]) -> T:
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return fn(self._client())
+            except NoCredentialsError as err:
+                raise UserError(f"{self.uri}: no AWS credentials found") from err
+            except ClientError as err:
+                if not _is_transient(err):
+                    raise self._permanent(err, op, key) from err
+                last: Exception = err
+            except (BotoConnectionError, HTTPClientError) as err:
+                last = err
+            remaining = self.retry.deadline_s - (time.monotonic() - started)
+            if remaining <= 0:
+                raise UserError(
+                    f"s3://{self.bucket}: {op} failed for {self.retry.deadline_s:g} s "
+                    f"({type(last).__name__}); is {self._client().meta.endpoint_url} reachable?"
+                ) from last
+            time.sleep(min(self.retry.delay(attempt), remaining))
+            attempt += 1
+
+    def _permanent(self, err: ClientError, op: str, key: str) -> Exception:
+        code = str(err.response.get("Error", {}).get("Code", ""))
+        if code in {"NoSuchKey", "404"} and op != "head_bucket":
+            return FileNotFoundError(f"{self.uri}/{key}")
+        if code in _MISSING_BUCKET_CODES or (code == "404" and op == "head_bucket"):
+            return UserError(f"s3://{self.bucket}: bucket does not exist")
+        if code in _DENIED_CODES:
+            return UserError(
+                f"s3://{self.bucket}: access denied ({code} on {op}); check credentials"
+            )
+        message = err.response.get("Error", {}).get("Message", "")
+        return UserError(f"s3://{self.bucket}/{self._key(key)}: {op} failed: {code} {message}")
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        full = self._key(key)
+        self._call(
+            "put_object", key, lambda c: c.put_object(Bucket=self.bucket, Key=full, Body=data)
+        )
+
+    def read_bytes(self, key: str) -> bytes:
+        full = self._key(key)
+
+        # The body is read inside the retried call: a connection reset mid-body is retried too.
+        def get(c: BaseClient) -> bytes:
+            return c.get_object(Bucket=self.bucket, Key=full)["Body"].read()
+
+        return self._call("get_object", key, get)
+
+    def exists(self, key: str) -> bool:
+        # A listing, not HeadObject: HEAD answers a bare 404 for a missing bucket and key alike.
+        full = self._key(key)
+        found = self._call(
+            "list_objects_v2",
+            key,
+            lambda c: c.list_objects_v2(Bucket=self.bucket, Prefix=full, MaxKeys=1),
+        )
+        return any(item["Key"] == full for item in found.get("Contents", []))
+
+    def list_objects(self, prefix: str = "") -> list[S3Object]:
+        """Objects under `prefix` with size and ETag, sorted by key; hidden names skipped."""
+        base = f"{self.prefix}/" if self.prefix else ""
+
+        def listing(c: BaseClient) -> list[S3Object]:
+            pages = c.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base + prefix
+            )
+            return [
+                S3Object(item["Key"][len(base) :], item["Size"], item["ETag"].strip('"'))
+                for page in pages
+                for item in page.get("Contents", [])
+            ]
+
+        objects = self._call("list_objects_v2", prefix, listing)
+        # Same rule as LocalStorage: dot-names are scratch (probe objects), never dataset keys.
+        visible = (o for o in objects if o.key and not o.key.rsplit("/", 1)[-1].startswith("."))
+        return sorted(visible, key=lambda o: o.key)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return [o.key for o in self.list_objects(prefix)]
+
+    def delete(self, key: str) -> None:
+        full = self._key(key)
+        self._call("delete_object", key, lambda c: c.delete_object(Bucket=self.bucket, Key=full))
+
+    def download(
+        self,
+        key: str,
+        path: Path,
+        transfer: TransferConfig | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """Download one object to `path` with parallel ranged GETs (large model shards)."""
+        full = self._key(key)
+        self._call(
+            "get_object",
+            key,
+            lambda c: c.download_file(
+                self.bucket, full, str(path), Config=transfer, Callback=progress
+            ),
+        )
+
+    def polars_path(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    def polars_options(self) -> dict[str, Any]:
+        """What polars' object store needs to reach the same endpoint with the same identity."""
+        client = self._client()
+        endpoint = client.meta.endpoint_url
+        options: dict[str, Any] = {}
+        if ".amazonaws.com" in endpoint:
+            options["aws_region"] = self._bucket_region(client)
+        else:
+            options["aws_endpoint_url"] = endpoint
+            options["aws_region"] = client.meta.region_name or "us-east-1"
+            if endpoint.startswith("http://"):
+                options["aws_allow_http"] = "true"
+        credentials = self._session.get_credentials() if self._session else None
+        if credentials is not None:
+            frozen = credentials.get_frozen_credentials()
+            options["aws_access_key_id"] = frozen.access_key
+            options["aws_secret_access_key"] = frozen.secret_key
+            if frozen.token:
+                options["aws_session_token"] = frozen.token
+        return options
+
+    def _bucket_region(self, client: BaseClient) -> str:
+        # polars, unlike boto3, does not follow S3's region redirects: ask the bucket itself.
+        try:
+            head = self._call("head_bucket", "", lambda c: c.head_bucket(Bucket=self.bucket))
+            headers = head["ResponseMetadata"]["HTTPHeaders"]
+        except UserError:
+            return client.meta.region_name or "us-east-1"
+        return str(headers.get("x-amz-bucket-region") or client.meta.region_name or "us-east-1")
+
+
+def _is_transient(err: ClientError) -> bool:
+    code = str(err.response.get("Error", {}).get("Code", ""))
+    status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return code in _TRANSIENT_CODES or status >= 500 or status == 429

@@ -1,0 +1,98 @@
+"""A real S3 API on loopback for tests: moto's threaded server, restartable for outage tests."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import boto3
+from botocore.client import BaseClient
+from moto.server import ThreadedMotoServer
+
+from regen.s3 import RetryPolicy, S3Storage, client_config
+
+_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+
+class MotoS3:
+    """One moto server; objects live in this process's moto backend, so they survive restarts."""
+
+    def __init__(self, ip_address: str = "127.0.0.1") -> None:
+        self.ip_address = ip_address
+        self.port = 0
+        self._server: ThreadedMotoServer | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.ip_address}:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for code that uses the default credential chain (S3Storage.from_url)."""
+        return {
+            "AWS_ACCESS_KEY_ID": _CREDENTIALS["aws_access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": _CREDENTIALS["aws_secret_access_key"],
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL_S3": self.endpoint_url,
+            # A developer's ~/.aws must not leak a profile or a real endpoint into a test.
+            "AWS_CONFIG_FILE": "/dev/null",
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+        }
+
+    def start(self) -> None:
+        """Start, on the port of the previous start if there was one (outage tests)."""
+        server = ThreadedMotoServer(ip_address=self.ip_address, port=self.port, verbose=False)
+        server.start()
+        self.port = server.get_host_and_port()[1]
+        self._server = server
+
+    def stop(self) -> None:
+        """Stop and close the socket, so clients are refused (not left hanging) meanwhile."""
+        if self._server is None:
+            return
+        self._server.stop()
+        # ThreadedMotoServer.stop() leaves the listening socket open: the kernel would accept
+        # connections nobody serves, and the port could not be bound again by start().
+        if self._server._server is not None:
+            self._server._server.server_close()
+        self._server = None
+
+    def client(self) -> BaseClient:
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            config=client_config(connect_timeout_s=2.0, read_timeout_s=10.0),
+            **_CREDENTIALS,
+        )
+
+    def create_bucket(self, prefix: str = "regen-test") -> str:
+        """A new bucket with a unique name: tests share one moto backend per process."""
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def storage(self, bucket: str, prefix: str = "", retry: RetryPolicy | None = None) -> S3Storage:
+        """An `S3Storage` on this server with explicit test credentials."""
+        session = boto3.Session(region_name="us-east-1", **_CREDENTIALS)
+        config = client_config(connect_timeout_s=2.0, read_timeout_s=10.0)
+
+        def factory() -> BaseClient:
+            return session.client("s3", endpoint_url=self.endpoint_url, config=config)
+
+        return S3Storage(bucket, prefix, factory, session=session, retry=retry)
+
+
+@contextmanager
+def moto_server(ip_address: str = "127.0.0.1") -> Iterator[MotoS3]:
+    """A started moto S3 server on a free port, stopped on exit."""
+    # werkzeug logs every request at INFO; a test's output should show only what failed.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = MotoS3(ip_address)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
