@@ -1,0 +1,193 @@
+"""Model staging from a directory and from a real S3 API (moto) into a tmp dir standing in for
+/dev/shm: identical content, marker last, idempotent, partial copies repaired, refusals named."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from regen.errors import UserError
+from regen.staging import MARKER_NAME, StageMarker, check_space, stage_model
+from tests._s3_helpers import MotoS3, moto_server
+
+MODEL_FILES = {
+    "config.json": b'{"architectures": ["Qwen3ForCausalLM"]}',
+    "tokenizer.json": b'{"model": {}}',
+    "tokenizer_config.json": b"{}",
+    "model-00001-of-00002.safetensors": os.urandom(300_000),
+    "model-00002-of-00002.safetensors": os.urandom(200_000),
+    "model.safetensors.index.json": json.dumps(
+        {
+            "weight_map": {
+                "a": "model-00001-of-00002.safetensors",
+                "b": "model-00002-of-00002.safetensors",
+            }
+        }
+    ).encode(),
+    "original/params.json": b"{}",
+}
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoS3]:
+    with moto_server() as server:
+        yield server
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "model"
+    for name, data in MODEL_FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+@pytest.fixture
+def s3_model(moto: MotoS3) -> str:
+    bucket = moto.create_bucket()
+    client = moto.client()
+    for name, data in MODEL_FILES.items():
+        client.put_object(Bucket=bucket, Key=f"models/qwen/{name}", Body=data)
+    return f"s3://{bucket}/models/qwen"
+
+
+def _assert_staged(target: Path) -> None:
+    staged = {
+        p.relative_to(target).as_posix(): p.read_bytes()
+        for p in target.rglob("*")
+        if p.is_file() and p.name != MARKER_NAME
+    }
+    assert staged == MODEL_FILES
+    marker = StageMarker.model_validate_json((target / MARKER_NAME).read_bytes())
+    assert {f.name: f.size for f in marker.files} == {k: len(v) for k, v in MODEL_FILES.items()}
+
+
+def test_stage_local_then_restage_is_a_no_op(model_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "shm" / "qwen"
+    seen: list[tuple[int, int]] = []
+    first = stage_model(str(model_dir), target, progress=lambda d, t: seen.append((d, t)))
+    _assert_staged(target)
+    total = sum(len(v) for v in MODEL_FILES.values())
+    assert not first.skipped and first.copied_files == len(MODEL_FILES)
+    assert first.bytes == total and max(seen) == (total, total)
+    second = stage_model(str(model_dir), target)
+    assert second.skipped and second.copied_bytes == 0 and second.seconds < 1
+
+
+def test_stage_from_s3_checks_etags_and_repairs(
+    s3_model: str, moto: MotoS3, tmp_path: Path
+) -> None:
+    target = tmp_path / "shm" / "qwen"
+    first = stage_model(s3_model, target, s3_client_factory=moto.client)
+    _assert_staged(target)
+    assert first.copied_files == len(MODEL_FILES) and first.throughput > 0
+    assert stage_model(s3_model, target, s3_client_factory=moto.client).skipped
+
+    (target / "model-00002-of-00002.safetensors").unlink()
+    with (target / "model-00001-of-00002.safetensors").open("r+b") as fh:
+        fh.truncate(1000)
+    repaired = stage_model(s3_model, target, s3_client_factory=moto.client)
+    assert not repaired.skipped and repaired.copied_files == 2
+    _assert_staged(target)
+
+
+def test_s3_source_from_the_environment(
+    s3_model: str, moto: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in moto.env.items():
+        monkeypatch.setenv(name, value)
+    stage_model(s3_model, tmp_path / "t")
+    _assert_staged(tmp_path / "t")
+
+
+def test_partial_copy_without_marker_is_completed(model_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "t"
+    stage_model(str(model_dir), target)
+    # What an interrupted run leaves: some files, a half-written part file, no marker.
+    (target / MARKER_NAME).unlink()
+    (target / "tokenizer.json").unlink()
+    (target / ".tokenizer.json.regen-part").write_bytes(b"half")
+    result = stage_model(str(model_dir), target)
+    assert not result.skipped and result.copied_files == 1
+    _assert_staged(target)
+    assert not list(target.rglob("*.regen-part"))
+
+
+def test_changed_source_file_is_recopied(model_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "t"
+    stage_model(str(model_dir), target)
+    config = model_dir / "config.json"
+    config.write_bytes(config.read_bytes().replace(b"Qwen3", b"Qwen4"))
+    result = stage_model(str(model_dir), target)
+    assert result.copied_files == 1
+    assert (target / "config.json").read_bytes() == config.read_bytes()
+
+
+def test_a_different_revision_is_not_the_same_staging(model_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "t"
+    stage_model(str(model_dir), target, revision="v1")
+    result = stage_model(str(model_dir), target, revision="v2")
+    assert not result.skipped and result.copied_files == len(MODEL_FILES)
+
+
+def test_too_small_target_is_refused_with_both_figures(model_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "t"
+    model_gb = f"{sum(len(v) for v in MODEL_FILES.values()) / 1e9:.2g}"
+    with pytest.raises(
+        UserError, match=rf"needs {model_gb} GB \+ 1000000\.0 GB margin, only [\d.]+ GB free on /"
+    ):
+        stage_model(str(model_dir), target, margin_bytes=10**15)
+    assert not target.exists()
+
+
+def test_ram_disk_must_fit_in_ram() -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    free = shutil.disk_usage(shm).free
+    available = psutil.virtual_memory().available
+    if free <= available:
+        pytest.skip("/dev/shm is smaller than available RAM: the disk check refuses first")
+    # Fits the tmpfs, not the RAM behind it: a tmpfs may be sized beyond what is free.
+    need = (free + available) // 2
+    with pytest.raises(UserError, match=r"is a RAM disk: staging needs [\d.]+ GB .* GB of RAM"):
+        check_space(shm / "regen-test-never-created", need, 0)
+    check_space(shm / "regen-test-never-created", 1 << 20, 0)
+
+
+def test_missing_model_files_are_named(model_dir: Path, tmp_path: Path) -> None:
+    (model_dir / "config.json").unlink()
+    (model_dir / "tokenizer_config.json").unlink()
+    with pytest.raises(UserError, match=r"missing config\.json, tokenizer_config\.json$") as caught:
+        stage_model(str(model_dir), tmp_path / "t")
+    assert str(model_dir) in str(caught.value)
+    for shard in model_dir.glob("*.safetensors"):
+        shard.unlink()
+    with pytest.raises(UserError, match=r"weights \(\*\.safetensors or \*\.bin\)"):
+        stage_model(str(model_dir), tmp_path / "t")
+
+
+def test_index_naming_an_absent_shard_is_refused(model_dir: Path, tmp_path: Path) -> None:
+    (model_dir / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(UserError, match=r"names missing model-00002-of-00002\.safetensors"):
+        stage_model(str(model_dir), tmp_path / "t")
+    assert not (tmp_path / "t" / MARKER_NAME).exists()
+
+
+def test_bad_sources_are_user_errors(tmp_path: Path, moto: MotoS3) -> None:
+    with pytest.raises(UserError, match=r"/nowhere: model directory does not exist"):
+        stage_model(str(tmp_path / "nowhere"), tmp_path / "t")
+    with pytest.raises(UserError, match=r"ftp://x: unsupported model source"):
+        stage_model("ftp://x", tmp_path / "t")
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"s3://regen-no-such-models: bucket does not exist"):
+        stage_model("s3://regen-no-such-models/m", tmp_path / "t", s3_client_factory=moto.client)
+    assert time.monotonic() - started < 5
