@@ -1,0 +1,514 @@
+"""Read the prompt set (JSONL or Parquet) into validated chat rows, with every unusable row
+set aside with its line number and reason, so one bad line never stops a million-row run.
+
+JSONL is read as one polars String column per line (a CSV read with a NUL separator and no
+quoting: a raw NUL byte cannot occur in JSON text, so a file that has one is refused as binary),
+then decoded with `str.json_decode` in batches. polars refuses a whole batch when one line is
+bad, so a failing batch is bisected down to the bad lines; only those lines (a handful, not the
+file) are looked at one by one in Python, to say precisely what is wrong with them.
+
+polars' decoder quietly turns JSON numbers and booleans into strings where a string is
+expected; a regex over the raw line finds such scalars under a known key. It matches only an
+unescaped `"key":` that follows `{` or `,`, which inside JSON text can only be a real key.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import io
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from regen.errors import UserError
+from regen.schema import MESSAGE
+from regen.storage import Storage, open_storage
+
+ROLES = ("system", "user", "assistant")
+REJECTS_KEY = "rejects/rejects.parquet"
+
+_RECORD = pl.Struct(
+    {"id": pl.String, "messages": pl.List(MESSAGE), "prompt": pl.String, "system": pl.String}
+)
+_TEXT_SCALAR = r'[{,]\s*"(content|role|prompt|system)"\s*:\s*(?:-?[0-9]|true|false)'
+_BAD_ID = r'[{,]\s*"id"\s*:\s*(?:true|false|-?[0-9]+[.eE])'
+_DECODE_BATCH = 65_536
+_HASH_CHUNK = 1 << 20
+_PARQUET_MAGIC = b"PAR1"
+
+_JSON_TYPES = {str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+REJECTS_SCHEMA = pl.Schema({"line": pl.Int64, "id": pl.String, "reason": pl.String})
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Validated rows (`id`, `line`, `messages`) and the rejected ones (`line`, `id`, `reason`).
+
+    `line` is the 1-based line of a JSONL file or the 1-based row of a Parquet file.
+    `fingerprint` is the sha256 of the file's bytes: any edit of the input changes it.
+    """
+
+    path: str
+    format: str
+    fingerprint: str
+    valid: pl.DataFrame
+    rejects: pl.DataFrame
+
+    @property
+    def num_valid(self) -> int:
+        return self.valid.height
+
+    @property
+    def num_rejected(self) -> int:
+        return self.rejects.height
+
+
+@dataclass(frozen=True)
+class PromptPreview:
+    """What a quick look at the first rows found, for the provisioning check."""
+
+    path: str
+    format: str
+    rows_checked: int
+    valid: int
+    rejected: int
+    first_reason: str | None
+
+
+@dataclass(frozen=True)
+class _FileFacts:
+    fingerprint: str
+    size: int
+    is_parquet: bool
+    utf8: bool
+    nul_line: int | None
+
+
+def load_prompts(path_or_uri: str, *, max_prompt_bytes: int = 1_000_000) -> PromptSet:
+    """Load a local path or an `s3://bucket/key` URL (downloaded to a temp file first)."""
+    if "://" not in path_or_uri:
+        return load_prompts_file(Path(path_or_uri), max_prompt_bytes=max_prompt_bytes)
+    with tempfile.TemporaryDirectory(prefix="regen-prompts-") as tmp:
+        local = _download(path_or_uri, Path(tmp))
+        return load_prompts_file(local, max_prompt_bytes=max_prompt_bytes, name=path_or_uri)
+
+
+def load_prompts_file(
+    path: Path, *, max_prompt_bytes: int = 1_000_000, name: str | None = None
+) -> PromptSet:
+    """Validate a local file; `name` is how messages name it (default: the path)."""
+    name = name or str(path)
+    facts = _inspect(path, name)
+    fmt, valid, rejects = _load(path, name, facts, max_prompt_bytes, n_rows=None)
+    return PromptSet(name, fmt, facts.fingerprint, valid, rejects)
+
+
+def preview(path_or_uri: str, n: int = 1000, *, max_prompt_bytes: int = 1_000_000) -> PromptPreview:
+    """Validate only the first `n` rows: cheap enough to run before any GPU is rented."""
+    if "://" in path_or_uri:
+        with tempfile.TemporaryDirectory(prefix="regen-prompts-") as tmp:
+            local = _download(path_or_uri, Path(tmp))
+            return _preview(local, path_or_uri, n, max_prompt_bytes)
+    return _preview(Path(path_or_uri), path_or_uri, n, max_prompt_bytes)
+
+
+def write_rejects(storage: Storage, prompt_set: PromptSet) -> None:
+    """Always written, even empty, so the audit can tell "no rejects" from "not recorded"."""
+    storage.write_bytes(REJECTS_KEY, _parquet_bytes(prompt_set.rejects))
+
+
+def _preview(path: Path, name: str, n: int, max_prompt_bytes: int) -> PromptPreview:
+    facts = _inspect(path, name, fingerprint=False)
+    fmt, valid, rejects = _load(path, name, facts, max_prompt_bytes, n_rows=n)
+    first = rejects.sort("line").row(0, named=True)["reason"] if rejects.height else None
+    return PromptPreview(
+        name, fmt, valid.height + rejects.height, valid.height, rejects.height, first
+    )
+
+
+def _download(uri: str, tmp: Path) -> Path:
+    root, _, key = uri.rpartition("/")
+    if not key or root.endswith(":/"):
+        raise UserError(f"{uri}: not a file URL (expected s3://bucket/path/prompts.jsonl)")
+    try:
+        data = open_storage(root).read_bytes(key)
+    except FileNotFoundError:
+        raise UserError(f"{uri}: prompt file not found") from None
+    local = tmp / key
+    local.write_bytes(data)
+    return local
+
+
+def _parquet_bytes(df: pl.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    df.write_parquet(buf, compression="zstd")
+    return buf.getvalue()
+
+
+def _inspect(path: Path, name: str, *, fingerprint: bool = True) -> _FileFacts:
+    """One streamed pass over the bytes: the fingerprint, and whether the file is text at all."""
+    digest = hashlib.sha256()
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    size, lines, utf8, nul_line = 0, 0, True, None
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(_PARQUET_MAGIC))
+            fh.seek(0)
+            is_parquet = head == _PARQUET_MAGIC
+            while chunk := fh.read(_HASH_CHUNK):
+                size += len(chunk)
+                if fingerprint:
+                    digest.update(chunk)
+                if is_parquet:
+                    continue
+                if nul_line is None and (nul := chunk.find(b"\x00")) >= 0:
+                    nul_line = lines + chunk.count(b"\n", 0, nul) + 1
+                lines += chunk.count(b"\n")
+                if utf8:
+                    try:
+                        decoder.decode(chunk)
+                    except UnicodeDecodeError:
+                        utf8 = False
+                if not fingerprint and nul_line is not None:
+                    break
+    except FileNotFoundError:
+        raise UserError(f"{name}: prompt file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{name}: is a directory, expected a JSONL or Parquet file") from None
+    except OSError as err:
+        raise UserError(f"{name}: cannot read: {err.strerror}") from None
+    if size == 0:
+        raise UserError(f"{name}: file is empty")
+    if nul_line is not None:
+        raise UserError(f"{name}: line {nul_line}: binary data (a NUL byte), not JSONL or Parquet")
+    return _FileFacts(digest.hexdigest(), size, is_parquet, utf8, nul_line)
+
+
+def _load(
+    path: Path, name: str, facts: _FileFacts, max_prompt_bytes: int, n_rows: int | None
+) -> tuple[str, pl.DataFrame, pl.DataFrame]:
+    if facts.is_parquet:
+        fields = _parquet_fields(path, name, n_rows)
+    elif path.suffix.lower() == ".parquet":
+        raise UserError(f"{name}: not a Parquet file (no PAR1 magic bytes)")
+    else:
+        fields = _jsonl_fields(path, name, facts.utf8, n_rows)
+    if fields.height == 0:
+        raise UserError(f"{name}: no prompts (only blank lines)")
+    fmt = _detect_format(fields)
+    checked = _check_rows(fields, fmt, max_prompt_bytes)
+    valid = checked.filter(pl.col("reason").is_null()).select("id", "line", "messages")
+    rejects = checked.filter(pl.col("reason").is_not_null()).select("line", "id", "reason")
+    if valid.height == 0:
+        where = "row" if facts.is_parquet else "line"
+        first = rejects.row(0, named=True)
+        raise UserError(
+            f"{name}: {where} {first['line']}: {first['reason']}; "
+            f"no usable rows ({rejects.height} rejected)"
+        )
+    return fmt, valid, rejects.cast(dict(REJECTS_SCHEMA))
+
+
+# --- JSONL -------------------------------------------------------------------------------------
+
+
+def _jsonl_fields(path: Path, name: str, utf8: bool, n_rows: int | None) -> pl.DataFrame:
+    """Columns line, given_id, messages, prompt, system, reason (a read-level problem or null)."""
+    lines = pl.read_csv(
+        path,
+        has_header=False,
+        separator="\x00",
+        quote_char=None,
+        comment_prefix=None,
+        schema={"raw": pl.String},
+        encoding="utf8" if utf8 else "utf8-lossy",
+        n_rows=n_rows,
+        row_index_name="line",
+        row_index_offset=1,
+    )
+    lines = lines.with_columns(pl.col("line").cast(pl.Int64)).filter(
+        pl.col("raw").str.strip_chars().str.len_bytes() > 0
+    )
+    raw = lines.get_column("raw")
+    if len(raw) and raw[0].lstrip().startswith("["):
+        # A JSON array file: its lines may happen to parse, but the rows are not JSONL rows.
+        raise UserError(f"{name}: line {lines['line'][0]}: {_explain(raw[0])[0]}")
+    decoded, bad = _decode_bisecting(raw)
+    read_reason = pl.repeat(None, len(raw), dtype=pl.String, eager=True).alias("read_reason")
+    read_id = read_reason.alias("read_id")
+    if bad:
+        explained = [_explain(raw[i]) for i in bad]
+        read_reason = read_reason.scatter(bad, [reason for reason, _ in explained])
+        read_id = read_id.scatter(bad, [row_id for _, row_id in explained])
+    frame = lines.with_columns(rec=decoded, read_reason=read_reason, read_id=read_id)
+    scalar = pl.col("raw").str.extract(_TEXT_SCALAR, 1)
+    reason = (
+        pl.when(pl.col("read_reason").is_not_null())
+        .then(pl.col("read_reason"))
+        .when(pl.lit(not utf8) & pl.col("raw").str.contains("\ufffd", literal=True))
+        .then(pl.lit("not valid UTF-8"))
+        .when(scalar.is_not_null())
+        .then(pl.format("{} must be a string", scalar))
+        .when(pl.col("raw").str.contains(_BAD_ID))
+        .then(pl.lit("id must be a string or an integer"))
+    )
+    return frame.select(
+        "line",
+        pl.coalesce(pl.col("rec").struct.field("id"), "read_id").alias("given_id"),
+        pl.col("rec").struct.field("messages"),
+        pl.col("rec").struct.field("prompt"),
+        pl.col("rec").struct.field("system"),
+        reason.alias("reason"),
+    )
+
+
+def _decode_bisecting(raw: pl.Series) -> tuple[pl.Series, list[int]]:
+    """Decode every line; a line polars cannot decode becomes null and its index is returned."""
+    pieces: list[pl.Series] = []
+    bad: list[int] = []
+
+    def decode(start: int, length: int) -> None:
+        part = raw.slice(start, length)
+        try:
+            pieces.append(part.str.json_decode(_RECORD))
+        except pl.exceptions.PolarsError:
+            if length == 1:
+                bad.append(start)
+                pieces.append(pl.Series([None], dtype=_RECORD))
+                return
+            half = length // 2
+            decode(start, half)
+            decode(start + half, length - half)
+
+    for start in range(0, len(raw), _DECODE_BATCH):
+        decode(start, min(_DECODE_BATCH, len(raw) - start))
+    if not pieces:
+        return pl.Series("rec", [], dtype=_RECORD), bad
+    return pl.concat(pieces).alias("rec"), bad
+
+
+def _explain(line: str) -> tuple[str, str | None]:
+    """Why polars could not decode one line, in the user's terms, and its id if it has one."""
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        stripped = line.lstrip()
+        if stripped.startswith("["):
+            return "not valid JSON (a JSON array? use one object per line)", None
+        if stripped.endswith(("{", "[", ",")):
+            return "not valid JSON (a pretty-printed file? use one object per line)", None
+        return "not valid JSON", None
+    if isinstance(value, list):
+        return "a JSON array, not an object (use one object per line)", None
+    if not isinstance(value, dict):
+        return f"a JSON {_JSON_TYPES.get(type(value), 'value')}, not an object", None
+    row_id = value.get("id")
+    given = str(row_id) if isinstance(row_id, str | int) and not isinstance(row_id, bool) else None
+    return _explain_object(value), given
+
+
+def _explain_object(row: dict[str, Any]) -> str:
+    for key in ("prompt", "system"):
+        if key in row and row[key] is not None and not isinstance(row[key], str):
+            return f"{key} must be a string"
+    if isinstance(row.get("id"), bool) or not isinstance(row.get("id"), str | int | None):
+        return "id must be a string or an integer"
+    messages = row.get("messages")
+    if messages is not None and not isinstance(messages, list):
+        return "messages must be a list of {role, content} objects"
+    for i, message in enumerate(messages or []):
+        if not isinstance(message, dict):
+            return f"message {i}: not a {{role, content}} object"
+        content = message.get("content")
+        if isinstance(content, list):
+            return f"message {i}: content must be a string (content parts are not supported)"
+        if content is not None and not isinstance(content, str):
+            return f"message {i}: content must be a string"
+        if not isinstance(message.get("role"), str | None):
+            return f"message {i}: role must be a string"
+    return "cannot be read as a prompt row"
+
+
+# --- Parquet -----------------------------------------------------------------------------------
+
+
+def _parquet_fields(path: Path, name: str, n_rows: int | None) -> pl.DataFrame:
+    try:
+        scan = pl.scan_parquet(path, n_rows=n_rows)
+        schema = scan.collect_schema()
+    except pl.exceptions.PolarsError as err:
+        raise UserError(f"{name}: not a readable Parquet file: {_first_line(err)}") from None
+    columns: list[pl.Expr] = [pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("line")]
+    columns.append(_parquet_id(schema, name))
+    if "messages" in schema:
+        columns.append(_parquet_messages(schema["messages"], name))
+    else:
+        columns.append(pl.lit(None, dtype=pl.List(MESSAGE)).alias("messages"))
+    for key in ("prompt", "system"):
+        if key not in schema:
+            columns.append(pl.lit(None, dtype=pl.String).alias(key))
+        elif schema[key] in (pl.String, pl.Null):
+            columns.append(pl.col(key).cast(pl.String))
+        else:
+            raise UserError(f"{name}: column {key} has type {schema[key]}, expected a string")
+    if "messages" not in schema and "prompt" not in schema:
+        raise UserError(f"{name}: has neither a messages nor a prompt column")
+    columns.append(pl.lit(None, dtype=pl.String).alias("reason"))
+    try:
+        return scan.select(columns).collect()
+    except pl.exceptions.PolarsError as err:
+        raise UserError(f"{name}: cannot read Parquet data: {_first_line(err)}") from None
+
+
+def _parquet_id(schema: pl.Schema, name: str) -> pl.Expr:
+    if "id" not in schema:
+        return pl.lit(None, dtype=pl.String).alias("given_id")
+    dtype = schema["id"]
+    if dtype in (pl.String, pl.Null) or dtype.is_integer():
+        return pl.col("id").cast(pl.String).alias("given_id")
+    raise UserError(f"{name}: column id has type {dtype}, expected a string or an integer")
+
+
+def _parquet_messages(dtype: pl.DataType, name: str) -> pl.Expr:
+    inner = getattr(dtype, "inner", None)
+    fields = {f.name: f.dtype for f in getattr(inner, "fields", [])}
+    if (
+        not isinstance(dtype, pl.List)
+        or fields.get("role") != pl.String
+        or fields.get("content") not in (pl.String, pl.Null)
+    ):
+        raise UserError(
+            f"{name}: column messages has type {dtype}, expected a list of {{role, content}}"
+        )
+    return pl.col("messages").list.eval(
+        pl.struct(
+            pl.element().struct.field("role"),
+            pl.element().struct.field("content").cast(pl.String),
+        )
+    )
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+# --- row checks, shared by both formats --------------------------------------------------------
+
+
+def _detect_format(fields: pl.DataFrame) -> str:
+    """The format of the first row that has one; rows of the other format are rejected."""
+    has = fields.filter(
+        pl.col("reason").is_null()
+        & (pl.col("messages").is_not_null() | pl.col("prompt").is_not_null())
+    ).head(1)
+    if has.height and has.get_column("messages")[0] is None:
+        return "prompt"
+    return "messages"
+
+
+def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.DataFrame:
+    """Adds the normalised `messages`, the final `id` and the first failing `reason` per row."""
+    msgs = pl.col("messages")
+    role = pl.element().struct.field("role")
+    content = pl.element().struct.field("content")
+    bad_role_at = msgs.list.eval(role.is_null() | role.is_in(ROLES).not_()).list.arg_max()
+    null_content_at = msgs.list.eval(content.is_null()).list.arg_max()
+    other = "prompt" if fmt == "messages" else "messages"
+    size = msgs.list.eval(content.str.len_bytes()).list.sum()
+    last = msgs.list.last()
+    reason = (
+        pl.when(pl.col("reason").is_not_null())
+        .then(pl.col("reason"))
+        .when(pl.col("has_messages") & pl.col("has_prompt"))
+        .then(pl.lit("has both messages and prompt"))
+        .when(~pl.col("has_messages") & ~pl.col("has_prompt"))
+        .then(pl.lit("has neither messages nor prompt"))
+        .when(pl.col(f"has_{other}"))
+        .then(pl.lit(f"a {other} row in a file of {fmt} rows"))
+        .when(pl.col("system").is_not_null() & (pl.lit(fmt) == "messages"))
+        .then(pl.lit("system is for prompt rows; put a system message in messages"))
+        .when(pl.col("given_id").is_not_null() & (pl.col("given_id").str.len_bytes() == 0))
+        .then(pl.lit("id is empty"))
+        .when(msgs.list.len() == 0)
+        .then(pl.lit("messages is empty"))
+        .when(msgs.list.eval(role.is_null()).list.any())
+        .then(pl.format("message {}: role is missing", bad_role_at))
+        .when(msgs.list.eval(role.is_in(ROLES).not_()).list.any())
+        .then(
+            pl.format(
+                "message {}: role {} is not user/system/assistant",
+                bad_role_at,
+                msgs.list.get(bad_role_at, null_on_oob=True).struct.field("role").str.slice(0, 20),
+            )
+        )
+        .when(msgs.list.eval(content.is_null()).list.any())
+        .then(pl.format("message {}: content is missing or null", null_content_at))
+        .when(last.struct.field("role") != "user")
+        .then(pl.format("last message is from the {}, not the user", last.struct.field("role")))
+        .when(last.struct.field("content").str.strip_chars().str.len_bytes() == 0)
+        .then(pl.lit("empty prompt"))
+        .when(size > max_prompt_bytes)
+        .then(pl.format("prompt is {} bytes, over the limit of {} bytes", size, max_prompt_bytes))
+    )
+    normalised = fields.with_columns(
+        has_messages=pl.col("messages").is_not_null(), has_prompt=pl.col("prompt").is_not_null()
+    ).with_columns(messages=_normalised_messages(fmt))
+    checked = normalised.with_columns(reason=reason)
+    checked = checked.with_columns(id=_ids(checked))
+    ok = pl.col("reason").is_null()
+    first_line = pl.when(ok).then(pl.col("line")).min().over("id")
+    return checked.with_columns(
+        reason=pl.when(ok & (pl.col("line") != first_line))
+        .then(pl.format("duplicate id (first on line {})", first_line))
+        .otherwise(pl.col("reason"))
+    )
+
+
+def _normalised_messages(fmt: str) -> pl.Expr:
+    """prompt + system become [system?, user]; messages keep only role and content."""
+    if fmt == "messages":
+        return pl.col("messages")
+    user = pl.struct(role=pl.lit("user"), content=pl.col("prompt"))
+    system = pl.struct(role=pl.lit("system"), content=pl.col("system"))
+    return (
+        pl.when(pl.col("prompt").is_null())
+        .then(pl.col("messages"))
+        .when(pl.col("system").is_null())
+        .then(pl.concat_list(user))
+        .otherwise(pl.concat_list(system, user))
+    )
+
+
+def _ids(checked: pl.DataFrame) -> pl.Series:
+    """The given id, or `h-` + 16 hex of sha256 over the normalised messages.
+
+    The hashed text is length-prefixed (`role:len:content` per message), so it is unambiguous
+    and does not depend on how any JSON encoder escapes text.
+    """
+    element = pl.element().struct
+    canonical = (
+        pl.col("messages")
+        .list.eval(
+            element.field("role")
+            + ":"
+            + element.field("content").str.len_bytes().cast(pl.String)
+            + ":"
+            + element.field("content")
+        )
+        .list.join("\n")
+    )
+    need = checked.select(
+        pl.when(pl.col("given_id").is_null() & pl.col("reason").is_null()).then(canonical)
+    ).to_series()
+    hashed = need.map_elements(_content_id, return_dtype=pl.String, skip_nulls=True)
+    return checked.get_column("given_id").fill_null(hashed).alias("id")
+
+
+def _content_id(text: str) -> str:
+    return "h-" + hashlib.sha256(text.encode()).hexdigest()[:16]

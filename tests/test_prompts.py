@@ -1,0 +1,289 @@
+"""Prompt reading: every reject reason, every unreadable-file case, Parquet, bounded memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from regen.errors import UserError
+from regen.prompts import REJECTS_KEY, load_prompts, preview, write_rejects
+from regen.storage import LocalStorage
+
+GOOD = {"id": "good", "messages": [{"role": "user", "content": "Hello"}]}
+SAMPLE = Path(__file__).parents[1] / "regen" / "data" / "sample_prompts.jsonl"
+
+
+def _jsonl(tmp_path: Path, *lines: str | dict, name: str = "prompts.jsonl") -> Path:
+    path = tmp_path / name
+    text = "\n".join(json.dumps(x) if isinstance(x, dict) else x for x in lines) + "\n"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _msgs(*pairs: tuple[str, object]) -> list[dict[str, object]]:
+    return [{"role": role, "content": content} for role, content in pairs]
+
+
+REJECTS = {
+    "malformed JSON": ('{"messages": [', "not valid JSON"),
+    "array line": ("[1, 2]", "a JSON array, not an object"),
+    "scalar line": ('"just text"', "a JSON string, not an object"),
+    "messages not a list": ({"messages": "hi"}, "messages must be a list"),
+    "message not an object": ({"messages": ["hi"]}, "message 0: not a {role, content} object"),
+    "content a number": ({"messages": _msgs(("user", 5))}, "content must be a string"),
+    "content parts": (
+        {"messages": _msgs(("user", [{"type": "text", "text": "x"}]))},
+        "content parts are not supported",
+    ),
+    "null content": ({"messages": _msgs(("user", None))}, "message 0: content is missing or null"),
+    "missing role": ({"messages": [{"content": "x"}]}, "message 0: role is missing"),
+    "role a number": ({"messages": [{"role": 1, "content": "x"}]}, "role must be a string"),
+    "empty messages": ({"messages": []}, "messages is empty"),
+    "bad role": (
+        {"messages": _msgs(("system", "s"), ("tool", "x"))},
+        "message 1: role tool is not user/system/assistant",
+    ),
+    "last not user": (
+        {"messages": _msgs(("user", "q"), ("assistant", "a"))},
+        "last message is from the assistant, not the user",
+    ),
+    "duplicate id": ({"id": "good", "messages": _msgs(("user", "other"))}, "duplicate id"),
+    "empty prompt": ({"messages": _msgs(("user", "  \n"))}, "empty prompt"),
+    "too big": ({"messages": _msgs(("user", "x" * 2000))}, "prompt is 2000 bytes, over the limit"),
+    "id a float": ({"id": 1.5, "messages": _msgs(("user", "x"))}, "id must be a string or an"),
+    "id a bool": ({"id": True, "messages": _msgs(("user", "x"))}, "id must be a string or an"),
+    "id empty": ({"id": "", "messages": _msgs(("user", "x"))}, "id is empty"),
+    "neither": ({"id": "n", "text": "x"}, "has neither messages nor prompt"),
+    "both": ({"messages": _msgs(("user", "x")), "prompt": "y"}, "has both messages and prompt"),
+    "other format": ({"prompt": "y"}, "a prompt row in a file of messages rows"),
+    "system beside messages": (
+        {"messages": _msgs(("user", "x")), "system": "s"},
+        "system is for prompt rows",
+    ),
+}
+
+
+@pytest.mark.parametrize("line, reason", REJECTS.values(), ids=REJECTS.keys())
+def test_each_reject_reason_names_its_line(tmp_path: Path, line: str | dict, reason: str) -> None:
+    extra = {"id": "also-good", "messages": _msgs(("user", "Bye"))}
+    path = _jsonl(tmp_path, GOOD, line, extra)
+    ps = load_prompts(str(path), max_prompt_bytes=1000)
+    assert ps.valid.get_column("id").to_list() == ["good", "also-good"]
+    assert ps.valid.get_column("line").to_list() == [1, 3]
+    assert ps.rejects.get_column("line").to_list() == [2]
+    assert reason in ps.rejects.get_column("reason")[0]
+
+
+def test_prompt_rows_with_system_are_normalised_and_reject_non_strings(tmp_path: Path) -> None:
+    path = _jsonl(
+        tmp_path,
+        {"id": 7, "prompt": "Hi", "system": "Be brief"},
+        {"prompt": "Plain"},
+        {"prompt": 12},
+        {"prompt": ""},
+        {"prompt": "x", "system": ["no"]},
+    )
+    ps = load_prompts(str(path))
+    assert ps.format == "prompt"
+    assert ps.valid.get_column("messages").to_list() == [
+        _msgs(("system", "Be brief"), ("user", "Hi")),
+        _msgs(("user", "Plain")),
+    ]
+    assert ps.valid.get_column("id")[0] == "7"
+    assert ps.rejects.get_column("reason").to_list() == [
+        "prompt must be a string",
+        "empty prompt",
+        "system must be a string",
+    ]
+
+
+def test_missing_id_is_a_stable_content_hash(tmp_path: Path) -> None:
+    row = {"messages": _msgs(("system", "s"), ("user", "q"))}
+    first = load_prompts(str(_jsonl(tmp_path, row, name="a.jsonl"))).valid["id"][0]
+    again = load_prompts(str(_jsonl(tmp_path, {"extra": 1, **row}, name="b.jsonl"))).valid["id"][0]
+    other = {"messages": _msgs(("system", "s"), ("user", "Q"))}
+    different = load_prompts(str(_jsonl(tmp_path, other, name="c.jsonl"))).valid["id"][0]
+    assert first == again != different
+    assert first.startswith("h-") and len(first) == 18
+
+
+def test_same_content_without_ids_is_a_duplicate(tmp_path: Path) -> None:
+    row = {"messages": _msgs(("user", "same"))}
+    ps = load_prompts(str(_jsonl(tmp_path, row, GOOD, row)))
+    assert ps.rejects.select("line", "reason").rows() == [(3, "duplicate id (first on line 1)")]
+    assert ps.rejects["id"][0] == ps.valid["id"][0]
+
+
+def test_bad_line_keeps_its_id_in_rejects(tmp_path: Path) -> None:
+    bad = {"id": "keep-me", "messages": _msgs(("user", [{"type": "text"}]))}
+    ps = load_prompts(str(_jsonl(tmp_path, GOOD, bad)))
+    assert ps.rejects.get_column("id").to_list() == ["keep-me"]
+
+
+def test_bom_crlf_and_blank_lines_keep_line_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    rows = [json.dumps(GOOD), "", "   ", "{bad", json.dumps({**GOOD, "id": "two"}), ""]
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(rows).encode())
+    ps = load_prompts(str(path))
+    assert ps.valid.get_column("line").to_list() == [1, 5]
+    assert ps.valid.get_column("messages")[0].to_list() == GOOD["messages"]
+    assert ps.rejects.select("line", "reason").rows() == [(4, "not valid JSON")]
+
+
+def test_non_utf8_line_is_rejected_others_kept(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b'\n{"prompt": "caf\xe9"}\n')
+    ps = load_prompts(str(path))
+    assert ps.num_valid == 1
+    assert ps.rejects.select("line", "reason").rows() == [(2, "not valid UTF-8")]
+
+
+UNREADABLE = {
+    "all rejected": (b'{"messages": []}\n{"messages": "x"}\n', "line 1: messages is empty"),
+    "json array": (b'[{"prompt": "a"}, {"prompt": "b"}]\n', "line 1: a JSON array, not an object"),
+    "pretty array": (b'[\n  {"prompt": "a"}\n]\n', "line 1: not valid JSON (a JSON array"),
+    "pretty object": (b'{\n  "prompt": "a"\n}\n', "line 1: not valid JSON (a pretty-printed"),
+    "binary": (bytes(range(256)) * 4, "binary data"),
+    "empty": (b"", "file is empty"),
+    "blank lines only": (b"\n \n\r\n", "no prompts"),
+    "latin-1": ('{"prompt": "café"}\n'.encode("latin-1"), "line 1: not valid UTF-8"),
+    "fake parquet": (b"not parquet at all", "not a Parquet file"),
+}
+
+
+@pytest.mark.parametrize("data, message", UNREADABLE.values(), ids=UNREADABLE.keys())
+def test_unusable_file_is_one_line_user_error(tmp_path: Path, data: bytes, message: str) -> None:
+    name = "prompts.parquet" if message == "not a Parquet file" else "prompts.jsonl"
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(UserError) as err:
+        load_prompts(str(path))
+    text = str(err.value)
+    assert text.startswith(f"{path}: ") and message in text and "\n" not in text
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="prompt file not found"):
+        load_prompts(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(UserError, match="is a directory"):
+        load_prompts(str(tmp_path))
+
+
+def test_parquet_messages_and_prompt_inputs(tmp_path: Path) -> None:
+    path = tmp_path / "p.parquet"
+    pl.DataFrame(
+        {
+            "id": [1, 2, 3],
+            "messages": [_msgs(("user", "a")), _msgs(("user", None)), _msgs(("user", "a"))],
+            "other": ["x", "y", "z"],
+        }
+    ).write_parquet(path)
+    ps = load_prompts(str(path))
+    assert (ps.format, ps.valid.get_column("id").to_list()) == ("messages", ["1", "3"])
+    assert ps.rejects.rows() == [(2, "2", "message 0: content is missing or null")]
+
+    path2 = tmp_path / "q.parquet"
+    pl.DataFrame({"prompt": ["hi", "hi"], "system": [None, "sys"]}).write_parquet(path2)
+    ps2 = load_prompts(str(path2))
+    assert ps2.format == "prompt"
+    assert ps2.valid.get_column("messages").to_list() == [
+        _msgs(("user", "hi")),
+        _msgs(("system", "sys"), ("user", "hi")),
+    ]
+
+
+def test_parquet_wrong_column_type_names_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "p.parquet"
+    pl.DataFrame({"messages": [["a"], ["b"]]}).write_parquet(path)
+    with pytest.raises(UserError, match=r"p\.parquet: column messages has type"):
+        load_prompts(str(path))
+    pl.DataFrame({"messages": [[{"role": "user", "content": "x"}]]}).write_parquet(path)
+    pl.DataFrame({"prompt": ["x"], "id": [1.5]}).write_parquet(path)
+    with pytest.raises(UserError, match="column id has type"):
+        load_prompts(str(path))
+
+
+def test_all_rejected_parquet_names_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "p.parquet"
+    pl.DataFrame({"prompt": ["", " "]}).write_parquet(path)
+    with pytest.raises(UserError, match=r"row 1: empty prompt; no usable rows \(2 rejected\)"):
+        load_prompts(str(path))
+
+
+def test_fingerprint_covers_the_file_bytes(tmp_path: Path) -> None:
+    a = load_prompts(str(_jsonl(tmp_path, GOOD, name="a.jsonl"))).fingerprint
+    b = load_prompts(str(_jsonl(tmp_path, GOOD, name="b.jsonl"))).fingerprint
+    c = load_prompts(str(_jsonl(tmp_path, GOOD, "", name="c.jsonl"))).fingerprint
+    assert a == b != c and len(a) == 64
+
+
+def test_write_rejects_through_storage(tmp_path: Path) -> None:
+    ps = load_prompts(str(_jsonl(tmp_path, GOOD, "{oops")))
+    storage = LocalStorage(tmp_path / "out")
+    write_rejects(storage, ps)
+    back = pl.read_parquet(storage.polars_path(REJECTS_KEY))
+    assert back.schema == pl.Schema({"line": pl.Int64, "id": pl.String, "reason": pl.String})
+    assert back.rows() == [(2, None, "not valid JSON")]
+
+
+def test_preview_checks_only_the_first_rows(tmp_path: Path) -> None:
+    lines = [{"id": f"r{i}", "messages": _msgs(("user", "q"))} for i in range(50)]
+    path = _jsonl(tmp_path, *lines[:9], "{bad", *lines[9:])
+    result = preview(str(path), n=20)
+    assert (result.rows_checked, result.valid, result.rejected) == (20, 19, 1)
+    assert result.first_reason == "not valid JSON"
+
+
+def test_sample_prompt_set_is_valid_and_varied() -> None:
+    ps = load_prompts(str(SAMPLE))
+    assert ps.num_rejected == 0 and ps.num_valid >= 200 and ps.format == "messages"
+    ids = ps.valid.get_column("id")
+    assert ids.str.starts_with("sample-").all()
+    with_system = ps.valid.select(
+        pl.col("messages").list.first().struct.field("role").eq("system").sum()
+    ).item()
+    assert with_system >= 20
+
+
+_LOAD_AND_MEASURE = """
+import resource, sys, time
+from regen.prompts import load_prompts
+start = time.perf_counter()
+ps = load_prompts(sys.argv[1])
+elapsed = time.perf_counter() - start
+print(ps.num_valid, ps.num_rejected, elapsed,
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def write_big_jsonl(path: Path, rows: int) -> int:
+    """About 100 bytes a row; one malformed line every 50,000 rows; returns the bad count."""
+    template = '{{"id": "r{0}", "messages": [{{"role": "user", "content": "question {0} {1}"}}]}}'
+    filler = "lorem ipsum dolor sit amet"
+    with path.open("w") as fh:
+        for start in range(0, rows, 10_000):
+            block = [template.format(i, filler) for i in range(start, min(rows, start + 10_000))]
+            fh.write("\n".join(block) + "\n")
+        fh.write("{broken\n" * (rows // 50_000))
+    return rows // 50_000
+
+
+def test_large_file_streams_in_bounded_memory(tmp_path: Path) -> None:
+    path = tmp_path / "big.jsonl"
+    bad = write_big_jsonl(path, 200_000)
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD_AND_MEASURE, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.split()
+    valid, rejected, elapsed, rss_mb = int(out[0]), int(out[1]), float(out[2]), int(out[3])
+    print(f"200K rows ({path.stat().st_size >> 20} MiB): {elapsed:.1f} s, peak RSS {rss_mb} MiB")
+    assert (valid, rejected) == (200_000, bad)
+    assert rss_mb < 1024
