@@ -1,0 +1,52 @@
+"""The run fingerprint: one digest over everything that changes what a completion looks like.
+
+Components are kept flat with dotted names (`sampling.max_tokens`), so when an output root
+was made by another run the message can name exactly which setting differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def run_fingerprint(
+    input_fingerprint: str,
+    *,
+    model: dict[str, Any],
+    sampling: dict[str, Any],
+    shard_size: int,
+    chat_template: dict[str, Any],
+) -> tuple[str, dict[str, Any]]:
+    """(sha256 hex digest, flat components).
+
+    `model` holds the served name, source and revision; `sampling` is
+    `SamplingConfig.model_dump()`; `chat_template` holds what shapes the prompt and the parsed
+    answer (enable_thinking, reasoning parser). `shard_size` is included because it decides
+    which ids a shard file holds.
+    """
+    components: dict[str, Any] = {"input": input_fingerprint, "shard_size": shard_size}
+    for section, values in (
+        ("model", model),
+        ("sampling", sampling),
+        ("chat_template", chat_template),
+    ):
+        components.update({f"{section}.{key}": value for key, value in sorted(values.items())})
+    canonical = json.dumps(components, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest(), components
+
+
+def changed_components(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key=old, this run has new` for each differing component, in a stable order."""
+    changes = []
+    for key in sorted(old.keys() | new.keys()):
+        if old.get(key) != new.get(key):
+            changes.append(f"{key}={_show(old.get(key))}, this run has {_show(new.get(key))}")
+    return changes
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str) and len(value) == 64:
+        return value[:12] + "…"
+    return "unset" if value is None else str(value)
