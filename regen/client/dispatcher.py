@@ -521,7 +521,7 @@ class Dispatcher:
     def _fleet_dead(self) -> None:
         reasons = "; ".join(f"{s.endpoint.name}: {s.last_failure}" for s in self._servers)
         self._die(
-            FleetError(f"no healthy server for {self._generation.fleet_dead_s:.0f} s ({reasons})")
+            FleetError(f"no healthy server for {self._generation.fleet_dead_s:g} s ({reasons})")
         )
 
     def _die(self, error: FleetError) -> None:

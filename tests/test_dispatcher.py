@@ -1,0 +1,303 @@
+"""The dispatcher against real emulator processes: nothing lost, nothing repeated, no idle slots."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pytest
+from pydantic import SecretStr
+
+from regen.client import Dispatcher, DispatchTuning, ServerState
+from regen.config import GenerationConfig, SamplingConfig
+from regen.errors import FleetError, FleetUnauthorized
+from regen.fleet.endpoint import Endpoint
+from regen.progress import ProgressWriter
+from regen.schema import row_schema
+from regen.storage import LocalStorage
+
+MODEL = "emu-model"
+KEY = "test-key"
+READY = "The server is fired up and ready to roll!"
+MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
+
+
+@dataclass
+class Emulator:
+    proc: subprocess.Popen[bytes]
+    endpoint: Endpoint
+    log: Path
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"{self.endpoint.url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+        assert found, f"{name} not in /metrics"
+        return float(found.group(1))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def emulators(
+    tmp_path: Path,
+    count: int,
+    *,
+    slots: int = 4,
+    faults: dict[int, list[str]] | None = None,
+    answer_tokens: str = "20:60",
+    time_scale: float = 0.1,
+    context_length: int = 4096,
+) -> Iterator[list[Emulator]]:
+    """Start `count` emulators (tokens take time_scale/250 s each) and stop them afterwards."""
+    started: list[Emulator] = []
+    try:
+        for index in range(count):
+            port = _free_port()
+            log = tmp_path / f"emu-{index}-{port}.log"
+            args = [
+                sys.executable, "-m", "regen.emulator",
+                "--model-path", str(MODEL_DIR), "--served-model-name", MODEL,
+                "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY,
+                "--max-running-requests", str(slots), "--context-length", str(context_length),
+                "--enable-metrics", "--emu-load-s", "0", "--emu-tokens-per-s", "250",
+                "--emu-time-scale", str(time_scale), "--emu-seed", str(index),
+                "--emu-reasoning-tokens", "0:10", "--emu-answer-tokens", answer_tokens,
+            ]  # fmt: skip
+            for spec in (faults or {}).get(index, []):
+                args += ["--emu-fault", spec]
+            with log.open("wb") as out:
+                proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+            started.append(Emulator(proc, Endpoint(index, f"http://127.0.0.1:{port}"), log))
+        deadline = time.monotonic() + 60
+        for emu in started:
+            while READY not in emu.log.read_text(errors="replace"):
+                assert emu.proc.poll() is None, emu.log.read_text(errors="replace")[-2000:]
+                assert time.monotonic() < deadline, f"{emu.endpoint.name} never became ready"
+                time.sleep(0.05)
+        yield started
+    finally:
+        for emu in started:
+            if emu.proc.poll() is None:
+                emu.proc.kill()
+            emu.proc.wait()
+
+
+def prompts(count: int, prefix: str = "p") -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "id": [f"{prefix}-{i:05d}" for i in range(count)],
+            "messages": [[{"role": "user", "content": f"question {i}?"}] for i in range(count)],
+        },
+        schema={"id": pl.String, "messages": row_schema()["messages"]},
+    )
+
+
+def dispatcher(
+    fleet: list[Emulator],
+    *,
+    slots: int = 4,
+    key: str = KEY,
+    tuning: DispatchTuning | None = None,
+    **generation: object,
+) -> Dispatcher:
+    return Dispatcher(
+        [e.endpoint for e in fleet],
+        api_key=SecretStr(key),
+        model=MODEL,
+        sampling=SamplingConfig(max_tokens=256),
+        generation=GenerationConfig.model_validate(generation),
+        concurrency_per_server=slots,
+        tuning=tuning or DispatchTuning(retry_backoff_s=0.02, probe_backoff_s=0.2),
+    )
+
+
+def assert_complete(out: pl.DataFrame, rows: pl.DataFrame, shard: int) -> None:
+    assert out.schema == row_schema()
+    assert out["id"].to_list() == rows["id"].to_list()
+    assert out["messages"].to_list() == rows["messages"].to_list()
+    assert out["shard"].unique().to_list() == [shard]
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Emulator]]:
+    with emulators(tmp_path_factory.mktemp("emu"), 2, context_length=2048) as fleet:
+        yield fleet
+
+
+def test_rows_out_match_rows_in_and_progress_is_written(
+    healthy: list[Emulator], tmp_path: Path
+) -> None:
+    shards = [prompts(30, "a"), prompts(17, "b")]
+    seen = []
+    with dispatcher(healthy) as d:
+        with ProgressWriter(
+            LocalStorage(tmp_path), d, total=47, interval_s=0.05, on_update=seen.append
+        ):
+            futures = [d.submit_shard(k, rows) for k, rows in enumerate(shards)]
+            outs = [f.result(timeout=30) for f in futures]
+        stats = d.stats()
+    for k, (out, rows) in enumerate(zip(outs, shards, strict=True)):
+        assert_complete(out, rows, k)
+        assert out["error"].null_count() == out.height
+        assert out["model"].unique().to_list() == [MODEL]
+        assert out["completion_tokens"].min() > 0  # type: ignore[operator]
+        assert out["finish_reason"].is_in(["stop", "length"]).all()
+        assert set(out["server"]) <= {"server-0", "server-1"}
+        assert (out["attempts"] == 1).all()
+    assert stats.ok == 47 and stats.failed == 0 and stats.in_flight == 0 and stats.queued == 0
+    progress = json.loads((tmp_path / "progress.json").read_bytes())
+    assert (progress["done"], progress["total"], progress["fraction"]) == (47, 47, 1.0)
+    assert [s["name"] for s in progress["servers"]] == ["server-0", "server-1"]
+    assert seen and seen[-1].done == 47
+
+
+def test_prompt_over_the_context_is_an_error_row_with_the_server_message(
+    healthy: list[Emulator],
+) -> None:
+    rows = prompts(6)
+    long = [[{"role": "user", "content": "word " * 20_000}]]
+    rows = rows.with_columns(
+        pl.when(pl.col("id") == "p-00003")
+        .then(pl.lit(pl.Series(long, dtype=row_schema()["messages"])))
+        .otherwise(pl.col("messages"))
+        .alias("messages")
+    )
+    with dispatcher(healthy) as d:
+        out = d.submit_shard(0, rows).result(timeout=30)
+    assert_complete(out, rows, 0)
+    bad = out.filter(pl.col("id") == "p-00003").row(0, named=True)
+    assert bad["error"].startswith("HTTP 400: ") and len(bad["error"]) > len("HTTP 400: ") + 5
+    assert bad["attempts"] == 1 and bad["content"] is None
+    assert out.filter(pl.col("id") != "p-00003")["error"].null_count() == 5
+
+
+def test_wrong_api_key_stops_the_run(healthy: list[Emulator]) -> None:
+    with dispatcher(healthy, key="wrong") as d:
+        futures = [d.submit_shard(k, prompts(10, f"s{k}")) for k in range(3)]
+        for future in futures:
+            with pytest.raises(FleetUnauthorized, match="API key"):
+                future.result(timeout=30)
+        with pytest.raises(FleetUnauthorized):
+            d.submit_shard(9, prompts(2)).result(timeout=10)
+
+
+def _sample_running(fleet: list[Emulator], stop: threading.Event, out: list[float]) -> None:
+    while not stop.is_set():
+        out.append(sum(e.metric("sglang:num_running_reqs") for e in fleet))
+        time.sleep(0.01)
+
+
+def test_slots_stay_busy_across_shard_borders(tmp_path: Path) -> None:
+    # 3 shards x 24 rows on 8 slots: a client that waited for each shard would drain the
+    # servers to 0-4 running requests for a whole request length at two borders.
+    with emulators(tmp_path, 2, answer_tokens="40:80", time_scale=1.0) as fleet:
+        samples: list[float] = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=_sample_running, args=(fleet, stop, samples))
+        with dispatcher(fleet) as d:
+            shards = [prompts(24, f"s{k}") for k in range(3)]
+            sampler.start()
+            futures = [d.submit_shard(k, rows) for k, rows in enumerate(shards)]
+            for k, future in enumerate(futures):
+                assert_complete(future.result(timeout=30), shards[k], k)
+            stop.set()
+            sampler.join()
+    full = [i for i, n in enumerate(samples) if n == 8]
+    assert full, f"the fleet was never full: {samples}"
+    busy = samples[full[0] : full[-1] + 1]
+    assert len(busy) >= 10, samples
+    # Between filling up and the final drain, every sample saw (nearly) all 8 slots busy.
+    assert min(busy) >= 6, busy
+    assert sum(busy) / len(busy) >= 7.5, busy
+
+
+def test_crashed_server_loses_no_row(tmp_path: Path) -> None:
+    with emulators(tmp_path, 2, faults={1: ["crash-after=10"]}) as fleet:
+        rows = prompts(80)
+        with dispatcher(fleet) as d:
+            out = d.submit_shard(0, rows).result(timeout=30)
+            stats = d.stats()
+        assert fleet[1].proc.poll() is not None, "the fault did not crash server-1"
+    assert_complete(out, rows, 0)
+    assert out["error"].null_count() == rows.height
+    assert stats.servers[1].state is ServerState.QUARANTINED
+    assert (out["server"] == "server-1").sum() <= 10
+    assert stats.ok == 80
+
+
+def test_hung_server_is_quarantined_and_its_rows_finish_elsewhere(tmp_path: Path) -> None:
+    with emulators(tmp_path, 2, faults={1: ["hang-after=6"]}) as fleet:
+        rows = prompts(60)
+        tuning = DispatchTuning(retry_backoff_s=0.02, probe_backoff_s=0.2, probe_timeout_s=0.5)
+        started = time.monotonic()
+        with dispatcher(fleet, tuning=tuning, request_timeout_s=1.0) as d:
+            out = d.submit_shard(0, rows).result(timeout=30)
+            stats = d.stats()
+        elapsed = time.monotonic() - started
+    assert_complete(out, rows, 0)
+    assert out["error"].null_count() == rows.height
+    assert stats.servers[1].state is ServerState.QUARANTINED
+    assert stats.servers[1].quarantines == 1
+    assert (out["server"] == "server-1").sum() <= 6
+    assert elapsed < 15  # one timeout of the hung slots, not one per row
+
+
+def test_http500_is_retried_until_it_succeeds(tmp_path: Path) -> None:
+    with emulators(tmp_path, 2, faults={0: ["http500=0.3"], 1: ["http500=0.3"]}) as fleet:
+        rows = prompts(60)
+        with dispatcher(fleet, max_attempts=12) as d:
+            out = d.submit_shard(0, rows).result(timeout=30)
+            stats = d.stats()
+    assert_complete(out, rows, 0)
+    assert out["error"].null_count() == rows.height
+    assert out["attempts"].max() > 1  # type: ignore[operator]
+    assert stats.retries == int((out["attempts"] - 1).sum())
+
+
+def test_http500_everywhere_gives_error_rows_after_max_attempts(tmp_path: Path) -> None:
+    with emulators(tmp_path, 2, faults={0: ["http500=1.0"], 1: ["http500=1.0"]}) as fleet:
+        rows = prompts(12)
+        with dispatcher(fleet, max_attempts=3) as d:
+            out = d.submit_shard(0, rows).result(timeout=30)
+    assert_complete(out, rows, 0)
+    assert (out["attempts"] == 3).all()
+    assert out["error"].str.starts_with("gave up after 3 attempts: HTTP 500").all()
+    # Each retry went to the other server: the last attempt is on a different one than the
+    # second, so both servers appear.
+    assert set(out["server"]) == {"server-0", "server-1"}
+
+
+def test_dead_fleet_fails_pending_shards_within_fleet_dead_s(tmp_path: Path) -> None:
+    with (
+        emulators(tmp_path, 2, answer_tokens="200:400") as fleet,
+        dispatcher(fleet, fleet_dead_s=1.5) as d,
+    ):
+        first = d.submit_shard(0, prompts(4, "a")).result(timeout=30)
+        pending = d.submit_shard(1, prompts(40, "b"))
+        time.sleep(0.2)
+        for emu in fleet:
+            os.kill(emu.proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(FleetError, match=r"no healthy server for 1\.5 s"):
+            pending.result(timeout=30)
+        waited = time.monotonic() - killed
+    assert first.height == 4 and first["error"].null_count() == 4
+    assert 1.0 < waited < 8, waited
