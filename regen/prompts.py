@@ -212,7 +212,7 @@ def _load(
             f"{name}: {where} {first['line']}: {first['reason']}; "
             f"no usable rows ({rejects.height} rejected)"
         )
-    return fmt, valid, rejects.cast(dict(REJECTS_SCHEMA))
+    return fmt, valid, rejects.cast(REJECTS_SCHEMA)
 
 
 # --- JSONL -------------------------------------------------------------------------------------

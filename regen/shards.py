@@ -255,7 +255,7 @@ def _write(
     data = _parquet_bytes(rows)
     key = data_key(shard, generation)
     storage.write_bytes(key, data)
-    failed = rows.get_column("error").is_not_null().sum()
+    failed = int(rows.get_column("error").is_not_null().sum())
     manifest = Manifest(
         shard=shard,
         data=key,
