@@ -8,6 +8,8 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class GpuInfo:
+    """One device as NVML numbers it (the index CUDA_VISIBLE_DEVICES takes), memory in bytes."""
+
     index: int
     name: str
     total_bytes: int
@@ -35,13 +37,20 @@ class NvmlProbe:
         except pynvml.NVMLError as err:
             raise RuntimeError(f"NVML: {err}") from err
         try:
-            driver = pynvml.nvmlSystemGetDriverVersion()
+            driver = _text(pynvml.nvmlSystemGetDriverVersion())
             out = []
             for i in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-                name = pynvml.nvmlDeviceGetName(handle)
-                out.append(GpuInfo(i, str(name), int(mem.total), int(mem.free), str(driver)))
+                name = _text(pynvml.nvmlDeviceGetName(handle))
+                out.append(GpuInfo(i, name, int(mem.total), int(mem.free), driver))
             return out
+        except pynvml.NVMLError as err:
+            raise RuntimeError(f"NVML: {err}") from err
         finally:
             pynvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    # nvidia-ml-py before 11.5 returns bytes; str(b"...") would print "b'NVIDIA B200'".
+    return value.decode() if isinstance(value, bytes) else str(value)

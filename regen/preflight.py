@@ -6,13 +6,12 @@ any failed row stops the run before staging or launch.
 
 from __future__ import annotations
 
-import compileall
 import importlib
 import pkgutil
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -20,6 +19,7 @@ import psutil
 from pydantic import BaseModel
 
 from regen.config import RegenConfig
+from regen.errors import UserError
 from regen.gpus import GpuProbe, NvmlProbe
 from regen.ports import port_is_free
 
@@ -27,6 +27,22 @@ Status = Literal["ok", "warn", "fail", "skip"]
 
 # The sglang releases whose launch flags the command builder was written against.
 KNOWN_SGLANG = ("0.5.23",)
+# Everything a run imports: the library and the Prefect layer over it.
+CODE_PACKAGES = ("regen", "tasks", "flows", "blocks")
+# engine.extra_args go to the server verbatim: a flag removed in 0.5.23 kills every server
+# at start-up (argparse: "ambiguous option"), after the node is rented.
+REMOVED_FLAGS = {"--cuda-graph-max-bs": "--cuda-graph-max-bs-decode"}
+DEPRECATED_FLAGS = {"--disable-cuda-graph": "--cuda-graph-max-bs-decode 0"}
+# Flags the command builder sets from the config; a second copy in extra_args would either
+# contradict it or, for the key, put a secret on the command line where `ps` shows it.
+MANAGED_FLAGS = {
+    "--model-path": "model.source",
+    "--model": "model.source",
+    "--served-model-name": "model.served_name",
+    "--host": "engine.host",
+    "--port": "engine.base_port",
+    "--api-key": "engine.api_key",
+}
 REMOTE_FILESYSTEMS = {
     "nfs",
     "nfs4",
@@ -120,31 +136,122 @@ def check_config(config: RegenConfig) -> CheckRow:
     )
 
 
-def check_code() -> CheckRow:
+def _module_name(package: str, location: Path, path: Path) -> str:
+    parts = list(path.relative_to(location).with_suffix("").parts)
+    if parts and parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([package, *parts])
+
+
+def _syntax_errors(package: str, location: Path) -> dict[str, str]:
+    """Module name -> message for every source file under `location` that does not compile.
+
+    Compiled in memory, not with compileall: an installed tree may be read-only, and
+    compileall reports only that *something* under a directory failed, not what.
+    """
+    bad = {}
+    for path in sorted(location.rglob("*.py")):
+        try:
+            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as err:
+            name = _module_name(package, location, path)
+            line = getattr(err, "lineno", None)
+            where = f"{path.name} line {line}" if line else path.name
+            msg = getattr(err, "msg", None) or str(err)
+            bad[name] = f"{name} ({where}): {type(err).__name__}: {msg}"
+    return bad
+
+
+def check_code(packages: Sequence[str] = CODE_PACKAGES) -> CheckRow:
     """Compile and import every module that will run: the incident's SyntaxError, caught here."""
-    bad = []
+    bad: list[str] = []
     count = 0
-    for package in ("regen", "tasks", "flows", "blocks"):
-        mod = importlib.import_module(package)
+    for package in packages:
+        try:
+            mod = importlib.import_module(package)
+        except Exception as err:  # the package's own __init__ is code that will run too
+            bad.append(f"{package}: {type(err).__name__}: {str(err).splitlines()[0]}")
+            continue
+        broken: dict[str, str] = {}
         for location in getattr(mod, "__path__", []):
-            if not compileall.compile_dir(location, quiet=2, force=False):
-                bad.append(f"{package}: compile error under {location}")
-        for info in pkgutil.walk_packages(mod.__path__, prefix=f"{package}."):
-            if info.name.endswith("__main__"):
+            broken.update(_syntax_errors(package, Path(location)))
+        bad.extend(broken.values())
+        # onerror: a broken subpackage is reported by the import below, not raised mid-walk.
+        for info in pkgutil.walk_packages(mod.__path__, f"{package}.", onerror=lambda _: None):
+            if info.name.endswith("__main__") or info.name in broken:
                 continue
             count += 1
             try:
                 importlib.import_module(info.name)
             except Exception as err:  # any import failure is exactly what this check is for
-                bad.append(f"{info.name}: {type(err).__name__}: {err}")
+                bad.append(f"{info.name}: {type(err).__name__}: {str(err).splitlines()[0]}")
     if bad:
+        more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
         return CheckRow(
             name="code",
             status="fail",
-            figure="; ".join(bad[:3]),
+            figure="; ".join(bad[:3]) + more,
             hint="fix the module before renting GPUs",
         )
     return CheckRow(name="code", status="ok", figure=f"{count} modules compile and import")
+
+
+def check_model(config: RegenConfig) -> CheckRow:
+    """A local model directory SGLang cannot load fails here, not when seven servers start."""
+    from regen.staging import missing_model_files
+
+    source = config.model.source
+    if config.engine.kind == "external":
+        return CheckRow(name="model", status="skip", figure="external servers load their own")
+    if "://" in source:
+        return CheckRow(name="model", status="skip", figure=f"{source}: checked when staging")
+    root = Path(source).expanduser()
+    if not root.is_dir():
+        return CheckRow(
+            name="model",
+            status="fail",
+            figure=f"{source}: model directory does not exist",
+            hint="fix model.source",
+        )
+    missing = missing_model_files(p.name for p in root.iterdir())
+    if missing:
+        return CheckRow(
+            name="model",
+            status="fail",
+            figure=f"{source}: missing {', '.join(missing)}",
+            hint="model.source must be a Hugging Face model directory",
+        )
+    return CheckRow(name="model", status="ok", figure=f"{source}: config, weights, tokenizer")
+
+
+def check_flags(config: RegenConfig) -> CheckRow:
+    """engine.extra_args against the flags sglang removed, deprecated or regen sets itself."""
+    if config.engine.kind == "external":
+        return CheckRow(name="flags", status="skip", figure="external servers")
+    given = [a.split("=", 1)[0] for a in config.engine.extra_args if a.startswith("--")]
+    removed = [f"{f} (use {REMOVED_FLAGS[f]})" for f in given if f in REMOVED_FLAGS]
+    managed = [f"{f} (set {MANAGED_FLAGS[f]})" for f in given if f in MANAGED_FLAGS]
+    if removed or managed:
+        parts = []
+        if removed:
+            parts.append(f"removed in sglang {KNOWN_SGLANG[-1]}: {', '.join(removed)}")
+        if managed:
+            parts.append(f"set by regen: {', '.join(managed)}")
+        return CheckRow(
+            name="flags",
+            status="fail",
+            figure="engine.extra_args: " + "; ".join(parts),
+            hint="edit engine.extra_args",
+        )
+    deprecated = [f"{f} (use {DEPRECATED_FLAGS[f]})" for f in given if f in DEPRECATED_FLAGS]
+    if deprecated:
+        return CheckRow(
+            name="flags",
+            status="warn",
+            figure=f"engine.extra_args: deprecated: {', '.join(deprecated)}",
+            hint="edit engine.extra_args",
+        )
+    return CheckRow(name="flags", status="ok", figure=f"{len(given)} extra flags")
 
 
 def check_engine(config: RegenConfig, import_timeout_s: float = 60.0) -> CheckRow:
@@ -212,7 +319,12 @@ def check_gpus(config: RegenConfig, probe: GpuProbe, model_bytes: int | None) ->
     try:
         gpus = probe.gpus()
     except RuntimeError as err:
-        return CheckRow(name="gpus", status="fail", figure=str(err), hint="is the driver loaded?")
+        return CheckRow(
+            name="gpus",
+            status="fail",
+            figure=str(err),
+            hint="check the driver (nvidia-smi) and nvidia-ml-py",
+        )
     by_index = {g.index: g for g in gpus}
     missing = [i for i in config.engine.gpus if i not in by_index]
     if missing:
@@ -225,9 +337,12 @@ def check_gpus(config: RegenConfig, probe: GpuProbe, model_bytes: int | None) ->
     short = []
     for i in config.engine.gpus:
         g = by_index[i]
-        need = max(config.engine.mem_fraction_static * g.total_bytes, model_bytes or 0)
-        if g.free_bytes < need:
-            short.append(f"GPU {i}: {_gb(g.free_bytes)} free < {_gb(need)} needed")
+        # One server per GPU holds the whole model inside its static pool, next to the KV cache.
+        pool = config.engine.mem_fraction_static * g.total_bytes
+        if g.free_bytes < pool:
+            short.append(f"GPU {i}: {_gb(g.free_bytes)} free < {_gb(pool)} needed")
+        elif model_bytes is not None and model_bytes >= pool:
+            short.append(f"GPU {i}: model {_gb(model_bytes)} >= static pool {_gb(pool)}")
     driver = gpus[0].driver if gpus else "?"
     figure = f"{len(config.engine.gpus)} of {len(gpus)} GPUs, driver {driver}"
     if short:
@@ -295,8 +410,11 @@ def check_storage(config: RegenConfig) -> CheckRow:
 def check_prompts(config: RegenConfig, sample_rows: int = 1000) -> CheckRow:
     from regen.prompts import preview
 
-    found = preview(config.prompts, sample_rows)
-    figure = f"{found.valid} of first {found.checked} rows valid"
+    try:
+        found = preview(config.prompts, sample_rows)
+    except UserError as err:
+        return CheckRow(name="prompts", status="fail", figure=str(err), hint="fix the prompts file")
+    figure = f"{found.valid} of first {found.rows_checked} rows valid"
     if found.valid == 0:
         reason = f"{config.prompts}: {found.first_reason}"
         return CheckRow(name="prompts", status="fail", figure=reason, hint="fix the prompts file")
@@ -322,12 +440,22 @@ def check_memory(config: RegenConfig) -> CheckRow:
     )
 
 
-def run_checks(config: RegenConfig, gpu_probe: GpuProbe | None = None) -> PreflightReport:
-    """All checks, each isolated: one that raises becomes a failed row, the others still run."""
+def run_checks(
+    config: RegenConfig,
+    gpu_probe: GpuProbe | None = None,
+    *,
+    packages: Sequence[str] = CODE_PACKAGES,
+) -> PreflightReport:
+    """All checks, each isolated: one that raises becomes a failed row, the others still run.
+
+    `packages` are the ones the code check compiles and imports.
+    """
     model_bytes = _model_bytes(config)
     checks: list[tuple[str, Callable[[], CheckRow]]] = [
         ("config", lambda: check_config(config)),
-        ("code", check_code),
+        ("flags", lambda: check_flags(config)),
+        ("code", lambda: check_code(packages)),
+        ("model", lambda: check_model(config)),
         ("prompts", lambda: check_prompts(config)),
         ("storage", lambda: check_storage(config)),
         ("engine", lambda: check_engine(config)),
@@ -341,12 +469,14 @@ def run_checks(config: RegenConfig, gpu_probe: GpuProbe | None = None) -> Prefli
         try:
             rows.append(check())
         except Exception as err:  # a check that cannot run is a failed check, not a crash
-            rows.append(CheckRow(name=name, status="fail", figure=str(err).splitlines()[0]))
+            first = (str(err).splitlines() or [type(err).__name__])[0]
+            rows.append(CheckRow(name=name, status="fail", figure=first))
     return PreflightReport(rows=rows)
 
 
 def print_report(report: PreflightReport) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     styles = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
@@ -354,6 +484,9 @@ def print_report(report: PreflightReport) -> None:
     for col in ("check", "status", "figure", "fix"):
         table.add_column(col)
     for r in report.rows:
-        table.add_row(r.name, f"[{styles[r.status]}]{r.status}[/]", r.figure, r.hint)
+        # Figures quote paths and pip extras ("regen[sglang]") that rich would read as markup.
+        table.add_row(
+            r.name, f"[{styles[r.status]}]{r.status}[/]", escape(r.figure), escape(r.hint)
+        )
     Console(width=max(120, shutil.get_terminal_size().columns)).print(table)
     print("provisioning: " + ("ok" if report.ok else "FAILED"))
