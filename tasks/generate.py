@@ -30,12 +30,14 @@ from regen.shards import (
     cache_prompts,
     commit_shard,
     committed_shards,
+    error_rows,
+    new_run_info,
     open_run,
     parse_shard_range,
     pending_shards,
     plan_shards,
     prompts_for_shard,
-    run_info,
+    replace_shard,
 )
 from regen.storage import open_storage
 
@@ -92,23 +94,19 @@ def plan_run(config: RegenConfig) -> RunPlan:
     prompts = load_prompts(config.prompts)
     write_rejects(storage, prompts)
     plan = plan_shards(prompts, config.shard_size)
-    info = run_info(prompts, plan, config)
-    run = open_run(storage, info, new_output=config.generation.new_output)
+    info = new_run_info(config, prompts, plan)
+    run = open_run(storage, info, plan, new_output=config.generation.new_output)
     cache = config.work_dir / "prompts" / f"{run.fingerprint}.parquet"
     cache_prompts(prompts, plan, cache)
     committed = committed_shards(storage, run.fingerprint)
-    selection = (
-        parse_shard_range(config.generation.shards, plan.num_shards)
-        if config.generation.shards
-        else None
-    )
+    selection = parse_shard_range(config.generation.shards, plan.num_shards)
     pending = pending_shards(plan, committed, selection)
     if config.generation.retry_errors:
         pending = sorted({*pending, *(k for k, m in committed.items() if m.failed)})
     logger.info(
         "%d prompts (%d rejected) in %d shards of %d; %d committed, %d to generate",
         plan.num_rows,
-        prompts.rejects.height,
+        prompts.num_rejected,
         plan.num_shards,
         plan.shard_size,
         len(committed),
@@ -118,7 +116,7 @@ def plan_run(config: RegenConfig) -> RunPlan:
         fingerprint=run.fingerprint,
         num_rows=plan.num_rows,
         num_shards=plan.num_shards,
-        rejected=prompts.rejects.height,
+        rejected=prompts.num_rejected,
         pending=pending,
         committed_rows=sum(m.rows for m in committed.values()),
         prompt_cache=cache,
@@ -142,11 +140,12 @@ def generate_shard(
     rows = prompts_for_shard(plan.prompt_cache, shard)
     committed = committed_shards(storage, plan.fingerprint).get(shard)
     if committed is not None and retry_errors:
-        from regen.shards import error_rows, replace_shard
-
-        todo = error_rows(storage, committed)
-        fixed = dispatcher.submit_shard(shard, rows.join(todo.select("id"), on="id")).result()
-        manifest = replace_shard(storage, committed, fixed, fingerprint=plan.fingerprint)
+        todo = error_rows(storage, shard).select("id")
+        out = dispatcher.submit_shard(
+            shard, rows.join(todo, on="id", maintain_order="left")
+        ).result()
+        timings = {"generate_s": round(time.monotonic() - start, 3)}
+        manifest = replace_shard(storage, shard, out, fingerprint=plan.fingerprint, timings=timings)
     else:
         out = dispatcher.submit_shard(shard, rows).result()
         timings = {"generate_s": round(time.monotonic() - start, 3)}
@@ -163,7 +162,7 @@ def generate_shard(
         rows=manifest.rows,
         ok=manifest.ok,
         failed=manifest.failed,
-        completion_tokens=manifest.completion_tokens,
+        completion_tokens=int(out["completion_tokens"].sum() or 0),
         seconds=time.monotonic() - start,
     )
 
