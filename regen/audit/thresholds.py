@@ -1,8 +1,8 @@
-"""Thresholds of the quality audit; part of `RegenConfig.audit`."""
+"""Thresholds and knobs of the quality audit; part of `RegenConfig.audit`."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Threshold(BaseModel):
@@ -12,6 +12,12 @@ class Threshold(BaseModel):
 
     warn: float = Field(ge=0.0, le=1.0)
     fail: float = Field(ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Threshold:
+        if self.warn > self.fail:
+            raise ValueError(f"warn {self.warn} is above fail {self.fail}")
+        return self
 
 
 class AuditConfig(BaseModel):
@@ -24,7 +30,32 @@ class AuditConfig(BaseModel):
     empty_thinking: Threshold = Threshold(warn=0.01, fail=0.05)
     think_leak: Threshold = Threshold(warn=0.005, fail=0.02)
     truncated: Threshold = Threshold(warn=0.05, fail=0.2)
+    truncated_in_thinking: Threshold = Threshold(warn=0.01, fail=0.05)
     repetition: Threshold = Threshold(warn=0.01, fail=0.05)
     answer_collapse: Threshold = Threshold(warn=0.05, fail=0.2)
-    min_answer_tokens: int = Field(default=4, ge=0)
+    tiny_length: Threshold = Threshold(warn=0.02, fail=0.1)
+    server_outlier: Threshold = Threshold(warn=0.02, fail=0.1)
+    loss_mask_short: Threshold = Threshold(warn=0.01, fail=0.05)
+
+    min_answer_tokens: int = Field(default=4, ge=0, description="Shorter answers are trivial.")
     filler_answers: list[str] = ["OK.", "OK", "Ok.", "Sure.", "Sure", "Yes.", "No.", "Done."]
+    tiny_length_tokens: int = Field(
+        default=8, ge=0, description="A length at or under this is the 'tiny' bucket of check 8."
+    )
+    min_loss_tokens: int = Field(
+        default=16, ge=0, description="A sample whose loss mask has at most this many tokens."
+    )
+    repetition_ngram: int = Field(default=6, ge=2, description="Words per n-gram of check 6.")
+    repetition_min_words: int = Field(
+        default=24, ge=2, description="Texts with fewer words are too short to call a loop."
+    )
+    repetition_share: float = Field(
+        default=0.5, gt=0, le=1, description="Share of repeated n-grams that makes a loop."
+    )
+    server_outlier_ratio: float = Field(
+        default=3.0, ge=1, description="A server this many times worse than the rest is flagged."
+    )
+    max_examples: int = Field(default=5, ge=0)
+    batch_rows: int = Field(
+        default=100_000, ge=1000, description="Rows per batch of the scan; bounds peak memory."
+    )

@@ -1,0 +1,193 @@
+"""Audit speed and memory on a synthetic 1M-row dataset (2000 shards of 500 rows).
+
+Token counts are realistic (prompts ~200, reasoning ~1500, answers ~300 tokens, lognormal),
+but the texts are shorter (50-100 reasoning words, 20-40 answer words, drawn from pools):
+a million real-length reasoning texts would need ~10 GB just to generate. The repetition
+and tokenizer passes scale with text length, so real datasets take longer per row.
+
+Each audit runs in a child process so its peak RSS (ru_maxrss) is its own. The tokenizer
+pass uses a byte-level BPE trained here on the pools (no model download), on 100K rows.
+Usage: python benches/audit.py [--rows N] [--tokenizer-rows N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from regen.schema import row_schema
+
+SHARD = 500
+SERVERS = 7
+
+
+def _pool(rng: np.random.Generator, vocab: np.ndarray, size: int, lo: int, hi: int) -> list[str]:
+    lens = rng.integers(lo, hi + 1, size)
+    # Zipf-like word frequencies, as in prose: common words repeat, 6-grams rarely do.
+    weights = 1.0 / np.arange(1, len(vocab) + 1)
+    words = rng.choice(vocab, size=int(lens.sum()), p=weights / weights.sum())
+    cuts = np.cumsum(lens)[:-1]
+    return [" ".join(chunk) for chunk in np.split(words, cuts)]
+
+
+def generate(root: Path, rows: int, seed: int = 0) -> None:
+    """Write `rows` rows as committed shards with plan.parquet and run.json."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    vocab = np.array(["".join(rng.choice(letters, rng.integers(2, 9))) for _ in range(8000)])
+    reasoning = pl.Series(_pool(rng, vocab, 20_000, 50, 100))
+    answers = pl.Series(_pool(rng, vocab, 20_000, 20, 40))
+    prompts = pl.Series(_pool(rng, vocab, 5_000, 10, 30))
+    (root / "shards").mkdir(parents=True)
+    ids = pl.Series([f"p{i:07d}" for i in range(rows)])
+    pl.DataFrame({"id": ids, "shard": pl.Series(np.arange(rows) // SHARD)}).write_parquet(
+        root / "plan.parquet"
+    )
+    (root / "run.json").write_text(json.dumps({"sampling": {"enable_thinking": True}}))
+    for shard, start in enumerate(range(0, rows, SHARD)):
+        n = min(SHARD, rows - start)
+        r_tok = np.clip(rng.lognormal(7.3, 0.6, n), 20, 4000).astype(np.int64)
+        a_tok = np.clip(rng.lognormal(5.7, 0.7, n), 5, 2000).astype(np.int64)
+        content = answers.gather(rng.integers(0, len(answers), n))
+        empty = rng.random(n) < 0.01
+        finish = np.where(rng.random(n) < 0.03, "length", "stop")
+        error = [("http 500 after 4 attempts" if e else None) for e in rng.random(n) < 0.005]
+        frame = pl.DataFrame(
+            {
+                "id": ids.slice(start, n),
+                "shard": np.full(n, shard),
+                "messages": pl.select(
+                    pl.concat_list(
+                        pl.struct(
+                            role=pl.lit("user"),
+                            content=prompts.gather(rng.integers(0, len(prompts), n)),
+                        )
+                    )
+                ).to_series(),
+                "content": pl.select(
+                    pl.when(pl.Series(empty)).then(pl.lit("")).otherwise(content)
+                ).to_series(),
+                "reasoning_content": reasoning.gather(rng.integers(0, len(reasoning), n)),
+                "finish_reason": finish,
+                "prompt_tokens": np.clip(rng.lognormal(5.3, 0.8, n), 10, 30000).astype(np.int64),
+                "completion_tokens": r_tok + a_tok,
+                "reasoning_tokens": r_tok,
+                "model": np.full(n, "qwen3.6-27b"),
+                "server": [f"server-{s}" for s in rng.integers(0, SERVERS, n)],
+                "attempts": np.ones(n, dtype=np.int64),
+                "latency_s": rng.uniform(5, 60, n),
+                "error": error,
+            },
+            schema=row_schema(),
+        )
+        frame.write_parquet(root / "shards" / f"shard-{shard:06d}.parquet")
+        (root / "shards" / f"shard-{shard:06d}.json").write_text(json.dumps({"rows": n}))
+
+
+def train_tokenizer(root: Path, out: Path) -> Path:
+    """A byte-level BPE (8K vocab) with Qwen's special tokens, trained on the dataset's texts."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    texts = pl.read_parquet(root / "shards" / "shard-000000.parquet")
+    corpus = texts["reasoning_content"].drop_nulls().to_list() + texts["content"].to_list()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=8000, special_tokens=specials))
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+def child(root: Path, tokenizer: Path | None) -> None:
+    from regen.audit import AuditConfig, run_audit
+    from regen.storage import LocalStorage
+
+    start = time.perf_counter()
+    result = run_audit(LocalStorage(root), AuditConfig(), tokenizer_path=tokenizer)
+    seconds = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        json.dumps(
+            {
+                "rows": result.rows,
+                "seconds": seconds,
+                "peak_rss_mb": peak_mb,
+                "verdict": result.verdict,
+            }
+        )
+    )
+
+
+def measure(root: Path, tokenizer: Path | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(root)]
+    if tokenizer is not None:
+        cmd += ["--tokenizer", str(tokenizer)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--tokenizer-rows", type=int, default=100_000)
+    parser.add_argument("--child", type=Path)
+    parser.add_argument("--tokenizer", type=Path)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.tokenizer)
+        return
+    with tempfile.TemporaryDirectory(prefix="regen-audit-bench-") as tmp:
+        big, small, tok = Path(tmp, "big"), Path(tmp, "small"), Path(tmp, "tok")
+        t = time.perf_counter()
+        generate(big, args.rows)
+        generate(small, args.tokenizer_rows, seed=1)
+        tok.mkdir()
+        train_tokenizer(small, tok)
+        gen_s = time.perf_counter() - t
+        plain = measure(big)
+        with_tok = measure(small, tok)
+    rows_per_s = with_tok["rows"] / with_tok["seconds"]
+    table = [
+        ("dataset generation (s)", f"{gen_s:.1f}"),
+        (f"audit, {plain['rows']:,} rows, no tokenizer (s)", f"{plain['seconds']:.1f}"),
+        ("  rows/s", f"{plain['rows'] / plain['seconds']:,.0f}"),
+        ("  peak RSS (MB)", f"{plain['peak_rss_mb']:,.0f}"),
+        (f"audit, {with_tok['rows']:,} rows, with tokenizer (s)", f"{with_tok['seconds']:.1f}"),
+        ("  rows/s", f"{rows_per_s:,.0f}"),
+        ("  peak RSS (MB)", f"{with_tok['peak_rss_mb']:,.0f}"),
+    ]
+    width = max(len(k) for k, _ in table)
+    for key, value in table:
+        print(f"{key:<{width}}  {value:>10}")
+    results = Path(__file__).parent / "results"
+    results.mkdir(exist_ok=True)
+    (results / "audit.json").write_text(
+        json.dumps(
+            {
+                "rows": plain["rows"],
+                "seconds": round(plain["seconds"], 2),
+                "peak_rss_mb": round(plain["peak_rss_mb"], 1),
+                "tokenizer_rows": with_tok["rows"],
+                "tokenizer_seconds": round(with_tok["seconds"], 2),
+                "tokenizer_rows_per_s": round(rows_per_s, 1),
+                "tokenizer_peak_rss_mb": round(with_tok["peak_rss_mb"], 1),
+                "text_words": {"reasoning": [50, 100], "answer": [20, 40]},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()

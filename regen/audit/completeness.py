@@ -1,0 +1,84 @@
+"""Check 1: every planned id exactly once, and how many of them are error rows."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from regen.audit.dataset import DatasetView
+from regen.audit.result import Check, Example, grade
+from regen.audit.thresholds import AuditConfig
+
+
+def completeness_check(features: pl.DataFrame, view: DatasetView, config: AuditConfig) -> Check:
+    """Missing, duplicate or unplanned ids, or an uncommitted planned shard, fail outright."""
+    k = config.max_examples
+    counts = features.group_by("id").agg(n=pl.len(), shard=pl.col("shard").first())
+    dups = counts.filter(pl.col("n") > 1).sort("shard", "id")
+    extra_rows = int((dups["n"] - 1).sum()) if dups.height else 0
+    examples = [
+        Example(id=i, reason=f"appears {n} times")
+        for i, n in dups.head(k).select("id", "n").iter_rows()
+    ]
+    parts = [f"{extra_rows} duplicate rows"]
+    if view.manifest_without_data:
+        parts.append(f"manifest without data: shards {_list(view.manifest_without_data)}")
+    if view.plan is None:
+        bad = extra_rows + len(view.manifest_without_data)
+        detail = "no plan.parquet, so missing ids cannot be counted; " + ", ".join(parts)
+        return Check(
+            name="completeness",
+            title="1 completeness",
+            status="fail" if bad else "warn",
+            figure=extra_rows / max(features.height, 1),
+            examples=examples,
+            detail=detail,
+        )
+    plan = view.plan
+    planned_shards = set(plan["shard"].unique().to_list())
+    uncommitted = sorted(planned_shards - set(view.committed))
+    missing = plan.join(counts, on="id", how="anti").sort("shard", "id")
+    unplanned = counts.join(plan, on="id", how="anti").sort("shard", "id")
+    for ident, shard in missing.head(k).select("id", "shard").iter_rows():
+        why = "uncommitted shard" if shard in uncommitted else "missing from its shard"
+        examples.append(Example(id=ident, reason=f"missing ({why} {shard})"))
+    examples += [Example(id=i, reason="not in plan.parquet") for i in unplanned.head(k)["id"]]
+    bad = extra_rows + missing.height + unplanned.height
+    parts = [
+        f"{missing.height} of {plan.height} planned ids missing",
+        *parts,
+        f"{unplanned.height} ids not in the plan",
+        f"uncommitted shards: {_list(uncommitted) if uncommitted else 'none'}",
+    ]
+    failed = bad or uncommitted or view.manifest_without_data
+    return Check(
+        name="completeness",
+        title="1 completeness",
+        status="fail" if failed else "pass",
+        figure=bad / max(plan.height, 1),
+        fail=0.0,
+        examples=examples[: 3 * k],
+        detail="; ".join(parts),
+    )
+
+
+def error_rows_check(features: pl.DataFrame, config: AuditConfig) -> Check:
+    """Error rows keep the dataset complete, but each is a sample the trainer never gets."""
+    errors = features.filter(pl.col("is_error"))
+    rate = errors.height / max(features.height, 1)
+    return Check(
+        name="error_rows",
+        title="1 error rows",
+        status=grade(rate, config.error_rate),
+        figure=rate,
+        warn=config.error_rate.warn,
+        fail=config.error_rate.fail,
+        examples=[
+            Example(id=i, reason="error row") for i in errors.head(config.max_examples)["id"]
+        ],
+        detail=f"{errors.height} of {features.height} rows are errors",
+    )
+
+
+def _list(shards: list[int], limit: int = 10) -> str:
+    shown = ", ".join(str(s) for s in shards[:limit])
+    return shown + (f" … ({len(shards)} in all)" if len(shards) > limit else "")

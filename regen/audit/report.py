@@ -1,0 +1,69 @@
+"""The audit's files under report/: the JSON and markdown the gate read, and its plots."""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING
+
+from regen.audit.result import AuditResult
+from regen.storage import Storage
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def write_report(storage: Storage, result: AuditResult) -> list[str]:
+    """Write report/audit.json, report/audit.md and report/*.png; the keys written."""
+    files = {
+        "report/audit.json": result.to_json().encode(),
+        "report/audit.md": result.to_markdown().encode(),
+    }
+    for name, figure in _figures(result).items():
+        files[f"report/{name}.png"] = _png(figure)
+    for key, data in files.items():
+        storage.write_bytes(key, data)
+    return sorted(files)
+
+
+def _figures(result: AuditResult) -> dict[str, Figure]:
+    # The object-oriented API with no pyplot: no global figure state, no GUI back end.
+    from matplotlib.figure import Figure
+
+    figures: dict[str, Figure] = {}
+    if result.histograms:
+        fig = Figure(figsize=(4 * len(result.histograms), 3.2), layout="constrained")
+        axes = fig.subplots(1, len(result.histograms), squeeze=False)[0]
+        for ax, (col, hist) in zip(axes, result.histograms.items(), strict=True):
+            ax.stairs(hist.counts, [e + 1 for e in hist.edges], fill=True)
+            ax.set_xscale("log")
+            ax.set_title(col)
+            ax.set_xlabel("tokens + 1")
+            ax.set_ylabel("rows")
+        figures["lengths"] = fig
+    if result.finish_reasons:
+        fig = Figure(figsize=(5, 3), layout="constrained")
+        ax = fig.subplots()
+        ax.bar(list(result.finish_reasons), list(result.finish_reasons.values()))
+        ax.set_title("finish_reason")
+        ax.set_ylabel("rows")
+        figures["finish_reasons"] = fig
+    if result.servers:
+        keys = sorted({k for s in result.servers for k in s.rates})
+        fig = Figure(figsize=(max(6, len(keys) * 1.2), 3.5), layout="constrained")
+        ax = fig.subplots()
+        width = 0.8 / len(result.servers)
+        for i, server in enumerate(result.servers):
+            xs = [j + i * width for j in range(len(keys))]
+            ax.bar(xs, [server.rates.get(k, 0.0) for k in keys], width, label=server.server)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], keys, rotation=30)
+        ax.set_ylabel("rate")
+        ax.set_title("defect rates per server")
+        ax.legend(fontsize="small")
+        figures["servers"] = fig
+    return figures
+
+
+def _png(figure: Figure) -> bytes:
+    buf = io.BytesIO()
+    figure.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()

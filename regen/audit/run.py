@@ -1,0 +1,77 @@
+"""`run_audit`: read the committed dataset once, run every check, return the verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from regen.audit.completeness import completeness_check, error_rows_check
+from regen.audit.dataset import answer_snippets, open_dataset, scan_rows
+from regen.audit.dataset import thinking_requested as run_thinking
+from regen.audit.features import collect_features
+from regen.audit.lengths import histograms, length_columns, quantiles, tiny_length_check
+from regen.audit.loss_mask import load_counter, loss_mask_check
+from regen.audit.quality import (
+    answer_collapse_check,
+    completions,
+    empty_answer_check,
+    empty_thinking_check,
+    repetition_check,
+    think_leak_check,
+    truncation_checks,
+)
+from regen.audit.result import AuditResult, verdict_of
+from regen.audit.servers import server_breakdown, server_check, server_rates
+from regen.audit.thresholds import AuditConfig
+from regen.storage import Storage
+
+
+def run_audit(
+    storage: Storage,
+    config: AuditConfig,
+    *,
+    thinking_requested: bool | None = None,
+    tokenizer_path: Path | str | None = None,
+) -> AuditResult:
+    """Audit the committed shards under `storage`; nothing is written (see `write_report`).
+
+    `thinking_requested` defaults to run.json's `sampling.enable_thinking` (else True);
+    without `tokenizer_path` the loss-mask check is `skipped`, never passed.
+    """
+    view = open_dataset(storage)
+    thinking = run_thinking(storage) if thinking_requested is None else thinking_requested
+    counter, skipped = load_counter(Path(tokenizer_path) if tokenizer_path else None)
+    rows = scan_rows(storage, view)
+    features = collect_features(rows, config, counter)
+    ok = completions(features)
+
+    def snippets(ids: list[str]) -> dict[str, str]:
+        return answer_snippets(rows, ids)
+
+    columns = length_columns(thinking, with_loss=counter is not None)
+    lengths = quantiles(ok, columns)
+    counts = server_rates(features, config, thinking)
+    checks = [
+        completeness_check(features, view, config),
+        error_rows_check(features, config),
+        empty_answer_check(ok, config, snippets),
+        empty_thinking_check(ok, config, thinking),
+        think_leak_check(ok, config),
+        *truncation_checks(ok, config),
+        repetition_check(ok, config),
+        answer_collapse_check(ok, config, snippets),
+        tiny_length_check(ok, config, columns, lengths),
+        server_check(features, counts, config, thinking),
+        loss_mask_check(ok if counter is not None else None, config, skipped),
+    ]
+    finish = features.group_by("finish_reason").len().sort("finish_reason")
+    return AuditResult(
+        dataset=storage.uri,
+        rows=features.height,
+        planned=view.plan.height if view.plan is not None else None,
+        verdict=verdict_of(checks),
+        checks=checks,
+        lengths=lengths,
+        histograms=histograms(ok, columns),
+        finish_reasons={r: int(n) for r, n in finish.iter_rows()},
+        servers=server_breakdown(counts),
+    )

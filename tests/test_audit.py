@@ -1,0 +1,260 @@
+"""The audit finds planted defects at their planted rates, and stays quiet on clean data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from pydantic import ValidationError
+from rich.console import Console
+
+from regen.audit import AuditConfig, AuditResult, audit_table, run_audit, write_report
+from regen.audit.loss_mask import LossMaskCounter
+from regen.errors import UserError
+from regen.storage import LocalStorage
+from tests._audit_helpers import PROMPT_MARK, Synthetic, make_dataset, tiny_tokenizer
+
+MIXED = {
+    "error": 0.03,
+    "empty": 0.02,
+    "filler": 0.02,
+    "short": 0.01,
+    "empty_thinking": 0.03,
+    "think_leak": 0.01,
+    "unbalanced": 0.01,
+    "truncated": 0.04,
+    "truncated_in_thinking": 0.02,
+    "repetition": 0.03,
+    "collapse": 0.06,
+}
+# Which planted defects each check must count: an answer cut off in the thinking is empty too.
+EXPECTED = {
+    "empty_answer": ("empty", "filler", "short", "truncated_in_thinking"),
+    "empty_thinking": ("empty_thinking",),
+    "think_leak": ("think_leak", "unbalanced"),
+    "truncation": ("truncated", "truncated_in_thinking"),
+    "truncated_in_thinking": ("truncated_in_thinking",),
+    "repetition": ("repetition",),
+    "answer_collapse": ("collapse",),
+}
+QUALITY = [*EXPECTED, "tiny_length"]
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Synthetic, AuditResult]:
+    ds = make_dataset(tmp_path_factory.mktemp("mixed"), defects=MIXED)
+    return ds, run_audit(ds.storage, AuditConfig())
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Synthetic, AuditResult]:
+    ds = make_dataset(tmp_path_factory.mktemp("clean"), seed=1)
+    return ds, run_audit(ds.storage, AuditConfig())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_planted_defect_found_at_its_rate_with_its_ids(
+    mixed: tuple[Synthetic, AuditResult], name: str
+) -> None:
+    ds, result = mixed
+    check = result.check(name)
+    planted = ds.ids_of(*EXPECTED[name])
+    assert check.figure == pytest.approx(len(planted) / ds.completions, abs=0.01)
+    assert check.figure == pytest.approx(len(planted) / ds.completions, rel=1e-9)
+    assert len(check.examples) == 5
+    assert {e.id for e in check.examples} <= planted
+    assert check.status in {"warn", "fail"}
+
+
+def test_error_rows_counted_over_all_rows_and_left_out_of_quality(
+    mixed: tuple[Synthetic, AuditResult],
+) -> None:
+    ds, result = mixed
+    check = result.check("error_rows")
+    errors = ds.ids_of("error")
+    assert check.figure == pytest.approx(len(errors) / len(ds.ids))
+    assert check.status == "warn"
+    assert {e.id for e in check.examples} <= errors
+    for name in QUALITY:
+        assert not {e.id for e in result.check(name).examples} & errors, name
+
+
+def test_filler_examples_show_the_answer_snippet(mixed: tuple[Synthetic, AuditResult]) -> None:
+    ds, result = mixed
+    reasons = {e.id: e.reason for e in result.check("empty_answer").examples}
+    for ident in ds.ids_of("filler") & set(reasons):
+        assert reasons[ident] == "filler: 'OK.'"
+    collapse = result.check("answer_collapse")
+    assert "The final answer is 42" in collapse.detail
+
+
+def test_clean_dataset_raises_nothing(clean: tuple[Synthetic, AuditResult]) -> None:
+    _, result = clean
+    assert result.verdict == "pass"
+    for check in result.checks:
+        expected = "skipped" if check.name == "loss_mask" else "pass"
+        assert check.status == expected, (check.name, check.detail)
+    for name in [*QUALITY, "error_rows", "completeness"]:
+        assert result.check(name).figure == (1 / 2000 if name == "answer_collapse" else 0.0)
+        assert result.check(name).examples == []
+    assert result.check("server_outlier").figure == 0.0
+
+
+def test_loss_mask_without_tokenizer_is_skipped_not_passed(
+    clean: tuple[Synthetic, AuditResult],
+) -> None:
+    check = clean[1].check("loss_mask")
+    assert check.status == "skipped"
+    assert check.figure is None
+    assert "tokenizer" in check.detail
+
+
+def test_tiny_length_mode(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path, defects={"tiny_reasoning": 0.04})
+    check = run_audit(ds.storage, AuditConfig()).check("tiny_length")
+    assert check.figure == pytest.approx(0.04, abs=0.01)
+    assert check.status == "warn"
+    assert {e.id for e in check.examples} <= ds.ids_of("tiny_reasoning")
+    assert all(e.reason == "reasoning_tokens = 2" for e in check.examples)
+
+
+def test_incident_fails_on_empty_answers_thinking_and_collapse(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path, defects={"incident": 0.87})
+    result = run_audit(ds.storage, AuditConfig())
+    assert result.verdict == "fail"
+    failed = {c.name for c in result.checks if c.status == "fail"}
+    assert {"empty_answer", "empty_thinking", "answer_collapse"} <= failed
+    incident = ds.ids_of("incident")
+    for name in ("empty_answer", "empty_thinking", "answer_collapse"):
+        check = result.check(name)
+        assert check.figure == pytest.approx(0.87, abs=0.01), name
+        assert {e.id for e in check.examples} <= incident
+    assert "'ok.'" in result.check("answer_collapse").detail.lower()
+    assert "2 empty/trivial answers" in result.to_markdown()
+
+
+def test_loss_mask_counts_tokens_with_the_tokenizer(tmp_path: Path, tokenizer: Path) -> None:
+    ds = make_dataset(tmp_path, defects={"incident": 0.5, "error": 0.02})
+    result = run_audit(ds.storage, AuditConfig(), tokenizer_path=tokenizer)
+    check = result.check("loss_mask")
+    assert check.status == "fail"
+    assert check.figure == pytest.approx(1000 / ds.completions, rel=1e-9)
+    # <think> \n\n </think> \n\n OK. <|im_end|>
+    assert {e.reason for e in check.examples} == {"6 loss tokens"}
+    assert {e.id for e in check.examples} <= ds.ids_of("incident")
+    assert result.lengths["loss_tokens"].p1 == 6
+
+
+def test_loss_mask_count_of_a_full_answer(tokenizer: Path) -> None:
+    batch = pl.DataFrame(
+        {
+            "reasoning_content": ["Let me think.\n\nYes.", ""],
+            "content": ["The answer is 42.", "OK."],
+            "is_error": [False, False],
+        }
+    )
+    counts = LossMaskCounter.load(tokenizer)(batch).to_list()
+    # <think> \n Let me think. \n\n Yes. \n </think> \n\n The answer is 42. <|im_end|>
+    assert counts == [15, 6]
+
+
+def test_one_bad_server_stands_out(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path, bad_server=2)
+    result = run_audit(ds.storage, AuditConfig())
+    check = result.check("server_outlier")
+    assert check.status == "fail"
+    assert check.figure == pytest.approx(1.0)
+    assert "server-2 empty_answer 100.0%" in check.detail
+    assert {e.id for e in check.examples} <= ds.ids_of("bad_server")
+    rates = {s.server: s.rates["empty_answer"] for s in result.servers}
+    assert rates == {"server-0": 0.0, "server-1": 0.0, "server-2": 1.0, "server-3": 0.0}
+    assert result.check("empty_answer").figure == pytest.approx(0.25)
+
+
+def test_completeness_missing_duplicate_unplanned_and_uncommitted(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path, drop=3, duplicate=2, unplanned=1, uncommitted=[1])
+    result = run_audit(ds.storage, AuditConfig())
+    check = result.check("completeness")
+    assert check.status == "fail"
+    assert result.verdict == "fail"
+    # Shard 1 has data but no manifest: its 500 rows are not part of the dataset.
+    in_shard_1 = {i for i in ds.ids[500:1000]}
+    missing = (set(ds.dropped) - in_shard_1) | in_shard_1
+    bad = len(missing) + len(set(ds.duplicated) - in_shard_1) + 1
+    assert check.figure == pytest.approx(bad / 2000)
+    assert "uncommitted shards: 1" in check.detail
+    shown = {e.id: e.reason for e in check.examples}
+    assert {i for i, r in shown.items() if r == "appears 2 times"} == set(
+        ds.duplicated
+    ) - in_shard_1
+    assert shown["x000000"] == "not in plan.parquet"
+    assert shown["s000500"] == "missing (uncommitted shard 1)"
+    assert result.rows == 1500 - len(set(ds.dropped) - in_shard_1) + 2 + 1 - len(
+        set(ds.duplicated) & in_shard_1
+    )
+
+
+def test_completeness_without_plan_warns(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path, plan=False)
+    check = run_audit(ds.storage, AuditConfig()).check("completeness")
+    assert check.status == "warn"
+    assert "no plan.parquet" in check.detail
+
+
+def test_thinking_not_requested_skips_empty_thinking(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path, thinking=False, defects={"empty_thinking": 0.5})
+    assert run_audit(ds.storage, AuditConfig()).check("empty_thinking").status == "skipped"
+    forced = run_audit(ds.storage, AuditConfig(), thinking_requested=True)
+    assert forced.check("empty_thinking").figure == pytest.approx(0.5)
+
+
+def test_report_files_never_carry_prompt_text(
+    mixed: tuple[Synthetic, AuditResult], tmp_path: Path
+) -> None:
+    _, result = mixed
+    storage = LocalStorage(tmp_path)
+    keys = write_report(storage, result)
+    assert {"report/audit.json", "report/audit.md", "report/lengths.png"} <= set(keys)
+    assert {"report/finish_reasons.png", "report/servers.png"} <= set(keys)
+    markdown = (tmp_path / "report/audit.md").read_text()
+    assert markdown.startswith("# Audit: **FAIL**")
+    raw = (tmp_path / "report/audit.json").read_text()
+    assert PROMPT_MARK not in markdown
+    assert PROMPT_MARK not in raw
+    assert AuditResult.model_validate_json(raw) == result
+    assert json.loads(raw)["verdict"] == "fail"
+    for key in keys:
+        if key.endswith(".png"):
+            assert (tmp_path / key).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_audit_table_lists_every_check(mixed: tuple[Synthetic, AuditResult]) -> None:
+    _, result = mixed
+    console = Console(record=True, width=300)
+    console.print(audit_table(result))
+    text = console.export_text()
+    for check in result.checks:
+        assert check.title in text
+    assert "FAIL" in text
+
+
+def test_bad_inputs_are_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="not a regen dataset"):
+        run_audit(LocalStorage(tmp_path / "nothing"), AuditConfig())
+    ds = make_dataset(tmp_path / "ds", rows=10, shard_size=5)
+    with pytest.raises(UserError, match=r"tokenizer\.json not found"):
+        run_audit(ds.storage, AuditConfig(), tokenizer_path=tmp_path / "no-tokenizer")
+
+
+def test_config_rejects_typos_and_inverted_thresholds() -> None:
+    with pytest.raises(ValidationError):
+        AuditConfig.model_validate({"empty_answers": {"warn": 0.1, "fail": 0.2}})
+    with pytest.raises(ValidationError, match="above fail"):
+        AuditConfig.model_validate({"empty_answer": {"warn": 0.3, "fail": 0.2}})
