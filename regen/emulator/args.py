@@ -1,0 +1,218 @@
+"""Launch flags: SGLang 0.5.23's, parsed the way `sglang serve` parses them, plus `--emu-*`.
+
+argparse with abbreviations on, like SGLang, so the removed `--cuda-graph-max-bs` fails
+exactly as there: "ambiguous option ... could match --cuda-graph-max-bs-decode,
+--cuda-graph-max-bs-prefill", exit 2. `--config FILE.yaml` is merged as SGLang does
+(file values first, the command line wins), which is the only way 0.5.23 offers to keep
+`--api-key` out of `ps`: it reads no API-key environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from regen.emulator.faults import Faults, parse_faults
+
+DEFAULT_CONTEXT_LENGTH = 40960
+DEFAULT_MAX_RUNNING = 64
+SPECULATIVE_MAX_RUNNING = 48  # what 0.5.23 forces with speculative decoding and no flag
+
+# GPU-only flags that take a value: accepted, kept in /server_info, otherwise ignored.
+_GPU_INT_FLAGS = (
+    "--tp-size", "--dp-size", "--pp-size", "--ep-size", "--cuda-graph-max-bs-decode",
+    "--cuda-graph-max-bs-prefill", "--chunked-prefill-size", "--page-size", "--random-seed",
+    "--nnodes", "--node-rank", "--max-total-tokens", "--max-prefill-tokens",
+    "--stream-interval", "--base-gpu-id",
+)  # fmt: skip
+_GPU_FLOAT_FLAGS = ("--watchdog-timeout", "--mem-fraction-static")
+_GPU_STR_FLAGS = (
+    "--dtype", "--kv-cache-dtype", "--quantization", "--load-format", "--tokenizer-path",
+    "--attention-backend", "--sampling-backend", "--speculative-draft-model-path",
+    "--schedule-policy", "--tool-call-parser", "--dist-init-addr", "--device",
+    "--moe-runner-backend", "--mamba-ssm-dtype", "--grammar-backend", "--admin-api-key",
+    "--weight-version", "--tokenizer-mode", "--revision",
+)  # fmt: skip
+_GPU_SWITCHES = (
+    "--trust-remote-code", "--disable-cuda-graph", "--enable-torch-compile",
+    "--disable-radix-cache", "--enable-mixed-chunk", "--enable-dp-attention",
+    "--skip-server-warmup", "--enable-cache-report", "--disable-overlap-schedule",
+    "--enable-deterministic-inference", "--stream-output",
+)  # fmt: skip
+_RANGE = re.compile(r"^(\d+):(\d+)$")
+
+
+@dataclass(frozen=True)
+class EmuArgs:
+    """Everything the emulator needs from its command line."""
+
+    model_path: str
+    served_model_name: str
+    host: str
+    port: int
+    api_key: str | None
+    reasoning_parser: str | None
+    speculative_algorithm: str | None
+    max_running_requests: int
+    max_queued_requests: int | None
+    context_length: int | None  # None: the model's config.json decides
+    enable_metrics: bool
+    log_level: str
+    skip_server_warmup: bool
+    load_s: float
+    tokens_per_s: float
+    time_scale: float
+    seed: int
+    accept_length: float
+    reasoning_tokens: tuple[int, int]
+    answer_tokens: tuple[int, int]
+    faults: Faults
+    # The launch arguments as SGLang names them, for /server_info.
+    server_args: dict[str, Any] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+
+
+def _range(text: str) -> tuple[int, int]:
+    found = _RANGE.match(text)
+    if not found or int(found.group(1)) > int(found.group(2)):
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX with MIN <= MAX, got {text!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="regen emulator",
+        description="An SGLang 0.5.23 compatible server that emulates a model on a CPU.",
+    )
+    p.add_argument("--model-path", "--model", required=True)
+    p.add_argument("--served-model-name")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--api-key")
+    p.add_argument("--reasoning-parser")
+    p.add_argument("--speculative-algorithm")
+    p.add_argument("--speculative-num-steps", type=int)
+    p.add_argument("--speculative-eagle-topk", type=int)
+    p.add_argument("--speculative-num-draft-tokens", type=int)
+    p.add_argument("--max-running-requests", type=int)
+    p.add_argument("--max-queued-requests", type=int)
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+    )
+    p.add_argument("--config", help="YAML file of flags, as `sglang serve --config`.")
+    for flags, kind in ((_GPU_INT_FLAGS, int), (_GPU_FLOAT_FLAGS, float), (_GPU_STR_FLAGS, str)):
+        for flag in flags:
+            p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
+    for flag in _GPU_SWITCHES:
+        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    emu = p.add_argument_group("emulator")
+    emu.add_argument("--emu-load-s", type=float, default=0.5, help="Simulated load time.")
+    emu.add_argument("--emu-tokens-per-s", type=_positive, default=250.0)
+    emu.add_argument(
+        "--emu-time-scale", type=_positive, default=1.0, help="Wall s per simulated s."
+    )
+    emu.add_argument("--emu-seed", type=int, default=0)
+    emu.add_argument("--emu-accept-length", type=_positive, default=3.6)
+    emu.add_argument("--emu-reasoning-tokens", type=_range, default=(200, 4000))
+    emu.add_argument("--emu-answer-tokens", type=_range, default=(20, 800))
+    emu.add_argument("--emu-fault", action="append", default=[], metavar="NAME[=VALUE]")
+    return p
+
+
+def _merge_config(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """SGLang's `--config`: YAML keys become flags placed before the command line's."""
+    if "--config" not in argv:
+        return argv
+    at = argv.index("--config")
+    if at == len(argv) - 1:
+        parser.error("No config file specified after --config flag!")
+    path = Path(argv[at + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        parser.error(f"Config file must be YAML format, got: {path.suffix}")
+    if not path.exists():
+        parser.error(f"Config file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        parser.error("Config file must contain a dictionary at root level")
+    switches = {a.dest for a in parser._actions if isinstance(a, argparse._StoreTrueAction)}
+    merged: list[str] = []
+    for key, value in data.items():
+        flag = f"--{str(key).replace('_', '-')}"
+        if isinstance(value, bool) and str(key).replace("-", "_") in switches:
+            merged += [flag] if value else []
+        elif isinstance(value, list):
+            for item in value:  # repeatable flags such as --emu-fault
+                merged += [flag, str(item)]
+        else:
+            merged += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
+    return merged + argv[:at] + argv[at + 2 :]
+
+
+def _split_unknown(parser: argparse.ArgumentParser, unknown: list[str]) -> list[str]:
+    """Unknown `--foo [value]` pairs are GPU flags this emulator has no use for."""
+    if unknown and not unknown[0].startswith("--"):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return [item for item in unknown if item.startswith("--")]
+
+
+def parse_args(argv: list[str]) -> EmuArgs:
+    """Parse like SGLang; argparse errors exit 2 with SGLang's wording."""
+    parser = _parser()
+    argv = _merge_config(parser, argv)
+    ns, unknown = parser.parse_known_args(argv)
+    ignored = _split_unknown(parser, unknown)
+    try:
+        faults = parse_faults(ns.emu_fault)
+    except ValueError as err:
+        parser.error(str(err))
+    if ns.emu_load_s < 0:
+        parser.error("--emu-load-s must be >= 0")
+    running = ns.max_running_requests
+    if running is None:
+        running = SPECULATIVE_MAX_RUNNING if ns.speculative_algorithm else DEFAULT_MAX_RUNNING
+    if running < 1:
+        parser.error("--max-running-requests must be >= 1")
+    served = ns.served_model_name or ns.model_path
+    server_args = {
+        k: v for k, v in vars(ns).items() if not k.startswith("emu_") and k not in ("config",)
+    }
+    server_args.update(served_model_name=served, max_running_requests=running)
+    return EmuArgs(
+        model_path=ns.model_path,
+        served_model_name=served,
+        host=ns.host,
+        port=ns.port,
+        api_key=ns.api_key,
+        reasoning_parser=ns.reasoning_parser,
+        speculative_algorithm=ns.speculative_algorithm,
+        max_running_requests=running,
+        max_queued_requests=ns.max_queued_requests,
+        context_length=ns.context_length,
+        enable_metrics=ns.enable_metrics,
+        log_level=ns.log_level,
+        skip_server_warmup=ns.skip_server_warmup,
+        load_s=ns.emu_load_s,
+        tokens_per_s=ns.emu_tokens_per_s,
+        time_scale=ns.emu_time_scale,
+        seed=ns.emu_seed,
+        accept_length=ns.emu_accept_length if ns.speculative_algorithm else 1.0,
+        reasoning_tokens=ns.emu_reasoning_tokens,
+        answer_tokens=ns.emu_answer_tokens,
+        faults=faults,
+        server_args=server_args,
+        ignored=ignored,
+    )

@@ -1,0 +1,114 @@
+"""`/metrics` in Prometheus text: the `sglang:` series a benchmark or the fleet reads.
+
+Counters are real counts of what was served, so delivered tokens over a window can be
+computed from two scrapes, as on a real server.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+# SGLang's default buckets for sglang:e2e_request_latency_seconds.
+LATENCY_BUCKETS = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0,
+    100.0, 200.0, 400.0, 800.0,
+)  # fmt: skip
+
+
+@dataclass
+class Counters:
+    """What was served since start; gauges are passed in when rendering."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests: int = 0
+    latency_sum: float = 0.0
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+
+    def record(self, prompt_tokens: int, completion_tokens: int, latency_s: float) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += completion_tokens
+        self.requests += 1
+        self.latency_sum += latency_s
+        at = bisect.bisect_left(LATENCY_BUCKETS, latency_s)
+        if at < len(LATENCY_BUCKETS):
+            self.latency_buckets[at] += 1
+
+
+def _labels(model: str, **extra: str) -> str:
+    pairs = {"model_name": model, "engine_type": "unified", **extra}
+    escaped = (v.replace("\\", "\\\\").replace('"', '\\"') for v in pairs.values())
+    return "{" + ",".join(f'{k}="{v}"' for k, v in zip(pairs, escaped, strict=True)) + "}"
+
+
+def render(
+    counters: Counters,
+    *,
+    model: str,
+    running: int,
+    queued: int,
+    gen_throughput: float,
+    token_usage: float,
+    accept_length: float,
+) -> str:
+    """The exposition text, one sample per series, each labelled with model_name."""
+    base = _labels(model)
+    req = _labels(model, is_streaming="false")
+    lines: list[str] = []
+
+    def series(name: str, kind: str, doc: str, samples: list[tuple[str, str, float]]) -> None:
+        lines.append(f"# HELP {name} {doc}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(
+            f"{name}{suffix}{labels} {float(value)!r}" for suffix, labels, value in samples
+        )
+
+    series(
+        "sglang:num_running_reqs", "gauge", "The number of running requests.", [("", base, running)]
+    )
+    series(
+        "sglang:num_queue_reqs",
+        "gauge",
+        "The number of requests in the waiting queue.",
+        [("", base, queued)],
+    )
+    series(
+        "sglang:gen_throughput",
+        "gauge",
+        "The generation throughput (token/s).",
+        [("", base, gen_throughput)],
+    )
+    series("sglang:token_usage", "gauge", "The token usage.", [("", base, token_usage)])
+    series(
+        "sglang:spec_accept_length",
+        "gauge",
+        "The average acceptance length of speculative decoding.",
+        [("", base, accept_length)],
+    )
+    series(
+        "sglang:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        [("", req, counters.prompt_tokens)],
+    )
+    series(
+        "sglang:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        [("", req, counters.generation_tokens)],
+    )
+    cumulative = 0
+    buckets: list[tuple[str, str, float]] = []
+    for bound, count in zip(LATENCY_BUCKETS, counters.latency_buckets, strict=True):
+        cumulative += count
+        buckets.append(("_bucket", _labels(model, is_streaming="false", le=str(bound)), cumulative))
+    buckets.append(("_bucket", _labels(model, is_streaming="false", le="+Inf"), counters.requests))
+    buckets += [("_count", req, counters.requests), ("_sum", req, counters.latency_sum)]
+    series(
+        "sglang:e2e_request_latency_seconds",
+        "histogram",
+        "Histogram of End-to-end request latency in seconds",
+        buckets,
+    )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,478 @@
+"""The emulator as real processes on loopback, driven by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import httpx
+import openai
+import pytest
+
+from regen.emulator import count_tokens, history_digest, main
+
+KEY = "emu-test-key"
+MODEL = "emu-model"
+READY = "The server is fired up and ready to roll!"
+MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
+THINK = {"chat_template_kwargs": {"enable_thinking": True}}
+NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Emu:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    @functools.cached_property
+    def default_client(self) -> openai.OpenAI:
+        return self.client()
+
+    def client(self, key: str = KEY, timeout: float = 30) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, timeout=timeout, max_retries=0)
+
+    def get(self, path: str, key: str | None = KEY, timeout: float = 10) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.get(self.url + path, headers=headers, timeout=timeout)
+
+    def post(
+        self, path: str, body: object, key: str | None = KEY, timeout: float = 10
+    ) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return httpx.post(self.url + path, content=content, headers=headers, timeout=timeout)
+
+    def metric(self, name: str) -> float:
+        found = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", self.get("/metrics").text, re.M)
+        assert found, f"{name} not in /metrics"
+        return float(found.group(1))
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while READY not in self.text():
+            assert self.proc.poll() is None, self.text()[-3000:]
+            assert time.monotonic() < deadline, f"not ready in {timeout} s: {self.text()[-2000:]}"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def _launch(tmp: Path, *flags: str, key: str | None = KEY) -> Emu:
+    port = _free_port()
+    log = tmp / f"emu-{port}.log"
+    args = [
+        sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR),
+        "--served-model-name", MODEL, "--port", str(port), "--emu-time-scale", "0.01",
+        "--emu-load-s", "0.2", "--context-length", "4096",
+        *(["--api-key", key] if key else []), *flags,
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return Emu(proc, port, log)
+
+
+Starter = Callable[..., Emu]
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Starter]:
+    """Start emulators (ready unless wait=False); every one is killed afterwards."""
+    started: list[Emu] = []
+
+    def _start(*flags: str, wait: bool = True, key: str | None = KEY) -> Emu:
+        emu = _launch(tmp_path, *flags, key=key)
+        started.append(emu)
+        if wait:
+            emu.wait_ready()
+        return emu
+
+    yield _start
+    for emu in started:
+        emu.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emu]:
+    """One shared thinking server with metrics, for the tests that do not change flags."""
+    emu = _launch(
+        tmp_path_factory.mktemp("emu"),
+        "--reasoning-parser", "qwen3", "--enable-metrics",
+        "--emu-reasoning-tokens", "20:200", "--emu-answer-tokens", "20:100",
+        "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+        "--mem-fraction-static", "0.88", "--tp-size", "1", "--cuda-graph-max-bs-decode", "64",
+        "--trust-remote-code", "--watchdog-timeout", "300", "--some-new-gpu-flag", "7",
+    )  # fmt: skip
+    try:
+        emu.wait_ready()
+        yield emu
+    finally:
+        emu.stop()
+
+
+def ask(emu: Emu, text: str, **extra: object) -> openai.types.chat.ChatCompletion:
+    return emu.default_client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": text}],
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def reasoning(resp: openai.types.chat.ChatCompletion) -> str | None:
+    extra = resp.choices[0].message.model_extra or {}
+    return extra.get("reasoning_content")
+
+
+# -- the contract shapes -------------------------------------------------------------------
+
+
+def test_chat_with_thinking_via_openai_client(server: Emu) -> None:
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    resp = server.client().chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=1000, extra_body=THINK
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop"
+    assert (choice.model_extra or {})["matched_stop"] == 248046
+    thought = reasoning(resp)
+    assert thought and count_tokens(thought) >= 20
+    content = choice.message.content or ""
+    assert content.startswith(f"[history:{history_digest(messages)}]")
+    assert "<think>" not in content
+    usage = resp.usage
+    assert usage is not None
+    assert usage.prompt_tokens == 3 + count_tokens("What is 2 + 2?") + 2
+    assert (usage.model_extra or {})["reasoning_tokens"] == count_tokens(thought)
+    # <think> reasoning </think> answer <|im_end|>
+    assert usage.completion_tokens == count_tokens(thought) + count_tokens(content) + 3
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert resp.model == MODEL
+
+
+def test_same_history_same_answer_and_turns_see_their_history(server: Emu) -> None:
+    first, again = ask(server, "same prompt", extra_body=THINK), ask(server, "same prompt")
+    assert first.choices[0].message.content == again.choices[0].message.content
+    assert reasoning(first) == reasoning(again)
+    turns = [
+        {"role": "user", "content": "same prompt"},
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "and then?"},
+    ]
+    second = server.client().chat.completions.create(model=MODEL, messages=turns)  # type: ignore[arg-type]
+    assert f"[history:{history_digest(turns)}]" in (second.choices[0].message.content or "")
+    assert history_digest(turns) != history_digest(turns[:1])
+
+
+def test_auth(server: Emu) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        server.client(key="wrong").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}]
+        )
+    missing = server.post("/v1/chat/completions", {"messages": []}, key=None)
+    assert (missing.status_code, missing.json()) == (401, {"error": "Unauthorized"})
+    for path in ("/v1/models", "/server_info", "/model_info", "/ping"):
+        assert server.get(path, key=None).status_code == 401, path
+    # SGLang leaves probes and metrics open (prefix match on /health, /ready, /metrics).
+    for path in ("/health", "/health_generate", "/ready", "/metrics"):
+        assert server.get(path, key=None).status_code == 200, path
+
+
+def test_context_length_errors(server: Emu) -> None:
+    with pytest.raises(openai.BadRequestError, match=r"input \(\d+ tokens\).*\(4096 tokens\)"):
+        ask(server, "word " * 5000)
+    prompt = 3 + 1 + 2
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(server, "hello", max_tokens=4096)
+    assert f"total of {prompt + 4096} tokens: {prompt} tokens" in str(err.value)
+    body = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                "max_tokens": 5000}).json()  # fmt: skip
+    assert body["object"] == "error" and body["type"] == "BadRequestError"
+    assert body["code"] == 400 and body["param"] is None
+
+
+def test_bad_requests(server: Emu) -> None:
+    for raw in (b"{not json", json.dumps({"model": MODEL}).encode(), b'{"messages": []}'):
+        resp = server.post("/v1/chat/completions", raw)
+        assert resp.status_code == 400, raw
+        assert resp.json()["object"] == "error"
+
+
+def test_truncation_inside_thinking(server: Emu) -> None:
+    resp = ask(server, "think long", max_tokens=8, extra_body=THINK)
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.choices[0].message.content == ""
+    assert count_tokens(reasoning(resp) or "") == 7  # the 8th token is <think>
+    assert resp.usage is not None and resp.usage.completion_tokens == 8
+    assert (resp.choices[0].model_extra or {})["matched_stop"] is None
+
+
+def test_thinking_off_and_inline(server: Emu) -> None:
+    off = ask(server, "no thinking", extra_body=NO_THINK)
+    assert reasoning(off) is None
+    assert off.usage is not None and (off.usage.model_extra or {})["reasoning_tokens"] == 0
+    assert (off.choices[0].message.content or "").startswith("[history:")
+    inline = ask(server, "inline", extra_body={"separate_reasoning": False})
+    content = inline.choices[0].message.content or ""
+    assert reasoning(inline) is None
+    assert re.match(r"<think>\n.+\n</think>\n\n\[history:[0-9a-f]{8}\]", content, re.S)
+
+
+def test_info_endpoints(server: Emu) -> None:
+    models = server.get("/v1/models").json()
+    assert models["object"] == "list"
+    card = models["data"][0]
+    assert (card["id"], card["object"], card["owned_by"]) == (MODEL, "model", "sglang")
+    assert card["max_model_len"] == 4096
+    for path in ("/model_info", "/get_model_info"):
+        info = server.get(path).json()
+        assert info["model_path"] == str(MODEL_DIR) and info["is_generation"] is True
+        assert info["architectures"] == ["Qwen3NextForCausalLM"]
+    for path in ("/server_info", "/get_server_info"):
+        info = server.get(path).json()
+        assert info["served_model_name"] == MODEL and info["tp_size"] == 1
+        assert info["max_running_requests"] == 48  # forced by speculative decoding, no flag
+        assert info["speculative_algorithm"] == "NEXTN" and info["version"] == "0.5.23"
+        state = info["internal_states"][0]
+        assert state["avg_spec_accept_length"] == pytest.approx(3.6)
+        assert "last_gen_throughput" in state
+    assert server.get("/ping").status_code == 200
+    assert server.post("/flush_cache", {}).status_code == 200
+    assert "Ignoring --some-new-gpu-flag" in server.text()
+    assert KEY not in server.text()
+
+
+def test_metrics_count_what_was_served(server: Emu) -> None:
+    before_gen = server.metric("sglang:generation_tokens_total")
+    before_prompt = server.metric("sglang:prompt_tokens_total")
+    before_count = server.metric("sglang:e2e_request_latency_seconds_count")
+    resp = ask(server, "count me", extra_body=THINK)
+    assert resp.usage is not None
+    gen = server.metric("sglang:generation_tokens_total") - before_gen
+    assert gen == resp.usage.completion_tokens
+    assert server.metric("sglang:prompt_tokens_total") - before_prompt == resp.usage.prompt_tokens
+    assert server.metric("sglang:e2e_request_latency_seconds_count") == before_count + 1
+    assert server.metric("sglang:gen_throughput") > 0
+    text = server.get("/metrics").text
+    for name in ("num_running_reqs", "num_queue_reqs", "token_usage", "spec_accept_length"):
+        assert re.search(rf'^sglang:{name}{{model_name="{MODEL}"', text, re.M), name
+
+
+def test_native_generate_and_stream(server: Emu) -> None:
+    body = {"text": "Once upon", "sampling_params": {"max_new_tokens": 10, "temperature": 0}}
+    out = server.post("/generate", body).json()
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 10}
+    assert meta["completion_tokens"] == len(out["output_ids"]) == 10
+    assert meta["prompt_tokens"] == 3 + 2 + 2 and "e2e_latency" in meta
+    assert meta["spec_accept_length"] == pytest.approx(3.6)
+    chunks = list(
+        server.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "stream"}], stream=True
+        )
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == ask(server, "stream").choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_abort_by_rid(start: Starter) -> None:
+    emu = start("--emu-time-scale", "1", "--emu-answer-tokens", "1000:1000")
+
+    async def run() -> dict[str, object]:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {KEY}"}) as s:
+            body = {"messages": [{"role": "user", "content": "abort me"}], "rid": "r-1"}
+            pending = asyncio.ensure_future(s.post(f"{emu.url}/v1/chat/completions", json=body))
+            await asyncio.sleep(0.5)
+            async with s.post(f"{emu.url}/abort_request", json={"rid": "r-1"}) as resp:
+                assert resp.status == 200
+            async with await pending as resp:
+                return dict(await resp.json())
+
+    started = time.monotonic()
+    out = asyncio.run(run())
+    assert time.monotonic() - started < 3  # the full answer would take 4 s
+    choice = out["choices"][0]  # type: ignore[index]
+    assert choice["finish_reason"] == "abort"
+    assert 0 < out["usage"]["completion_tokens"] < 1000  # type: ignore[index]
+
+
+def test_config_file_carries_the_key(start: Starter, tmp_path: Path) -> None:
+    config = tmp_path / "server.yaml"
+    config.write_text("api-key: from-file\nenable_metrics: true\nmax_running_requests: 3\n")
+    emu = start("--config", str(config), key=None)
+    assert emu.get("/v1/models", key="from-file").status_code == 200
+    assert emu.get("/v1/models", key=KEY).status_code == 401
+    assert emu.get("/server_info", key="from-file").json()["max_running_requests"] == 3
+    assert "from-file" not in emu.text()
+
+
+# -- flags ---------------------------------------------------------------------------------
+
+
+def _run(*flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR), *flags],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+
+
+def test_removed_and_bad_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    removed = _run("--cuda-graph-max-bs", "32")
+    assert removed.returncode == 2
+    assert "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode" in (
+        removed.stderr
+    )
+    for fault in ("nosuch=1", "empty-answer=2", "crash-after", "no-ready=1"):
+        assert main(["--model-path", str(MODEL_DIR), "--emu-fault", fault]) == 2
+        assert "--emu-fault" in capsys.readouterr().err, fault
+
+
+# -- faults --------------------------------------------------------------------------------
+
+
+def test_output_faults(start: Starter) -> None:
+    flags = ("--reasoning-parser", "qwen3", "--emu-reasoning-tokens", "20:50")
+    names = ("empty-answer", "truncate", "think-leak", "repeat-loop", "http500")
+    emus = {n: start(*flags, "--emu-fault", f"{n}=1.0", wait=False) for n in names}
+    for emu in emus.values():
+        emu.wait_ready()
+
+    empty = ask(emus["empty-answer"], "anything", extra_body=THINK)
+    assert empty.choices[0].message.content == "OK."
+    assert reasoning(empty) == "" and empty.choices[0].finish_reason == "stop"
+    assert empty.usage is not None and empty.usage.completion_tokens == 6
+
+    cut = ask(emus["truncate"], "anything", max_tokens=300)
+    assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content == ""
+    assert count_tokens(reasoning(cut) or "") == 299
+
+    leak = ask(emus["think-leak"], "anything").choices[0].message.content or ""
+    assert "<think>" in leak and "</think>" in leak
+
+    loop = ask(emus["repeat-loop"], "anything", max_tokens=500, extra_body=NO_THINK)
+    lines = (loop.choices[0].message.content or "").splitlines()
+    assert len(lines) > 20 and len(set(lines)) == 1
+    assert loop.choices[0].finish_reason == "length"
+
+    with pytest.raises(openai.InternalServerError):
+        ask(emus["http500"], "anything")
+
+
+def test_empty_answer_fraction_is_per_prompt(start: Starter) -> None:
+    emu = start("--reasoning-parser", "qwen3", "--emu-fault", "empty-answer=0.5")
+    answers = [ask(emu, f"prompt {i}").choices[0].message.content for i in range(40)]
+    empty = sum(a == "OK." for a in answers)
+    assert 8 <= empty <= 32
+    assert [ask(emu, f"prompt {i}").choices[0].message.content for i in range(5)] == answers[:5]
+
+
+def test_crash_after(start: Starter) -> None:
+    emu = start("--emu-fault", "crash-after=2")
+    for i in range(2):
+        assert ask(emu, f"q{i}").choices[0].finish_reason == "stop"
+    assert emu.proc.wait(timeout=10) == 1
+    with pytest.raises(openai.APIConnectionError):
+        ask(emu, "q3")
+
+
+def test_hang_after_keeps_health_green(start: Starter) -> None:
+    emu = start("--emu-fault", "hang-after=0")
+    with pytest.raises(openai.APITimeoutError):
+        emu.client(timeout=1.0).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hello"}]
+        )
+    assert emu.get("/health", key=None).status_code == 200
+    assert emu.proc.poll() is None
+
+
+def test_startup_faults(start: Starter) -> None:
+    failing = start("--emu-fault", "fail-startup", wait=False)
+    stuck = start("--emu-fault", "no-ready", wait=False)
+    assert failing.proc.wait(timeout=20) == 1
+    assert "fail-startup" in failing.text() and READY not in failing.text()
+    time.sleep(1.0)
+    assert stuck.proc.poll() is None
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", stuck.port), 0.5):
+        pass
+    assert READY not in stuck.text()
+
+
+# -- capacity and scale --------------------------------------------------------------------
+
+
+async def _concurrent(emu: Emu, count: int, **body: object) -> list[float]:
+    """Send `count` chats at once; return each one's latency in seconds."""
+    connector = aiohttp.TCPConnector(limit=0)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
+        async def one(i: int) -> float:
+            started = time.monotonic()
+            payload = {"messages": [{"role": "user", "content": f"load {i}"}], **body}
+            async with session.post(f"{emu.url}/v1/chat/completions", json=payload) as resp:
+                assert resp.status == 200, await resp.text()
+                await resp.read()
+            return time.monotonic() - started
+
+        return list(await asyncio.gather(*(one(i) for i in range(count))))
+
+
+def test_requests_beyond_max_running_wait_in_queue(start: Starter) -> None:
+    # Each answer is 100 tokens + <|im_end|> = 101 tokens at 250 tok/s, time scale 1.2: ~0.5 s.
+    emu = start(
+        "--max-running-requests", "4", "--enable-metrics", "--emu-time-scale", "1.2",
+        "--emu-answer-tokens", "100:100",
+    )  # fmt: skip
+
+    async def run() -> tuple[list[float], float]:
+        load = asyncio.ensure_future(_concurrent(emu, 8))
+        await asyncio.sleep(0.25)
+        queued = await asyncio.to_thread(emu.metric, "sglang:num_queue_reqs")
+        return await load, queued
+
+    latencies, queued = asyncio.run(run())
+    assert queued == 4
+    latencies.sort()
+    assert max(latencies[:4]) < 0.9 and min(latencies[4:]) > 0.8, latencies
+
+
+def test_256_concurrent_requests_are_not_serialised(start: Starter) -> None:
+    # 249 answer tokens + <|im_end|> = 250 tokens at 250 tok/s: one simulated second each.
+    emu = start(
+        "--max-running-requests", "256", "--emu-time-scale", "1", "--emu-answer-tokens",
+        "249:249",
+    )  # fmt: skip
+    started = time.monotonic()
+    latencies = asyncio.run(_concurrent(emu, 256))
+    elapsed = time.monotonic() - started
+    assert min(latencies) >= 0.95
+    assert elapsed < 4, elapsed  # serialised would be 256 s; two batches would be 2 s
