@@ -25,9 +25,12 @@ import numpy as np
 import polars as pl
 
 from regen.schema import row_schema
+from regen.shards import commit_shard
+from regen.storage import LocalStorage
 
 SHARD = 500
 SERVERS = 7
+FINGERPRINT = "bench"
 
 
 def _pool(rng: np.random.Generator, vocab: np.ndarray, size: int, lo: int, hi: int) -> list[str]:
@@ -52,7 +55,9 @@ def generate(root: Path, rows: int, seed: int = 0) -> None:
     pl.DataFrame({"id": ids, "shard": pl.Series(np.arange(rows) // SHARD)}).write_parquet(
         root / "plan.parquet"
     )
-    (root / "run.json").write_text(json.dumps({"sampling": {"enable_thinking": True}}))
+    run = {"fingerprint": FINGERPRINT, "sampling": {"enable_thinking": True}}
+    (root / "run.json").write_text(json.dumps(run))
+    storage = LocalStorage(root)
     for shard, start in enumerate(range(0, rows, SHARD)):
         n = min(SHARD, rows - start)
         r_tok = np.clip(rng.lognormal(7.3, 0.6, n), 20, 4000).astype(np.int64)
@@ -89,15 +94,14 @@ def generate(root: Path, rows: int, seed: int = 0) -> None:
             },
             schema=row_schema(),
         )
-        frame.write_parquet(root / "shards" / f"shard-{shard:06d}.parquet")
-        (root / "shards" / f"shard-{shard:06d}.json").write_text(json.dumps({"rows": n}))
+        commit_shard(storage, shard, frame, fingerprint=FINGERPRINT, timings={})
 
 
 def train_tokenizer(root: Path, out: Path) -> Path:
     """A byte-level BPE (8K vocab) with Qwen's special tokens, trained on the dataset's texts."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    texts = pl.read_parquet(root / "shards" / "shard-000000.parquet")
+    texts = pl.read_parquet(root / "shards" / "shard-000000*.parquet")
     corpus = texts["reasoning_content"].drop_nulls().to_list() + texts["content"].to_list()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -110,7 +114,6 @@ def train_tokenizer(root: Path, out: Path) -> Path:
 
 def child(root: Path, tokenizer: Path | None) -> None:
     from regen.audit import AuditConfig, run_audit
-    from regen.storage import LocalStorage
 
     start = time.perf_counter()
     result = run_audit(LocalStorage(root), AuditConfig(), tokenizer_path=tokenizer)

@@ -17,12 +17,14 @@ from typing import Any
 import polars as pl
 
 from regen.schema import row_schema
+from regen.shards import commit_shard, data_key
 from regen.storage import LocalStorage
 
 PROMPT_MARK = "PROMPT-SECRET"
 LOOP = "Wait, let me check that again. "
 COLLAPSED = "The final answer is 42, as the reasoning above shows."
 ERROR = "http 500 after 4 attempts"
+FINGERPRINT = "synthetic-run"
 
 DEFECTS = (
     "error",
@@ -186,15 +188,26 @@ def make_dataset(
         extra["id"] = f"x{k:06d}"
         out.append(extra)
         ds.unplanned.append(extra["id"])
-    frame = pl.DataFrame(out, schema=row_schema()).sort("shard", maintain_order=True)
+    frame = pl.DataFrame(out, schema=row_schema())
+    # A duplicate goes to the next shard: a shard itself refuses an id twice (regen.shards).
+    dup_shift = (
+        pl.col("id").is_in(ds.duplicated)
+        & pl.col("id").is_duplicated()
+        & pl.col("id").is_last_distinct()
+    )
+    last = (rows - 1) // shard_size
+    neighbour = pl.when(pl.col("shard") < last).then(pl.col("shard") + 1).otherwise(last - 1)
+    frame = frame.with_columns(shard=pl.when(dup_shift).then(neighbour).otherwise("shard")).sort(
+        "shard", maintain_order=True
+    )
     for (shard,), part in frame.group_by("shard", maintain_order=True):
-        _write_parquet(storage, f"shards/shard-{shard:06d}.parquet", part)
-        if shard not in uncommitted:
-            manifest = {"rows": part.height, "ok": part.height, "failed": 0, "checksum": "x"}
-            storage.write_bytes(f"shards/shard-{shard:06d}.json", json.dumps(manifest).encode())
+        if shard in uncommitted:
+            _write_parquet(storage, data_key(shard), part)
+        else:
+            commit_shard(storage, shard, part, fingerprint=FINGERPRINT, timings={})
     if plan:
         _write_parquet(storage, "plan.parquet", plan_df)
-    run: dict[str, Any] = {"model": "synthetic"}
+    run: dict[str, Any] = {"model": "synthetic", "fingerprint": FINGERPRINT}
     if thinking is not None:
         run["sampling"] = {"enable_thinking": thinking}
     storage.write_bytes("run.json", json.dumps(run).encode())

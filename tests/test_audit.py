@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 from rich.console import Console
 
-from regen.audit import AuditConfig, AuditResult, audit_table, run_audit, write_report
+from regen.audit import AuditConfig, AuditResult, Example, audit_table, run_audit, write_report
 from regen.audit.loss_mask import LossMaskCounter
 from regen.errors import UserError
 from regen.storage import LocalStorage
@@ -178,27 +178,42 @@ def test_one_bad_server_stands_out(tmp_path: Path) -> None:
     assert result.check("empty_answer").figure == pytest.approx(0.25)
 
 
-def test_completeness_missing_duplicate_unplanned_and_uncommitted(tmp_path: Path) -> None:
-    ds = make_dataset(tmp_path, drop=3, duplicate=2, unplanned=1, uncommitted=[1])
+def test_completeness_missing_duplicate_and_unplanned_ids_fail(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path, drop=3, duplicate=2, unplanned=1)
     result = run_audit(ds.storage, AuditConfig())
     check = result.check("completeness")
     assert check.status == "fail"
     assert result.verdict == "fail"
-    # Shard 1 has data but no manifest: its 500 rows are not part of the dataset.
-    in_shard_1 = {i for i in ds.ids[500:1000]}
-    missing = (set(ds.dropped) - in_shard_1) | in_shard_1
-    bad = len(missing) + len(set(ds.duplicated) - in_shard_1) + 1
-    assert check.figure == pytest.approx(bad / 2000)
-    assert "uncommitted shards: 1" in check.detail
+    assert check.figure == pytest.approx((3 + 2 + 1) / 2000)
+    assert result.rows == 2000 - 3 + 2 + 1
     shown = {e.id: e.reason for e in check.examples}
-    assert {i for i, r in shown.items() if r == "appears 2 times"} == set(
-        ds.duplicated
-    ) - in_shard_1
+    assert {i for i, r in shown.items() if r == "appears 2 times"} == set(ds.duplicated)
+    assert all(shown[i].startswith("missing (missing from its shard") for i in ds.dropped)
     assert shown["x000000"] == "not in plan.parquet"
-    assert shown["s000500"] == "missing (uncommitted shard 1)"
-    assert result.rows == 1500 - len(set(ds.dropped) - in_shard_1) + 2 + 1 - len(
-        set(ds.duplicated) & in_shard_1
-    )
+    assert "3 of 2000 planned ids missing; 2 duplicate rows" in check.detail
+
+
+def test_completeness_uncommitted_shard_is_not_read_and_fails(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path, uncommitted=[1])
+    result = run_audit(ds.storage, AuditConfig())
+    check = result.check("completeness")
+    assert check.status == "fail"
+    assert result.rows == 1500
+    assert check.figure == pytest.approx(0.25)
+    assert "uncommitted shards: 1" in check.detail
+    assert check.examples[0] == Example(id="s000500", reason="missing (uncommitted shard 1)")
+
+
+def test_manifest_of_another_run_is_not_part_of_the_dataset(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path)
+    key = "shards/shard-000002.json"
+    manifest = json.loads(ds.storage.read_bytes(key))
+    ds.storage.write_bytes(key, json.dumps({**manifest, "fingerprint": "other"}).encode())
+    result = run_audit(ds.storage, AuditConfig())
+    check = result.check("completeness")
+    assert check.status == "fail"
+    assert result.rows == 1500
+    assert "other-run manifests: shards 2" in check.detail
 
 
 def test_completeness_without_plan_warns(tmp_path: Path) -> None:

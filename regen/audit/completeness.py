@@ -22,8 +22,11 @@ def completeness_check(features: pl.DataFrame, view: DatasetView, config: AuditC
     parts = [f"{extra_rows} duplicate rows"]
     if view.manifest_without_data:
         parts.append(f"manifest without data: shards {_list(view.manifest_without_data)}")
+    if view.unusable_manifests:
+        parts.append(f"unreadable or other-run manifests: shards {_list(view.unusable_manifests)}")
+    broken = len(view.manifest_without_data) + len(view.unusable_manifests)
     if view.plan is None:
-        bad = extra_rows + len(view.manifest_without_data)
+        bad = extra_rows + broken
         detail = "no plan.parquet, so missing ids cannot be counted; " + ", ".join(parts)
         return Check(
             name="completeness",
@@ -49,7 +52,7 @@ def completeness_check(features: pl.DataFrame, view: DatasetView, config: AuditC
         f"{unplanned.height} ids not in the plan",
         f"uncommitted shards: {_list(uncommitted) if uncommitted else 'none'}",
     ]
-    failed = bad or uncommitted or view.manifest_without_data
+    failed = bad or uncommitted or broken
     return Check(
         name="completeness",
         title="1 completeness",

@@ -1,14 +1,17 @@
 """The parts of a dataset root the audit reads: committed shards, the plan and run.json.
 
-Only shards with a manifest are read: a data file without one is an interrupted write
-that the next run regenerates, so it is not part of the dataset yet.
+A shard is read only through its manifest (regen.shards' commit mark): data without one is
+an interrupted write, a replaced shard has two generations for a moment, and a manifest of
+another run's fingerprint belongs to superseded data.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
@@ -16,7 +19,7 @@ from regen.errors import UserError
 from regen.schema import row_schema
 from regen.storage import Storage
 
-_SHARD_KEY = re.compile(r"^shards/shard-(\d{6,})\.(parquet|json)$")
+_MANIFEST = re.compile(r"^shards/shard-(\d{6,})\.json$")
 
 
 @dataclass(frozen=True)
@@ -24,25 +27,41 @@ class DatasetView:
     """Where the committed rows are and what was planned."""
 
     committed: dict[int, str]
-    """Shard number -> parquet key, for every shard that has both data and manifest."""
+    """Shard number -> data key, for every shard whose manifest and data both exist."""
     manifest_without_data: list[int]
+    unusable_manifests: list[int]
+    """Unreadable, or written by a run with another fingerprint."""
     plan: pl.DataFrame | None
     """Columns id, shard: every valid input id; None when the root has no plan.parquet."""
 
 
-def open_dataset(storage: Storage) -> DatasetView:
-    """List shards and read the plan; a root with neither is not a dataset."""
-    data: set[int] = set()
-    manifests: set[int] = set()
-    for key in storage.list("shards/"):
-        match = _SHARD_KEY.match(key)
-        if match:
-            (data if match.group(2) == "parquet" else manifests).add(int(match.group(1)))
+def open_dataset(storage: Storage, *, workers: int = 16) -> DatasetView:
+    """Read every manifest (in parallel: on S3 each is a GET) and the plan."""
+    keys = storage.list("shards/")
+    present = set(keys)
+    numbered = [(int(m.group(1)), k) for k in keys if (m := _MANIFEST.match(k))]
+    run = _read_run(storage)
+    fingerprint = run.get("fingerprint")
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        manifests = list(pool.map(lambda nk: _read_manifest(storage, nk[1]), numbered))
+    committed: dict[int, str] = {}
+    without_data: list[int] = []
+    unusable: list[int] = []
+    for (shard, _), manifest in zip(numbered, manifests, strict=True):
+        manifest = manifest or {}
+        data = manifest.get("data")
+        if not isinstance(data, str) or (
+            fingerprint and manifest.get("fingerprint") != fingerprint
+        ):
+            unusable.append(shard)
+        elif data not in present:
+            without_data.append(shard)
+        else:
+            committed[shard] = data
     plan = _read_plan(storage)
-    if not data and not manifests and plan is None:
+    if not keys and plan is None:
         raise UserError(f"{storage.uri}: no shards/ and no plan.parquet: not a regen dataset")
-    committed = {n: f"shards/shard-{n:06d}.parquet" for n in sorted(data & manifests)}
-    return DatasetView(committed, sorted(manifests - data), plan)
+    return DatasetView(dict(sorted(committed.items())), without_data, unusable, plan)
 
 
 def scan_rows(storage: Storage, view: DatasetView) -> pl.LazyFrame:
@@ -61,15 +80,27 @@ def scan_rows(storage: Storage, view: DatasetView) -> pl.LazyFrame:
 
 def thinking_requested(storage: Storage) -> bool:
     """`sampling.enable_thinking` of run.json; thinking is the default when it is not said."""
+    sampling = _read_run(storage).get("sampling")
+    value = sampling.get("enable_thinking") if isinstance(sampling, dict) else None
+    return value if isinstance(value, bool) else True
+
+
+def _read_run(storage: Storage) -> dict[str, Any]:
     if not storage.exists("run.json"):
-        return True
+        return {}
     try:
         run = json.loads(storage.read_bytes("run.json"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"{storage.uri}/run.json: not valid JSON: {err}") from None
-    sampling = run.get("sampling") if isinstance(run, dict) else None
-    value = sampling.get("enable_thinking") if isinstance(sampling, dict) else None
-    return value if isinstance(value, bool) else True
+    return run if isinstance(run, dict) else {}
+
+
+def _read_manifest(storage: Storage, key: str) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads(storage.read_bytes(key))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
 
 
 def _read_plan(storage: Storage) -> pl.DataFrame | None:
