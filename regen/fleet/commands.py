@@ -1,0 +1,177 @@
+"""The launch command of every server, built from the config alone so it can be read and tested.
+
+The API key: SGLang 0.5.23 reads no API-key environment variable (`api_key` in
+`python/sglang/srt/server_args.py` is a plain `--api-key` option with default None, and
+`entrypoints/http_server.py` only does `if server_args.api_key: add_api_key_middleware(...)`).
+What it does read is `--config FILE.yaml` (`srt/server_args_config_parser.py`), whose keys
+become flags verbatim. So the key goes into a 0600 YAML file `api-key: K` and argv carries
+only `--config <file>`: the key never shows in `ps` or /proc/<pid>/cmdline. The file is
+written at launch and removed once the server is up (it is read at argument parsing).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from pydantic import SecretStr
+
+from regen.config import EmulatorConfig, EngineConfig, RegenConfig
+from regen.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Facts of SGLang 0.5.23, not knobs.
+REMOVED_FLAGS = MappingProxyType({"--cuda-graph-max-bs": "--cuda-graph-max-bs-decode"})
+DEPRECATED_FLAGS = frozenset({"--disable-cuda-graph"})
+# Flags whose spelling differs from the one the builder sets but that set the same thing.
+_ALIASES = MappingProxyType({"--model": "--model-path"})
+
+
+@dataclass(frozen=True, repr=False)
+class ServerCommand:
+    """One server's process: what to run, where it logs, and the secret file it reads.
+
+    `argv` never contains the key; `key_file` is written from `api_key` just before start.
+    """
+
+    index: int
+    gpu: int
+    host: str
+    port: int
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    pid_path: Path
+    key_file: Path
+    api_key: SecretStr = field(compare=False)
+
+    @property
+    def name(self) -> str:
+        return f"server-{self.index}"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def __repr__(self) -> str:
+        return f"ServerCommand({self.name}, gpu={self.gpu}, port={self.port}, argv={self.argv})"
+
+    __str__ = __repr__
+
+
+def _flag_name(arg: str) -> str:
+    name = arg.split("=", 1)[0]
+    return _ALIASES.get(name, name)
+
+
+def _program(engine: EngineConfig) -> list[str]:
+    if engine.kind == "emulator":
+        return [engine.python, "-m", "regen.emulator"]
+    if engine.launcher == "serve":
+        return [str(Path(engine.python).parent / "sglang"), "serve"]
+    return [engine.python, "-m", "sglang.launch_server"]
+
+
+def _sglang_flags(config: RegenConfig, model_path: Path, port: int, key_file: Path) -> list[str]:
+    """The flags shared by SGLang and the emulator, in the order of SGLANG_API.md."""
+    engine = config.engine
+    flags = [
+        "--model-path", str(model_path),
+        "--served-model-name", config.model.served_name,
+        "--host", engine.host,
+        "--port", str(port),
+        "--config", str(key_file),
+    ]  # fmt: skip
+    if engine.reasoning_parser:
+        flags += ["--reasoning-parser", engine.reasoning_parser]
+    spec = engine.speculative
+    if spec.enabled:
+        flags += [
+            "--speculative-algorithm", spec.algorithm,
+            "--speculative-num-steps", str(spec.num_steps),
+            "--speculative-eagle-topk", str(spec.eagle_topk),
+            "--speculative-num-draft-tokens", str(spec.num_draft_tokens),
+        ]  # fmt: skip
+        if spec.draft_model_path is not None:
+            flags += ["--speculative-draft-model-path", str(spec.draft_model_path)]
+    # Always explicit: with speculative decoding on, 0.5.23 silently forces 48 otherwise.
+    flags += [
+        "--max-running-requests", str(engine.max_running_requests),
+        "--context-length", str(engine.context_length),
+        "--mem-fraction-static", str(engine.mem_fraction_static),
+        "--enable-metrics",
+        "--log-level", "info",
+    ]  # fmt: skip
+    return flags
+
+
+def _emulator_flags(emu: EmulatorConfig, index: int) -> list[str]:
+    flags = [
+        "--emu-load-s", str(emu.load_s),
+        "--emu-tokens-per-s", str(emu.tokens_per_s),
+        "--emu-time-scale", str(emu.time_scale),
+        "--emu-seed", str(emu.seed),
+        "--emu-reasoning-tokens", emu.reasoning_tokens,
+        "--emu-answer-tokens", emu.answer_tokens,
+    ]  # fmt: skip
+    for spec in [*emu.faults, *emu.server_faults.get(index, [])]:
+        flags += ["--emu-fault", spec]
+    return flags
+
+
+def check_extra_args(extra_args: list[str], builder_flags: set[str]) -> None:
+    """Refuse what would fail on the GPU node or silently override a setting regen owns."""
+    for arg in extra_args:
+        if not arg.startswith("--"):
+            continue
+        name = _flag_name(arg)
+        if name in REMOVED_FLAGS:
+            raise ConfigError(
+                f"engine.extra_args: {name} was removed in sglang 0.5.23; use {REMOVED_FLAGS[name]}"
+            )
+        if name in builder_flags or name == "--api-key":
+            raise ConfigError(
+                f"engine.extra_args: {name} is set by regen from the config; "
+                "remove it from engine.extra_args"
+            )
+        if name in DEPRECATED_FLAGS:
+            log.warning("engine.extra_args: %s is deprecated in sglang 0.5.23", name)
+
+
+def build_server_commands(
+    config: RegenConfig, model_path: Path, api_key: SecretStr, work_dir: Path
+) -> list[ServerCommand]:
+    """One command per GPU on base_port + i; the emulator gets the same flags plus `--emu-*`."""
+    engine = config.engine
+    if engine.kind == "external":
+        raise ConfigError("engine.kind external: regen attaches to engine.urls, it launches none")
+    work_dir = Path(work_dir)
+    commands = []
+    for index, gpu in enumerate(engine.gpus):
+        port = engine.base_port + index
+        key_file = work_dir / "secrets" / f"server-{index}.yaml"
+        flags = _sglang_flags(config, model_path, port, key_file)
+        if index == 0:
+            check_extra_args(engine.extra_args, {f for f in flags if f.startswith("--")})
+        argv = [*_program(engine), *flags, *engine.extra_args]
+        if engine.kind == "emulator":
+            argv += _emulator_flags(engine.emulator, index)
+        commands.append(
+            ServerCommand(
+                index=index,
+                gpu=gpu,
+                host=engine.host,
+                port=port,
+                argv=argv,
+                env={"CUDA_VISIBLE_DEVICES": str(gpu)},
+                log_path=work_dir / "logs" / f"server-{index}.log",
+                pid_path=work_dir / "pids" / f"server-{index}.json",
+                key_file=key_file,
+                api_key=api_key,
+            )
+        )
+    return commands

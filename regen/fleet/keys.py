@@ -1,0 +1,12 @@
+"""The per-run server API key."""
+
+from __future__ import annotations
+
+import secrets
+
+from pydantic import SecretStr
+
+
+def generate_api_key() -> SecretStr:
+    """A fresh key per run, so a key leaked from one run's logs opens nothing later."""
+    return SecretStr(secrets.token_urlsafe(32))

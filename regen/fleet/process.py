@@ -1,0 +1,157 @@
+"""One server process: started in its own process group, recorded in a PID file, stopped whole.
+
+The PID file and the `REGEN_FLEET_ID` marker in the child's environment are what let a
+later run find and stop servers whose owner was killed with SIGKILL, and only those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from regen.fleet.commands import ServerCommand
+
+FLEET_ID_ENV = "REGEN_FLEET_ID"
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only this user can read (the key file, logs that may echo launch args)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in the group (zombies hold no GPU or port)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal a whole process group; a group already gone is the goal, not an error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+@dataclass
+class ServerProcess:
+    """A started server: its command, its Popen and when it started."""
+
+    command: ServerCommand
+    popen: subprocess.Popen[bytes]
+    started_mono: float
+
+    @classmethod
+    def start(cls, command: ServerCommand, fleet_id: str) -> ServerProcess:
+        """Write the key file, start the server in a new session, record its PID file."""
+        write_private(
+            command.key_file,
+            yaml.safe_dump({"api-key": command.api_key.get_secret_value()}).encode(),
+        )
+        write_private(command.log_path, b"")
+        env = {**os.environ, **command.env, FLEET_ID_ENV: fleet_id}
+        with open(command.log_path, "ab") as log:
+            popen = subprocess.Popen(
+                command.argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: teardown signals every child it forks
+                close_fds=True,
+            )
+        started = time.time()
+        owner = psutil.Process()
+        record: dict[str, Any] = {
+            "pid": popen.pid,
+            "pgid": popen.pid,
+            "argv": command.argv[:3],
+            "host": command.host,
+            "port": command.port,
+            "started_at": started,
+            "fleet_id": fleet_id,
+            "owner_pid": owner.pid,
+            "owner_started_at": owner.create_time(),
+        }
+        write_private(command.pid_path, json.dumps(record, indent=2).encode())
+        return cls(command=command, popen=popen, started_mono=time.monotonic())
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exit_code(self) -> int | None:
+        """The exit status once the server process has ended, else None (never blocks)."""
+        return self.popen.poll()
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the server's log, with the API key blanked should a server echo it."""
+        try:
+            with open(self.command.log_path, "rb") as f:
+                tail = deque(f, maxlen=lines)
+        except OSError:
+            return "(no log)"
+        text = b"".join(tail).decode("utf-8", "replace").rstrip()
+        return text.replace(self.command.api_key.get_secret_value(), "***")
+
+    def terminate(self) -> None:
+        signal_group(self.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        signal_group(self.pid, signal.SIGKILL)
+
+    def wait_gone(self, deadline: float) -> bool:
+        """Reap the leader and wait for the whole group to go, until `deadline` (monotonic)."""
+        while True:
+            # Always with a timeout: Popen.wait without one takes a lock a signal handler
+            # calling teardown on this same thread would deadlock on.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+            if self.popen.returncode is not None and not group_alive(self.pid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def remove_files(self) -> None:
+        self.command.pid_path.unlink(missing_ok=True)
+        self.command.key_file.unlink(missing_ok=True)
+
+
+def stop_processes(processes: list[ServerProcess], grace_s: float) -> list[ServerProcess]:
+    """SIGTERM every group, SIGKILL what is left after `grace_s`; return any that survived."""
+    for proc in processes:
+        proc.terminate()
+    deadline = time.monotonic() + grace_s
+    stubborn = [p for p in processes if not p.wait_gone(deadline)]
+    for proc in stubborn:
+        proc.kill()
+    deadline = time.monotonic() + 5.0
+    survivors = [p for p in stubborn if not p.wait_gone(deadline)]
+    for proc in processes:
+        if proc not in survivors:
+            proc.remove_files()
+    return survivors

@@ -1,0 +1,50 @@
+"""Configs for fleet tests: emulator or sglang kind, free consecutive ports, a tmp work dir."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from regen.config import RegenConfig, parse_config
+from regen.ports import free_port_range
+
+MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
+SERVED = "qwen3-emu"
+
+
+def fleet_config(
+    work_dir: Path,
+    servers: int = 1,
+    *,
+    kind: str = "emulator",
+    server_faults: dict[int, list[str]] | None = None,
+    engine: dict[str, Any] | None = None,
+) -> RegenConfig:
+    """A config whose servers start in well under a second of simulated time."""
+    # A random start keeps parallel test workers off each other's port ranges.
+    base = free_port_range(servers, random.randint(20000, 60000))
+    return parse_config(
+        {
+            "model": {"source": str(MODEL_DIR), "served_name": SERVED, "stage": False},
+            "prompts": str(work_dir / "prompts.jsonl"),
+            "output": str(work_dir / "out"),
+            "work_dir": str(work_dir / "work"),
+            "engine": {
+                "kind": kind,
+                "python": sys.executable,
+                "gpus": list(range(servers)),
+                "base_port": base,
+                "startup_timeout_s": 30,
+                "emulator": {
+                    "load_s": 0.2,
+                    "time_scale": 0.01,
+                    "reasoning_tokens": "20:60",
+                    "answer_tokens": "5:20",
+                    "server_faults": server_faults or {},
+                },
+                **(engine or {}),
+            },
+        }
+    )
