@@ -120,6 +120,4 @@ class ShardJob:
             self._columns, schema={name: schema[name] for name in _RESULT_COLUMNS}
         )
         frame = self._frame.with_columns(pl.lit(self.shard, pl.Int64).alias("shard"))
-        return (
-            pl.concat([frame, results], how="horizontal").select(schema.names()).cast(schema)
-        )
+        return pl.concat([frame, results], how="horizontal").select(schema.names()).cast(schema)

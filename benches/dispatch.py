@@ -1,0 +1,318 @@
+"""Dispatcher bench: does the client keep every emulated GPU slot busy, cheaply?
+
+Runs, all against real emulator processes with long-tailed (log-uniform) output lengths:
+- shared: every shard submitted at once through one Dispatcher (what the flow does);
+- baseline: the same Dispatcher fed one shard of 500 at a time, waiting for each (the
+  incident's client, whose slots drained at every batch end);
+- slow: the shared run with one server at `slow=0.5`;
+- rss: a fresh process holding a 1M-prompt frame, all 2,000 shards submitted at once,
+  streaming the first shards through fast emulators (1-token answers); peak RSS.
+
+Throughput and utilisation come from the emulators' own /metrics, scraped every 0.2 s,
+over the steady window: from one longest-request time after the start (counters count a
+request when it ends) until the queue runs dry (the one final drain of a run is a
+fixed cost, ~one request length out of a 1M-prompt run; the `*_full_run` figures include
+it). CPU is the bench process's CPU minus the scraper thread's own.
+
+    .venv/bin/python benches/dispatch.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+from pydantic import SecretStr
+
+from regen.client import Dispatcher
+from regen.config import GenerationConfig, SamplingConfig
+from regen.fleet.endpoint import Endpoint
+from regen.schema import row_schema
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / "regen" / "data" / "emulator-model"
+MODEL = "emu-model"
+KEY = "bench-key"
+READY = "The server is fired up and ready to roll!"
+SHARD = 500
+
+
+@dataclass(frozen=True)
+class Setup:
+    servers: int
+    slots: int
+    requests: int
+    baseline_requests: int
+    slow_requests: int
+    rss_prompts: int
+    rss_stream_shards: int
+    time_scale: float
+    tokens_per_s: float
+    max_tokens: int
+    reasoning: str
+    answer: str
+
+    def capacity(self, slow: float = 1.0) -> float:
+        """Tokens/s the fleet can deliver: every slot decoding at its server's speed."""
+        speeds = [slow] + [1.0] * (self.servers - 1)
+        return sum(self.slots * s * self.tokens_per_s / self.time_scale for s in speeds)
+
+    def longest_s(self) -> float:
+        return self.max_tokens / self.tokens_per_s * self.time_scale * 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def fleet(setup: Setup, logs: Path, slow: float | None = None) -> Iterator[list[Endpoint]]:
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    endpoints = []
+    try:
+        for i in range(setup.servers):
+            port = _free_port()
+            log = logs / f"emu-{i}-{port}.log"
+            args = [
+                sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR),
+                "--served-model-name", MODEL, "--port", str(port), "--api-key", KEY,
+                "--max-running-requests", str(setup.slots), "--enable-metrics",
+                "--reasoning-parser", "qwen3",
+                "--emu-load-s", "0", "--emu-seed", str(i),
+                "--emu-tokens-per-s", str(setup.tokens_per_s),
+                "--emu-time-scale", str(setup.time_scale),
+                "--emu-reasoning-tokens", setup.reasoning, "--emu-answer-tokens", setup.answer,
+            ]  # fmt: skip
+            if slow is not None and i == 0:
+                args += ["--emu-fault", f"slow={slow}"]
+            with log.open("wb") as out:
+                procs.append((subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT), log))
+            endpoints.append(Endpoint(i, f"http://127.0.0.1:{port}"))
+        deadline = time.monotonic() + 120
+        for proc, log in procs:
+            while READY not in log.read_text(errors="replace"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"emulator failed: {log.read_text()[-2000:]}")
+                time.sleep(0.1)
+        yield endpoints
+    finally:
+        for proc, _ in procs:
+            proc.kill()
+            proc.wait()
+
+
+_SERIES = re.compile(r"^(sglang:\w+)(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
+
+
+def scrape(endpoint: Endpoint) -> dict[str, float]:
+    with urllib.request.urlopen(f"{endpoint.url}/metrics", timeout=10) as resp:
+        return {m[1]: float(m[2]) for m in _SERIES.finditer(resp.read().decode())}
+
+
+class Scraper:
+    """Samples (time, Σ running, Σ generation tokens, queued) from every server."""
+
+    def __init__(self, endpoints: list[Endpoint], dispatcher: Dispatcher) -> None:
+        self._endpoints = endpoints
+        self._dispatcher = dispatcher
+        self._stop = threading.Event()
+        self.samples: list[tuple[float, float, float, int]] = []
+        self.cpu_s = 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            metrics = [scrape(e) for e in self._endpoints]
+            queued = self._dispatcher.stats().queued
+            running = sum(m["sglang:num_running_reqs"] for m in metrics)
+            tokens = sum(m["sglang:generation_tokens_total"] for m in metrics)
+            self.samples.append((now, running, tokens, queued))
+            self.cpu_s = time.thread_time()
+            if self._stop.wait(0.2):
+                return
+
+
+def prompt_frame(n: int, prefix: str = "q") -> pl.DataFrame:
+    """n distinct short prompts built with expressions (no Python loop over rows)."""
+    text = "Explain step by step how to solve the following problem and give the answer " * 4
+    i = pl.int_range(n, dtype=pl.Int64)
+    content = pl.format("{} #{}", pl.lit(text).str.slice(0, 40 + (i * 7919) % 160), i)
+    return pl.select(
+        id=pl.format(f"{prefix}-{{}}", i.cast(pl.String).str.zfill(7)),
+        messages=pl.concat_list(pl.struct(role=pl.lit("user"), content=content)),
+    ).cast({"messages": row_schema()["messages"]})
+
+
+def make_dispatcher(setup: Setup, endpoints: list[Endpoint], max_tokens: int) -> Dispatcher:
+    return Dispatcher(
+        endpoints,
+        api_key=SecretStr(KEY),
+        model=MODEL,
+        sampling=SamplingConfig(max_tokens=max_tokens),
+        generation=GenerationConfig(),
+        concurrency_per_server=setup.slots,
+    )
+
+
+def run_load(
+    setup: Setup, endpoints: list[Endpoint], requests: int, *, batched: bool, slow: float = 1.0
+) -> dict[str, float]:
+    frame = prompt_frame(requests)
+    shards = [frame.slice(at, SHARD) for at in range(0, requests, SHARD)]
+    with make_dispatcher(setup, endpoints, setup.max_tokens) as d, Scraper(endpoints, d) as sc:
+        cpu0, start = time.process_time(), time.monotonic()
+        if batched:
+            outs = []
+            for k, rows in enumerate(shards):
+                last_submit = time.monotonic()
+                outs.append(d.submit_shard(k, rows).result())
+        else:
+            futures = [d.submit_shard(k, rows) for k, rows in enumerate(shards)]
+            last_submit = time.monotonic()
+            outs = [f.result() for f in futures]
+        end = time.monotonic()
+        cpu = time.process_time() - cpu0
+    cpu -= sc.cpu_s
+    out = pl.concat(outs)
+    assert out.height == requests and out["id"].n_unique() == requests
+    samples = sc.samples
+    # The queue runs dry when the last rows are handed out; batched, that is the last batch.
+    dry = next((t for t, _, _, q in samples if t >= last_submit and q == 0), samples[-1][0])
+    steady = [s for s in samples if start + setup.longest_s() <= s[0] <= dry]
+    if len(steady) < 3:  # a short (quick) run: use everything up to the dry point
+        steady = [s for s in samples if s[0] <= dry]
+    (t0, _, k0, _), (t1, _, k1, _) = steady[0], steady[-1]
+    capacity = setup.capacity(slow)
+    slots = setup.servers * setup.slots
+    tokens = int(out["completion_tokens"].sum())
+    busy = [s for s in samples if start <= s[0] <= dry]
+    return {
+        "requests": requests,
+        "wall_s": end - start,
+        "errors": out["error"].is_not_null().sum(),
+        "capacity_ratio": (k1 - k0) / (t1 - t0) / capacity if t1 > t0 else float("nan"),
+        "slot_utilisation": sum(r for _, r, _, _ in busy) / len(busy) / slots,
+        "capacity_ratio_full_run": tokens / (end - start) / capacity,
+        "slot_utilisation_full_run": sum(r for _, r, _, _ in samples) / len(samples) / slots,
+        "client_cpu_ms_per_request": 1000 * cpu / requests,
+        "mean_tokens": tokens / requests,
+    }
+
+
+def rss_child(urls: list[str], prompts: int, stream_shards: int) -> None:
+    """Runs in a fresh process: prints peak RSS (MB) before and after dispatching."""
+    frame = prompt_frame(prompts)
+    frame_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    endpoints = [Endpoint(i, url) for i, url in enumerate(urls)]
+    setup_slots = 64
+    d = Dispatcher(
+        endpoints,
+        api_key=SecretStr(KEY),
+        model=MODEL,
+        sampling=SamplingConfig(max_tokens=1),
+        generation=GenerationConfig(),
+        concurrency_per_server=setup_slots,
+    )
+    with d:
+        futures = [
+            d.submit_shard(k, frame.slice(at, SHARD))
+            for k, at in enumerate(range(0, prompts, SHARD))
+        ]
+        for future in futures[:stream_shards]:
+            future.result()  # handed to the shard writer and dropped, as in the flow
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({
+        "frame_mb": frame.estimated_size("mb"), "rss_after_frame_mb": frame_rss,
+        "rss_peak_mb": peak, "shards": len(futures), "streamed_rows": stream_shards * SHARD,
+    }))  # fmt: skip
+
+
+def measure_rss(setup: Setup, endpoints: list[Endpoint]) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--rss-child", str(setup.rss_prompts),
+           str(setup.rss_stream_shards), *(e.url for e in endpoints)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="a small smoke run (~1 min)")
+    p.add_argument("--rss-child", nargs="+", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.rss_child:
+        rss_child(a.rss_child[2:], int(a.rss_child[0]), int(a.rss_child[1]))
+        return
+    common = dict(tokens_per_s=250.0, max_tokens=4096, reasoning="200:4000", answer="20:800")
+    setup = (
+        Setup(servers=2, slots=16, requests=1000, baseline_requests=1000, slow_requests=1000,
+              rss_prompts=100_000, rss_stream_shards=4, time_scale=0.05, **common)
+        if a.quick
+        else Setup(servers=8, slots=64, requests=20_000, baseline_requests=5_000,
+                   slow_requests=10_000, rss_prompts=1_000_000, rss_stream_shards=20,
+                   time_scale=0.3, **common)
+    )  # fmt: skip
+    logs = ROOT / "benches" / "results" / "dispatch-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with fleet(setup, logs) as endpoints:
+        shared = run_load(setup, endpoints, setup.requests, batched=False)
+        baseline = run_load(setup, endpoints, setup.baseline_requests, batched=True)
+        rss = measure_rss(setup, endpoints)
+    with fleet(setup, logs, slow=0.5) as endpoints:
+        slowed = run_load(setup, endpoints, setup.slow_requests, batched=False, slow=0.5)
+    results = {
+        "capacity_ratio": shared["capacity_ratio"],
+        "slot_utilisation": shared["slot_utilisation"],
+        "baseline_slot_utilisation": baseline["slot_utilisation"],
+        "slow_server_capacity_ratio": slowed["capacity_ratio"],
+        "client_cpu_ms_per_request": shared["client_cpu_ms_per_request"],
+        "rss_mb_1m_prompts": rss["rss_peak_mb"],
+        "setup": {**setup.__dict__, "quick": a.quick, "shard_size": SHARD},
+        "runs": {"shared": shared, "baseline": baseline, "slow": slowed, "rss": rss},
+    }
+    targets = {
+        "capacity_ratio": ">= 0.97", "slot_utilisation": ">= 0.95",
+        "baseline_slot_utilisation": "(reference)", "slow_server_capacity_ratio": ">= 0.95",
+        "client_cpu_ms_per_request": "<= 1", "rss_mb_1m_prompts": "<= 400",
+    }  # fmt: skip
+    print(f"{'figure':32} {'value':>10}  target")
+    for key, target in targets.items():
+        print(f"{key:32} {results[key]:>10.3f}  {target}")
+    print()
+    print(f"{'run':10} {'requests':>9} {'wall_s':>8} {'cap':>6} {'util':>6} {'cap_full':>9} "
+          f"{'util_full':>9} {'cpu_ms':>7} {'errors':>6}")  # fmt: skip
+    for name, r in (("shared", shared), ("baseline", baseline), ("slow", slowed)):
+        print(f"{name:10} {r['requests']:>9} {r['wall_s']:>8.1f} {r['capacity_ratio']:>6.3f} "
+              f"{r['slot_utilisation']:>6.3f} {r['capacity_ratio_full_run']:>9.3f} "
+              f"{r['slot_utilisation_full_run']:>9.3f} {r['client_cpu_ms_per_request']:>7.3f} "
+              f"{r['errors']:>6}")  # fmt: skip
+    print(f"rss: {rss}")
+    name = "dispatch-quick.json" if a.quick else "dispatch.json"
+    (ROOT / "benches" / "results" / name).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
