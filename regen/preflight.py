@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Literal
 
 import psutil
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from regen.config import RegenConfig
-from regen.errors import UserError
+from regen.errors import ConfigError, UserError
 from regen.gpus import GpuProbe, NvmlProbe
 from regen.ports import port_is_free
 
@@ -29,20 +29,6 @@ Status = Literal["ok", "warn", "fail", "skip"]
 KNOWN_SGLANG = ("0.5.23",)
 # Everything a run imports: the library and the Prefect layer over it.
 CODE_PACKAGES = ("regen", "tasks", "flows", "blocks")
-# engine.extra_args go to the server verbatim: a flag removed in 0.5.23 kills every server
-# at start-up (argparse: "ambiguous option"), after the node is rented.
-REMOVED_FLAGS = {"--cuda-graph-max-bs": "--cuda-graph-max-bs-decode"}
-DEPRECATED_FLAGS = {"--disable-cuda-graph": "--cuda-graph-max-bs-decode 0"}
-# Flags the command builder sets from the config; a second copy in extra_args would either
-# contradict it or, for the key, put a secret on the command line where `ps` shows it.
-MANAGED_FLAGS = {
-    "--model-path": "model.source",
-    "--model": "model.source",
-    "--served-model-name": "model.served_name",
-    "--host": "engine.host",
-    "--port": "engine.base_port",
-    "--api-key": "engine.api_key",
-}
 REMOTE_FILESYSTEMS = {
     "nfs",
     "nfs4",
@@ -225,33 +211,28 @@ def check_model(config: RegenConfig) -> CheckRow:
 
 
 def check_flags(config: RegenConfig) -> CheckRow:
-    """engine.extra_args against the flags sglang removed, deprecated or regen sets itself."""
+    """The launch commands, built now: a removed flag in engine.extra_args (argparse kills every
+    server at start-up), or one regen sets itself (`--api-key` would land in `ps`), fails here."""
+    from regen.fleet.commands import DEPRECATED_FLAGS, build_server_commands
+
     if config.engine.kind == "external":
         return CheckRow(name="flags", status="skip", figure="external servers")
-    given = [a.split("=", 1)[0] for a in config.engine.extra_args if a.startswith("--")]
-    removed = [f"{f} (use {REMOVED_FLAGS[f]})" for f in given if f in REMOVED_FLAGS]
-    managed = [f"{f} (set {MANAGED_FLAGS[f]})" for f in given if f in MANAGED_FLAGS]
-    if removed or managed:
-        parts = []
-        if removed:
-            parts.append(f"removed in sglang {KNOWN_SGLANG[-1]}: {', '.join(removed)}")
-        if managed:
-            parts.append(f"set by regen: {', '.join(managed)}")
-        return CheckRow(
-            name="flags",
-            status="fail",
-            figure="engine.extra_args: " + "; ".join(parts),
-            hint="edit engine.extra_args",
-        )
-    deprecated = [f"{f} (use {DEPRECATED_FLAGS[f]})" for f in given if f in DEPRECATED_FLAGS]
+    key = config.engine.api_key or SecretStr("preflight-placeholder-key")
+    try:
+        commands = build_server_commands(config, config.model.staged_path(), key, config.work_dir)
+    except ConfigError as err:
+        return CheckRow(name="flags", status="fail", figure=str(err), hint="edit the config")
+    given = {a.split("=", 1)[0] for a in config.engine.extra_args if a.startswith("--")}
+    figure = f"{len(commands)} server commands, {len(given)} extra flags"
+    deprecated = sorted(given & DEPRECATED_FLAGS)
     if deprecated:
         return CheckRow(
             name="flags",
             status="warn",
-            figure=f"engine.extra_args: deprecated: {', '.join(deprecated)}",
+            figure=f"{figure}; deprecated in sglang {KNOWN_SGLANG[-1]}: {', '.join(deprecated)}",
             hint="edit engine.extra_args",
         )
-    return CheckRow(name="flags", status="ok", figure=f"{len(given)} extra flags")
+    return CheckRow(name="flags", status="ok", figure=figure)
 
 
 def check_engine(config: RegenConfig, import_timeout_s: float = 60.0) -> CheckRow:

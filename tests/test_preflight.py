@@ -103,19 +103,26 @@ def test_max_tokens_filling_the_context_fails(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "status", "words"),
     [
-        ([], "ok", "0 extra flags"),
+        ([], "ok", "2 server commands, 0 extra flags"),
         (["--watchdog-timeout", "600"], "ok", "1 extra flags"),
-        (["--cuda-graph-max-bs", "64"], "fail", "max-bs (use --cuda-graph-max-bs-decode)"),
-        (["--cuda-graph-max-bs=64"], "fail", "removed in sglang 0.5.23"),
-        (["--api-key", "k"], "fail", "--api-key (set engine.api_key)"),
-        (["--port", "1"], "fail", "--port (set engine.base_port)"),
-        (["--disable-cuda-graph"], "warn", "deprecated: --disable-cuda-graph"),
+        (["--cuda-graph-max-bs", "64"], "fail", "--cuda-graph-max-bs was removed in sglang 0.5.23"),
+        (["--cuda-graph-max-bs=64"], "fail", "use --cuda-graph-max-bs-decode"),
+        (["--api-key", "k"], "fail", "--api-key is set by regen from the config"),
+        (["--port", "1"], "fail", "--port is set by regen"),
+        (["--disable-cuda-graph"], "warn", "deprecated in sglang 0.5.23: --disable-cuda-graph"),
     ],
 )
 def test_extra_args(tmp_path: Path, extra: list[str], status: str, words: str) -> None:
-    row = check_flags(make_config(tmp_path, engine={"kind": "emulator", "extra_args": extra}))
+    engine = {"kind": "emulator", "gpus": [0, 1], "extra_args": extra}
+    row = check_flags(make_config(tmp_path, engine=engine))
     assert row.status == status, row
     assert words in row.figure
+
+
+def test_api_key_that_reads_as_a_flag_fails(tmp_path: Path) -> None:
+    engine = {"kind": "emulator", "api_key": "--log-level"}
+    row = check_flags(make_config(tmp_path, engine=engine))
+    assert row.status == "fail" and "engine.api_key: must not start with '-'" in row.figure
 
 
 # --- code -------------------------------------------------------------------------------------
