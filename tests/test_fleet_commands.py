@@ -192,10 +192,16 @@ def test_external_kind_launches_nothing(tmp_path: Path) -> None:
         build_server_commands(config, STAGED, KEY, tmp_path)
 
 
+def test_a_key_argparse_would_read_as_a_flag_is_refused(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 1, kind="sglang")
+    with pytest.raises(ConfigError, match=r"engine\.api_key"):
+        build_server_commands(config, STAGED, SecretStr("-abc"), tmp_path)
+
+
 def test_generated_keys_are_long_and_fresh() -> None:
     keys = {generate_api_key().get_secret_value() for _ in range(20)}
     assert len(keys) == 20
-    assert all(len(k) >= 40 for k in keys)
+    assert all(len(k) >= 40 and not k.startswith("-") for k in keys)
     assert "**" in repr(generate_api_key())
 
 

@@ -149,6 +149,8 @@ def build_server_commands(
     engine = config.engine
     if engine.kind == "external":
         raise ConfigError("engine.kind external: regen attaches to engine.urls, it launches none")
+    if api_key.get_secret_value().startswith("-"):
+        raise ConfigError("engine.api_key: must not start with '-' (SGLang would read a flag)")
     work_dir = Path(work_dir)
     commands = []
     for index, gpu in enumerate(engine.gpus):

@@ -1,0 +1,252 @@
+"""The fleet against real emulator processes: launch, probes, policy, teardown, orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from pydantic import SecretStr
+
+from regen.config import RegenConfig
+from regen.errors import FleetError, FleetUnauthorized, UserError
+from regen.fleet import (
+    Fleet,
+    FleetPortInUse,
+    ProbeSettings,
+    attach_fleet,
+    benchmark_fleet,
+    build_server_commands,
+    generate_api_key,
+    launch_fleet,
+    reap_orphans,
+)
+from regen.fleet.process import FLEET_ID_ENV
+from regen.ports import port_is_free
+from tests._fleet_helpers import MODEL_DIR, fleet_config
+
+FAST = ProbeSettings(generation_timeout_s=5, interval_s=0.1)
+
+
+def _launch(config: RegenConfig, **kw: object) -> Fleet:
+    key = generate_api_key()
+    commands = build_server_commands(config, MODEL_DIR, key, config.work_dir)
+    return launch_fleet(config, commands, key, probe_settings=FAST, grace_s=3, **kw)  # type: ignore[arg-type]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _assert_stopped(config: RegenConfig, pids: list[int], ports: list[int]) -> None:
+    assert pids and all(_gone(p) for p in pids)
+    assert all(port_is_free("127.0.0.1", p) for p in ports)
+    assert not list((config.work_dir / "pids").glob("*.json"))
+    assert not list((config.work_dir / "secrets").glob("*.yaml"))
+
+
+def test_four_servers_come_up_measured_and_go_away(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 4, engine={"extra_args": ["--cuda-graph-max-bs-decode", "8"]})
+    fleet = _launch(config)
+    with fleet:
+        assert [e.name for e in fleet.endpoints] == [f"server-{i}" for i in range(4)]
+        assert [r.status for r in fleet.report] == ["healthy"] * 4
+        secret = fleet.api_key.get_secret_value()
+        for pid in fleet.pids:
+            proc = psutil.Process(pid)
+            assert not any(secret in a for a in proc.cmdline())
+            assert FLEET_ID_ENV in proc.environ()
+            assert os.getpgid(pid) == pid
+        record = json.loads((config.work_dir / "pids" / "server-0.json").read_text())
+        assert record["pid"] == fleet.pids[0] and record["argv"][1:] == ["-m", "regen.emulator"]
+        # The key file is gone once the server is up: it was read at argument parsing.
+        assert not list((config.work_dir / "secrets").glob("*.yaml"))
+
+        rows = benchmark_fleet(fleet, concurrency=4, max_tokens=32, budget_s=10)
+        assert len(rows) == 4 and rows == fleet.report
+        for row in rows:
+            assert row.tok_s and row.tok_s > 0
+            assert row.first_response_s is not None and row.accept_length == pytest.approx(3.6)
+            assert row.startup_s and row.probe_latency_s is not None
+            json.dumps(row.model_dump(mode="json"))
+        assert asyncio.run(fleet.reprobe(fleet.endpoints[1]))
+        pids, ports = fleet.pids, [r.port for r in rows]
+    start = time.monotonic()
+    fleet.teardown()  # idempotent
+    assert time.monotonic() - start < 0.5
+    _assert_stopped(config, pids, ports)  # type: ignore[arg-type]
+    assert not asyncio.run(fleet.reprobe(fleet.endpoints[1]))
+
+
+def test_fail_startup_names_the_server_with_its_log_tail_at_once(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 2, server_faults={1: ["fail-startup"]})
+    with pytest.raises(FleetError) as err:
+        _launch(config)
+    raised = time.time()
+    message = str(err.value)
+    assert "server-1" in message and "exited with code 1" in message
+    assert "fail-startup: the model failed to load" in message  # the log tail
+    assert "server-0 (" not in message.split("\n", 1)[0]
+    exited = (config.work_dir / "logs" / "server-1.log").stat().st_mtime
+    assert raised - exited < 2.0
+    assert port_is_free("127.0.0.1", config.engine.base_port)
+
+
+def test_no_ready_times_out_at_the_deadline(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 1, server_faults={0: ["no-ready"]})
+    start = time.monotonic()
+    with pytest.raises(FleetError, match=r"server-0.*timed_out.*not ready within 2 s"):
+        _launch(config, startup_timeout_s=2)
+    assert 2.0 <= time.monotonic() - start < 2.0 + 2.5
+
+
+def test_hung_scheduler_fails_the_generation_probe_though_health_is_200(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 1, server_faults={0: ["hang-after=0"]})
+    key = generate_api_key()
+    commands = build_server_commands(config, MODEL_DIR, key, config.work_dir)
+    with pytest.raises(FleetError) as err:
+        # A hung server does not finish its in-flight request on SIGTERM: keep the grace short.
+        settings = ProbeSettings(generation_timeout_s=1)
+        launch_fleet(config, commands, key, probe_settings=settings, grace_s=1)
+    assert "generation probe timed out after 1 s although /health answered 200" in str(err.value)
+
+
+def test_wrong_key_is_a_config_error(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 1)
+    commands = build_server_commands(config, MODEL_DIR, SecretStr("right"), config.work_dir)
+    with pytest.raises(FleetUnauthorized, match=r"server-0.*401"):
+        launch_fleet(config, commands, SecretStr("wrong"), probe_settings=FAST)
+    assert port_is_free("127.0.0.1", commands[0].port)
+
+
+def test_taken_port_fails_before_anything_starts(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 3)
+    taken = config.engine.base_port + 1
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        with pytest.raises(FleetPortInUse) as err:
+            _launch(config)
+    assert isinstance(err.value, UserError)
+    assert f"port {taken} (server-1)" in str(err.value) and "\n" not in str(err.value)
+    assert not (config.work_dir / "logs").exists()
+
+
+def test_min_servers_goes_on_without_the_failed_one(tmp_path: Path) -> None:
+    config = fleet_config(
+        tmp_path, 4, server_faults={2: ["fail-startup"]}, engine={"min_servers": 3}
+    )
+    fleet = _launch(config)
+    assert [e.name for e in fleet.endpoints] == ["server-0", "server-1", "server-3"]
+    failed = fleet.report[2]
+    assert failed.status == "exited" and "fail-startup" in failed.reason
+    assert not (config.work_dir / "pids" / "server-2.json").exists()
+    pids, ports = fleet.pids, [r.port for r in fleet.report]
+    with pytest.raises(RuntimeError), fleet:  # an exception in the `with` still tears down
+        raise RuntimeError("the run failed")
+    _assert_stopped(config, pids, ports)  # type: ignore[arg-type]
+
+
+def test_attach_probes_external_servers_and_never_stops_them(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 1)
+    with _launch(config) as owned:
+        external = fleet_config(
+            tmp_path / "ext", 1, kind="external", engine={"urls": [owned.endpoints[0].url]}
+        )
+        attached = attach_fleet(external, owned.api_key, probe_settings=FAST)
+        assert [r.status for r in attached.report] == ["healthy"]
+        assert attached.pids == []
+        attached.teardown()
+        assert not port_is_free("127.0.0.1", owned.report[0].port or 0)
+
+
+OWNER = """
+import json, sys, time
+from pathlib import Path
+from regen.config import parse_config
+from regen.fleet import (
+    ProbeSettings, build_server_commands, generate_api_key, install_signal_teardown, launch_fleet
+)
+config = parse_config(json.loads(Path(sys.argv[1]).read_text()))
+key = generate_api_key()
+commands = build_server_commands(config, config.model.staged_path(), key, config.work_dir)
+fleet = launch_fleet(config, commands, key, probe_settings=ProbeSettings(interval_s=0.1))
+install_signal_teardown(fleet)
+print(json.dumps({"pids": fleet.pids, "ports": [c.port for c in commands]}), flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _start_owner(tmp_path: Path, config: RegenConfig) -> tuple[subprocess.Popen[str], dict]:
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent(OWNER))
+    (tmp_path / "config.json").write_text(config.model_dump_json())
+    owner = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "config.json")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert owner.stdout is not None
+    line = owner.stdout.readline()
+    assert line, f"owner exited with {owner.wait()}"
+    return owner, json.loads(line)
+
+
+def test_sigterm_to_the_owner_tears_the_fleet_down(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 2)
+    owner, fleet = _start_owner(tmp_path, config)
+    assert reap_orphans(config.work_dir) == []  # its owner is alive: not an orphan
+    owner.send_signal(signal.SIGTERM)
+    assert owner.wait(timeout=15) == 128 + signal.SIGTERM
+    _assert_stopped(config, fleet["pids"], fleet["ports"])
+
+
+def test_kill_9_of_the_owner_leaves_orphans_the_next_run_reaps(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 2)
+    owner, fleet = _start_owner(tmp_path, config)
+    owner.kill()
+    owner.wait(timeout=5)
+    assert not any(_gone(p) for p in fleet["pids"])  # own sessions: they outlive the owner
+    assert sorted(reap_orphans(config.work_dir)) == sorted(fleet["pids"])
+    _assert_stopped(config, fleet["pids"], fleet["ports"])
+
+
+def test_an_unrelated_process_behind_a_stale_pid_file_survives(tmp_path: Path) -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pids = tmp_path / "pids"
+        pids.mkdir()
+        (pids / "server-0.json").write_text(
+            json.dumps(
+                {
+                    "pid": bystander.pid,
+                    "pgid": bystander.pid,
+                    "argv": [sys.executable, "-m", "regen.emulator"],
+                    "port": 1,
+                    "started_at": time.time(),
+                    "fleet_id": "an-earlier-run",
+                    "owner_pid": 2**22 + 1,
+                    "owner_started_at": 0,
+                }
+            )
+        )
+        assert reap_orphans(tmp_path) == []
+        assert bystander.poll() is None
+        assert not (pids / "server-0.json").exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
