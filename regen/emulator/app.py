@@ -27,7 +27,6 @@ from regen.emulator.model import EOS_TOKEN_ID, EmulatedModel, Output, Plan, prom
 log = logging.getLogger("regen.emulator")
 
 VERSION = "0.5.23"
-HEALTH_CHECK_TIMEOUT_S = 20.0
 # Paths SGLang leaves open with --api-key (sglang/srt/utils/auth.py, prefix match).
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
