@@ -11,6 +11,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.logging import get_logger
 from prefect.states import State
 
+from flows.params import resolve_config
 from regen.config import parse_config
 from regen.fleet import reap_orphans
 from regen.storage import open_storage
@@ -29,6 +30,8 @@ def reap_fleet_on_exit(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any
     config = parse_config(
         raw if isinstance(raw, dict) else json.loads(json.dumps(raw, default=str))
     )
+    # The output may be named by a block rather than the config (see `resolve_config`).
+    config = resolve_config(config, storage_block=flow_run.parameters.get("storage_block")).config
     stopped = reap_orphans(Path(config.work_dir))
     logger.warning("run %s: %s; stopped %d server(s)", flow_run.name, state.name, len(stopped))
     storage = open_storage(config.output)

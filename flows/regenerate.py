@@ -7,6 +7,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
 
 from flows.hooks import reap_fleet_on_exit
+from flows.params import resolve_config
 from regen.config import RegenConfig
 from regen.fleet import generate_api_key
 from tasks.audit import audit
@@ -36,10 +37,29 @@ class RunSummary(BaseModel):
     on_crashed=[reap_fleet_on_exit],
     persist_result=False,
 )
-def regenerate_completions(config: RegenConfig) -> RunSummary:
-    """Regenerate every prompt's completion with the target model and gate the dataset."""
+def regenerate_completions(
+    config: RegenConfig,
+    fleet_block: str | None = None,
+    model_block: str | None = None,
+    storage_block: str | None = None,
+    api_key_secret: str | None = None,
+) -> RunSummary:
+    """Regenerate every prompt's completion with the target model and gate the dataset.
+
+    The `*_block` / `*_secret` parameters name saved Prefect blocks that replace a section of
+    `config` (engine, model, output, engine.api_key), so secrets stay out of the parameters.
+    """
+    run = resolve_config(
+        config,
+        fleet_block=fleet_block,
+        model_block=model_block,
+        storage_block=storage_block,
+        api_key_secret=api_key_secret,
+    )
+    config = run.config
     provision(config)
-    model_path = stage_model(config)
+    hf_token = run.hf_token.get_secret_value() if run.hf_token else None
+    model_path = stage_model(config, hf_token=hf_token)
     plan = plan_run(config)
     api_key = config.engine.api_key or generate_api_key()
     generation = GenerationSummary.empty()
@@ -51,10 +71,11 @@ def regenerate_completions(config: RegenConfig) -> RunSummary:
         config.audit,
         tokenizer_path=str(config.model.tokenizer_path or model_path),
     )
+    failed = round((report.check("error_rows").figure or 0.0) * report.rows)
     return RunSummary(
         output=config.output,
-        rows_ok=report.rows_ok,
-        rows_failed=report.rows_failed,
+        rows_ok=report.rows - failed,
+        rows_failed=failed,
         completion_tokens=generation.completion_tokens,
         tokens_per_s=generation.tokens_per_s,
         verdict=report.verdict,

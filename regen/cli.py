@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
 def _prefect_env() -> None:
     # No network here or on many GPU nodes: Prefect's telemetry would only log an error.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # The ephemeral API server's first start sets up its database: slow on a busy laptop.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
 def _rehearse(args: argparse.Namespace) -> int:
