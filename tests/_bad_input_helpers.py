@@ -15,7 +15,11 @@ import yaml
 
 from regen.rehearsal import bundled
 
-GOOD_ROW = '{"id": "%s", "messages": [{"role": "user", "content": "What is %s plus one?"}]}'
+# Long enough that the audit's tiny-prompt check passes on a rehearsal of a handful of rows.
+GOOD_ROW = (
+    '{"id": "%s", "messages": [{"role": "user", "content": '
+    '"Explain step by step how to add one to the number called %s, then check the result."}]}'
+)
 
 
 def rows(*ids: str) -> str:

@@ -12,7 +12,6 @@ refused with its bytes untouched.
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import time
@@ -211,7 +210,11 @@ def test_as_real_subprocesses(tmp_path: Path, regen_env: dict[str, str], tally: 
             b'[\n  {"messages": [{"role": "user", "content": "hi"}]}\n]\n',
             "line 1: not valid JSON (a JSON array? use one object per line)",
         ),
-        ("whole file not UTF-8", rows("a").replace("What", "Qu\xe9").encode("latin-1"), "UTF-8"),
+        (
+            "whole file not UTF-8",
+            rows("a").replace("Explain", "Expl\xe9in").encode("latin-1"),
+            "UTF-8",
+        ),
         ("no usable row at all", b'{"id": "a", "messages": "hello"}\n', "no usable rows"),
     ],
 )
@@ -283,7 +286,9 @@ def test_bad_row_is_rejected_and_the_run_goes_on(
 
 def test_non_utf8_line_is_rejected(tmp_path: Path, tally: Tally) -> None:
     prompts = tmp_path / "p.jsonl"
-    prompts.write_bytes(rows("a").encode() + rows("b").replace("What", "Qu\xe9").encode("latin-1"))
+    prompts.write_bytes(
+        rows("a").encode() + rows("b").replace("Explain", "Expl\xe9in").encode("latin-1")
+    )
     loaded = load_prompts(str(prompts))
     tally.accept(
         "non-UTF-8 line",
@@ -304,7 +309,8 @@ def test_bom_and_crlf_are_accepted(tmp_path: Path, tally: Tally) -> None:
             case,
             loaded.valid["id"].to_list() == ["a", "b"]
             and loaded.num_rejected == 0
-            and first == "What is a plus one?",  # no "\r", no BOM left in the text
+            and first.startswith("Explain")
+            and first.endswith("result."),  # no "\r", no BOM left in the text
         )
         row = prompts_row(tmp_path, path)
         assert row.status == "ok" and row.figure == "2 of first 2 rows valid", row
@@ -393,7 +399,11 @@ def mixed_run(tmp_path_factory: pytest.TempPathFactory, prefect_home: Path) -> d
     )
     (work / "mixed.jsonl").write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.update(
+        PREFECT_HOME=str(prefect_home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90",
+    )
     config = write_yaml(work / "c.yaml", {"shard_size": 5, "engine": {"gpus": [0, 1]}})
     args = ["rehearse", "--config", str(config), "--prompts", "mixed.jsonl", "--out", "out"]
     start = time.monotonic()
@@ -415,28 +425,41 @@ def test_rejected_rows_do_not_stop_a_run(mixed_run: dict[str, Any], tally: Tally
     tally.accept("BOM + CRLF + rejected rows, end to end", ok)
 
 
-def test_output_of_another_run_is_refused_untouched(
-    mixed_run: dict[str, Any], tally: Tally
-) -> None:
-    work, env = mixed_run["work"], mixed_run["env"]
+@pytest.fixture(scope="module")
+def refused_run(mixed_run: dict[str, Any]) -> dict[str, Any]:
+    """The same output root, rerun with another temperature: a different run's fingerprint."""
+    work = mixed_run["work"]
     assert mixed_run["proc"].returncode == 0, mixed_run["proc"].stderr
     before = tree_digest(work / "out")
-    assert any(k.endswith(".json") and k.startswith("shards/") for k in before)
     config = write_yaml(
         work / "other.yaml",
         {"shard_size": 5, "engine": {"gpus": [0, 1]}, "sampling": {"temperature": 1.0}},
     )
     args = ["rehearse", "--config", str(config), "--prompts", "mixed.jsonl", "--out", "out"]
-    proc = run_regen(args, env, cwd=work)
+    proc = run_regen(args, mixed_run["env"], cwd=work)
+    return {"work": work, "proc": proc, "before": before}
+
+
+def test_output_of_another_run_is_refused_untouched(
+    refused_run: dict[str, Any], tally: Tally
+) -> None:
+    work, proc, before = refused_run["work"], refused_run["proc"], refused_run["before"]
+    assert any(k.startswith("shards/") and k.endswith(".json") for k in before)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("regen: ")]
     tally.judge(
         "output made by another run",
-        Verdict(
-            proc.returncode,
-            proc.stderr.strip().splitlines()[0] if proc.stderr else "",
-            proc.stdout + proc.stderr,
-        ),
-        "out",
+        # The verdict is regen's own line; Prefect's log lines are judged in the next test.
+        Verdict(proc.returncode, "\n".join(said), "\n".join(said)),
+        f"{work / 'out'}: run.json was made with",
         "sampling.temperature=0.6, this run has 1.0",
     )
     assert tree_digest(work / "out") == before, "the other run's dataset was modified"
-    assert json.loads((work / "out" / "run.json").read_text())["sampling"]["temperature"] == 0.6
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Prefect logs the UserError raised in a task with its traceback on stderr "
+    "(task_engine 'Task run failed with exception', exc_info=True); the CLI does not filter it",
+)
+def test_refused_run_prints_no_traceback(refused_run: dict[str, Any]) -> None:
+    assert "Traceback" not in refused_run["proc"].stderr
