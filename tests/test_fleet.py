@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 from pydantic import SecretStr
 
 from regen.config import RegenConfig
-from regen.errors import FleetError, FleetUnauthorized, UserError
+from regen.errors import ConfigError, FleetError, FleetUnauthorized, UserError
 from regen.fleet import (
     Fleet,
     FleetPortInUse,
@@ -31,6 +32,7 @@ from regen.fleet import (
     reap_orphans,
 )
 from regen.fleet.process import FLEET_ID_ENV
+from regen.fleet.report import FleetRow, flag_slow
 from regen.ports import port_is_free
 from tests._fleet_helpers import MODEL_DIR, fleet_config
 
@@ -83,8 +85,15 @@ def test_four_servers_come_up_measured_and_go_away(tmp_path: Path) -> None:
             json.dumps(row.model_dump(mode="json"))
         assert asyncio.run(fleet.reprobe(fleet.endpoints[1]))
         pids, ports = fleet.pids, [r.port for r in rows]
+        # Teardown from several threads at once (a Prefect hook, a finally, atexit).
+        threads = [threading.Thread(target=fleet.teardown) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+        _assert_stopped(config, pids, ports)  # type: ignore[arg-type]
     start = time.monotonic()
-    fleet.teardown()  # idempotent
+    fleet.teardown()  # idempotent: the `with` exit and this call do nothing more
     assert time.monotonic() - start < 0.5
     _assert_stopped(config, pids, ports)  # type: ignore[arg-type]
     assert not asyncio.run(fleet.reprobe(fleet.endpoints[1]))
@@ -102,6 +111,24 @@ def test_fail_startup_names_the_server_with_its_log_tail_at_once(tmp_path: Path)
     exited = (config.work_dir / "logs" / "server-1.log").stat().st_mtime
     assert raised - exited < 2.0
     assert port_is_free("127.0.0.1", config.engine.base_port)
+
+
+def test_missing_interpreter_is_a_config_error_naming_engine_python(tmp_path: Path) -> None:
+    config = fleet_config(tmp_path, 2, engine={"python": str(tmp_path / "no-venv" / "python")})
+    with pytest.raises(ConfigError, match=r"engine\.python: cannot start .*no-venv"):
+        _launch(config)
+
+
+def test_a_server_below_half_the_median_speed_is_flagged() -> None:
+    rows = [
+        FleetRow(server=f"server-{i}", gpu=i, port=1 + i, url="u", status="healthy", tok_s=s)
+        for i, s in enumerate([250.0, 240.0, 110.0, 260.0])
+    ]
+    rows.append(FleetRow(server="server-4", gpu=4, port=5, url="u", status="exited"))
+    flagged = flag_slow(rows, 0.5)
+    assert [r.flagged for r in flagged] == [False, False, True, False, False]
+    assert "below 0.5 x median 245" in flagged[2].reason
+    assert "FLAGGED" in flagged[2].summary()
 
 
 def test_no_ready_times_out_at_the_deadline(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import aiohttp
 from pydantic import SecretStr
 
 from regen.config import RegenConfig
-from regen.errors import FleetError, UserError
+from regen.errors import ConfigError, FleetError, UserError
 from regen.fleet.aio import run_coroutine
 from regen.fleet.commands import ServerCommand
 from regen.fleet.endpoint import Endpoint
@@ -197,7 +197,12 @@ def launch_fleet(
     try:
         for command in commands:
             endpoint = Endpoint(command.index, command.url, command.gpu)
-            process = ServerProcess.start(command, fleet_id)
+            try:
+                process = ServerProcess.start(command, fleet_id)
+            except OSError as err:  # the interpreter or `sglang` script is not there
+                raise ConfigError(
+                    f"engine.python: cannot start {command.argv[0]}: {err.strerror}"
+                ) from None
             members.append(Member(endpoint, _row(endpoint, status="unhealthy"), process))
             log.info("%s started: pid %d, log %s", command.name, process.pid, command.log_path)
         run_coroutine(_await_all(members, target, settings, timeout_s, needed))
