@@ -7,6 +7,7 @@ A `Verdict` is what a user sees after a mistake (exit status, message, everythin
 from __future__ import annotations
 
 import hashlib
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,13 @@ def rows(*ids: str) -> str:
     return "".join(GOOD_ROW % (i, i) + "\n" for i in ids)
 
 
+def free_base_port() -> int:
+    """A free port: others' rehearsals on this machine use 30000 and up."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def base_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     """A valid emulator config as a mapping, its files inside tmp_path."""
     prompts = tmp_path / "prompts.jsonl"
@@ -36,7 +44,7 @@ def base_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
         "model": {"source": str(bundled("emulator-model")), "served_name": "m", "stage": False},
         "prompts": str(prompts),
         "output": str(tmp_path / "out"),
-        "engine": {"kind": "emulator", "gpus": [0]},
+        "engine": {"kind": "emulator", "gpus": [0], "base_port": free_base_port()},
     }
     data.update(overrides)
     return data

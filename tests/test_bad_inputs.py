@@ -28,7 +28,15 @@ from regen.gpus import GpuInfo
 from regen.preflight import CheckRow, check_prompts, run_checks
 from regen.prompts import load_prompts
 from regen.rehearsal import bundled
-from tests._bad_input_helpers import Tally, Verdict, base_config, rows, tree_digest, write_yaml
+from tests._bad_input_helpers import (
+    Tally,
+    Verdict,
+    base_config,
+    free_base_port,
+    rows,
+    tree_digest,
+    write_yaml,
+)
 from tests.conftest import run_regen
 
 pytestmark = pytest.mark.timeout(300)
@@ -340,7 +348,12 @@ def test_unwritable_output_dir(tmp_path: Path, tally: Tally) -> None:
 
 
 def test_removed_sglang_flag(tmp_path: Path, tally: Tally) -> None:
-    engine = {"kind": "emulator", "gpus": [0], "extra_args": ["--cuda-graph-max-bs", "160"]}
+    engine = {
+        "kind": "emulator",
+        "gpus": [0],
+        "extra_args": ["--cuda-graph-max-bs", "160"],
+        "base_port": free_base_port(),
+    }
     verdict = failed_row(preflight(tmp_path, base_config(tmp_path, engine=engine)), "flags")
     tally.judge(
         "removed sglang flag in extra_args",
@@ -351,7 +364,12 @@ def test_removed_sglang_flag(tmp_path: Path, tally: Tally) -> None:
 
 
 def test_api_key_in_extra_args(tmp_path: Path, tally: Tally) -> None:
-    engine = {"kind": "emulator", "gpus": [0], "extra_args": ["--api-key", "s3cr3t-in-ps"]}
+    engine = {
+        "kind": "emulator",
+        "gpus": [0],
+        "extra_args": ["--api-key", "s3cr3t-in-ps"],
+        "base_port": free_base_port(),
+    }
     verdict = failed_row(preflight(tmp_path, base_config(tmp_path, engine=engine)), "flags")
     tally.judge("api key in extra_args", verdict, "engine.extra_args: --api-key is set by regen")
     assert "s3cr3t-in-ps" not in verdict.printed
@@ -363,7 +381,12 @@ class _TwoGpus:
 
 
 def test_gpu_index_beyond_the_node(tmp_path: Path, tally: Tally) -> None:
-    engine = {"kind": "sglang", "gpus": [0, 5], "python": "/nonexistent/python"}
+    engine = {
+        "kind": "sglang",
+        "gpus": [0, 5],
+        "python": "/nonexistent/python",
+        "base_port": free_base_port(),
+    }
     checks = preflight(tmp_path, base_config(tmp_path, engine=engine), gpu_probe=_TwoGpus())
     row = next(r for r in checks if r.name == "gpus")
     verdict = Verdict(1 if row.status == "fail" else 0, row.figure, row.figure)
