@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from types import FrameType
 
 from regen.config import RegenConfig
+from regen.errors import UserError
+
+
+class _UserErrorsInOneLine(logging.Filter):
+    """A user's mistake is a one-line message on the terminal, not Prefect's traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, UserError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _quiet_user_tracebacks() -> None:
+    from prefect.logging.configuration import setup_logging
+
+    setup_logging()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_UserErrorsInOneLine())
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -18,6 +39,7 @@ def run_regenerate(config: RegenConfig) -> int:
     """Run `regenerate_completions` in this process; exit 0 on a passed or warned gate."""
     from flows.regenerate import regenerate_completions
 
+    _quiet_user_tracebacks()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         state = regenerate_completions(config, return_state=True)
@@ -33,6 +55,11 @@ def run_regenerate(config: RegenConfig) -> int:
         print(f"audit: {summary.verdict} (report: {summary.output}/report/audit.md)")
         return 0
     message = (state.message or state.name).strip().splitlines()[0]
+    # "Flow run encountered an exception: AuditFailed: ..." -> the user's part only.
+    message = message.removeprefix("Flow run encountered an exception: ")
+    head, _, rest = message.partition(": ")
+    if rest and head.isidentifier():
+        message = rest
     print(f"regen: run {state.name.lower()}: {message}", file=sys.stderr)
     print(f"dataset: {config.output} (committed shards are kept)", file=sys.stderr)
     return 1

@@ -23,7 +23,7 @@ from pydantic import BaseModel, SecretStr
 from regen.client import Dispatcher
 from regen.config import RegenConfig
 from regen.errors import UserError
-from regen.fleet import Endpoint, Fleet, ProbeSettings, reprobe
+from regen.fleet import Fleet
 from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.prompts import load_prompts, write_rejects
 from regen.shards import (
@@ -181,9 +181,6 @@ def generate(
         progress=0.0, key="generation-progress", description="regen: share of prompts done"
     )
 
-    async def probe_again(endpoint: Endpoint) -> bool:
-        return (await reprobe(endpoint, fleet.target, ProbeSettings())).ok
-
     def publish(snapshot: ProgressSnapshot) -> None:
         update_progress_artifact(artifact_id=artifact_id, progress=100.0 * snapshot.fraction)
 
@@ -195,7 +192,7 @@ def generate(
             sampling=config.sampling,
             generation=config.generation,
             concurrency_per_server=config.concurrency,
-            reprobe=probe_again,
+            reprobe=fleet.reprobe,
         ) as dispatcher,
         ProgressWriter(
             storage,
