@@ -15,6 +15,16 @@ from pathlib import Path
 from regen.errors import UserError
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
 def _add_config(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument(
         "--config", "-c", type=Path, required=required, help="YAML file with a RegenConfig."
@@ -36,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_config(p, required=False)
     p.add_argument("--prompts", help="JSONL/Parquet prompts (default: the bundled sample set).")
     p.add_argument("--out", help="Dataset root, a directory or s3://bucket/prefix.")
-    p.add_argument("--servers", type=int, help="Number of emulator servers (default 4).")
+    p.add_argument("--servers", type=_positive, help="Number of emulator servers (default 4).")
     p.add_argument(
         "--emu-fault",
         action="append",

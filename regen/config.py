@@ -99,7 +99,9 @@ class EngineConfig(_Section):
         description="Interpreter of the venv that has sglang (on a local file system).",
     )
     launcher: Literal["module", "serve"] = "module"
-    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(default_factory=lambda: [0])
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(
+        default_factory=lambda: [0], min_length=1
+    )
     host: str = "127.0.0.1"
     base_port: Port = 30000
     api_key: SecretStr | None = Field(

@@ -479,10 +479,5 @@ def test_output_of_another_run_is_refused_untouched(
     assert tree_digest(work / "out") == before, "the other run's dataset was modified"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Prefect logs the UserError raised in a task with its traceback on stderr "
-    "(task_engine 'Task run failed with exception', exc_info=True); the CLI does not filter it",
-)
 def test_refused_run_prints_no_traceback(refused_run: dict[str, Any]) -> None:
     assert "Traceback" not in refused_run["proc"].stderr

@@ -179,5 +179,7 @@ def answer_collapse_check(ok: pl.DataFrame, config: AuditConfig, snippets: Snipp
         warn=config.answer_collapse.warn,
         fail=config.answer_collapse.fail,
         examples=[Example(id=i, reason=f"answer {snippet!r}") for i in ids],
-        detail=f"most common answer on {top_rows.height} of {ok.height} completions: {snippet!r}",
+        # The answer itself is shown only in the report's examples: model output can echo
+        # the prompt, and the detail goes to logs.
+        detail=f"most common answer on {top_rows.height} of {ok.height} completions",
     )
