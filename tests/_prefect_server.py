@@ -1,0 +1,192 @@
+"""A real Prefect server and process worker for the deployment tests, started and stopped for sure.
+
+`prefect worker start` ignores SIGTERM (PREFECT_NOTES.md), so the worker gets its own process
+group: two SIGINTs stop it cleanly, and a SIGKILL to the group is the fallback that also takes
+any flow-run subprocess it left behind. Every stop asserts that the processes are gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+PREFECT = str(Path(sys.executable).parent / "prefect")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def prefect_env(home: Path, api_url: str | None = None) -> dict[str, str]:
+    """This process's environment without any PREFECT_* of the caller's, pointed at `home`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PYTHONUNBUFFERED="1",
+    )
+    if api_url is not None:
+        env["PREFECT_API_URL"] = api_url
+    return env
+
+
+@dataclass
+class Server:
+    """A running `prefect server start`; `env` is what a client of it runs with."""
+
+    process: subprocess.Popen[bytes]
+    api_url: str
+    env: dict[str, str]
+    log: Path
+
+    def prefect(
+        self, *args: str, cwd: Path, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """`prefect ARGS` against this server; raises with the CLI's output when it fails."""
+        done = subprocess.run(
+            [PREFECT, *args],
+            cwd=cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise AssertionError(
+                f"prefect {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+            )
+        return done
+
+
+def _wait_healthy(
+    process: subprocess.Popen[bytes], api_url: str, log: Path, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"prefect server exited {process.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"prefect server not healthy after {timeout:.0f} s:\n{log.read_text()}")
+
+
+def _assert_gone(pids: list[int], what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and not _is_zombie(p)]
+        if not alive:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: processes still alive: {alive}")
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _tree(pid: int) -> list[int]:
+    try:
+        proc = psutil.Process(pid)
+        return [pid, *(c.pid for c in proc.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@contextmanager
+def prefect_server(home: Path, startup_timeout: float = 90) -> Iterator[Server]:
+    """`prefect server start` on a free loopback port, its own PREFECT_HOME; SIGTERM stops it."""
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    log = home / "server.log"
+    home.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=prefect_env(home),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy(process, api_url, log, startup_timeout)
+        yield Server(process, api_url, prefect_env(home, api_url), log)
+    finally:
+        pids = _tree(process.pid)
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        _assert_gone(pids, "prefect server")
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def stop_worker(worker: Worker, grace: float = 15) -> None:
+    """Two SIGINTs to the worker's group (it ignores SIGTERM), then SIGKILL; assert all gone."""
+    process = worker.process
+    pids = _tree(process.pid)
+    for _ in range(2):
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGINT)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+    with suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace)
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # whatever of the group is left, flow runs included
+    process.wait(timeout=10)
+    _assert_gone(pids, "prefect worker")
+
+
+@contextmanager
+def prefect_worker(
+    server: Server, pool: str, cwd: Path, log: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[Worker]:
+    """`prefect worker start --pool POOL` polling every second, in its own process group."""
+    env = {**server.env, "PREFECT_WORKER_QUERY_SECONDS": "1", **(extra_env or {})}
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", pool],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = Worker(process, log)
+    try:
+        yield worker
+    finally:
+        stop_worker(worker)

@@ -1,0 +1,139 @@
+"""Saved blocks: they round-trip by name, validate into the config, and never show a secret."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from blocks import FleetConfig, ModelSource, register_blocks
+from flows.params import load_block
+from regen.config import EngineConfig, RegenConfig, parse_config
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+TOKEN = "hf_secret_token_do_not_print"
+API_KEY = "sk-server-key-do-not-print"
+
+
+def _name(prefix: str) -> str:
+    # Parallel-safe: each test saves under its own name in the shared harness.
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _config(tmp_path: Path) -> RegenConfig:
+    return parse_config(
+        {
+            "model": {"source": str(tmp_path / "model"), "served_name": "inline"},
+            "engine": {"kind": "emulator", "gpus": [0]},
+            "prompts": str(tmp_path / "prompts.jsonl"),
+            "output": str(tmp_path / "out"),
+        }
+    )
+
+
+def test_register_blocks_lists_regen_and_aws_types() -> None:
+    names = register_blocks()
+    assert {"regen-fleet-config", "regen-model-source", "s3-bucket", "aws-credentials"} <= set(
+        names
+    )
+
+
+def test_fleet_config_saves_loads_and_validates_to_engine() -> None:
+    name = _name("node")
+    FleetConfig(
+        python="/opt/sglang-venv/bin/python",
+        gpus=[0, 1, 2],
+        base_port=31000,
+        speculative={"num_steps": 2},
+        api_key=SecretStr(API_KEY),
+    ).save(name)
+
+    loaded = load_block(FleetConfig, name)
+    engine = loaded.engine()
+
+    assert isinstance(engine, EngineConfig)
+    assert engine.gpus == [0, 1, 2]
+    assert engine.base_port == 31000
+    assert engine.speculative.num_steps == 2
+    assert engine.api_key is not None and engine.api_key.get_secret_value() == API_KEY
+
+
+def test_fleet_config_with_a_bad_setting_fails_validation() -> None:
+    with pytest.raises(ValidationError, match="gpus"):
+        FleetConfig(python="/usr/bin/python3", gpus=[0, 0]).engine()
+
+
+def test_model_source_saves_and_loads_with_its_token() -> None:
+    name = _name("model")
+    token = SecretStr(TOKEN)
+    ModelSource(source="hf://Qwen/Qwen3.6-27B", served_name="qwen", hf_token=token).save(name)
+
+    loaded = load_block(ModelSource, name)
+
+    assert loaded.model().source == "hf://Qwen/Qwen3.6-27B"
+    assert loaded.hf_token is not None and loaded.hf_token.get_secret_value() == TOKEN
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        ModelSource(source="hf://org/repo", served_name="m", hf_token=SecretStr(TOKEN)),
+        FleetConfig(python="/usr/bin/python3", api_key=SecretStr(TOKEN)),
+    ],
+    ids=["model-source", "fleet-config"],
+)
+def test_secrets_are_not_shown(block: FleetConfig | ModelSource) -> None:
+    for shown in (repr(block), str(block), block.model_dump_json(), str(block.model_dump())):
+        assert TOKEN not in shown
+
+
+def test_resolve_config_applies_every_named_block(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prefect.blocks.system import Secret
+    from prefect_aws import AwsCredentials, S3Bucket
+
+    from flows.params import resolve_config
+
+    fleet, model, bucket, secret = (_name(p) for p in ("fleet", "model", "bucket", "key"))
+    FleetConfig(kind="emulator", python="/usr/bin/python3", gpus=[0, 1], base_port=32000).save(
+        fleet
+    )
+    ModelSource(
+        source=str(tmp_path / "weights"), served_name="saved", hf_token=SecretStr(TOKEN)
+    ).save(model)
+    S3Bucket(bucket_name="data", bucket_folder="regen/run-1", credentials=AwsCredentials()).save(
+        bucket
+    )
+    Secret(value=SecretStr(API_KEY)).save(secret)
+
+    with caplog.at_level(logging.DEBUG):
+        run = resolve_config(
+            _config(tmp_path),
+            fleet_block=fleet,
+            model_block=model,
+            storage_block=bucket,
+            api_key_secret=secret,
+        )
+        logging.getLogger("regen.test").info("resolved %s / %r", run, run.config)
+
+    assert run.config.engine.gpus == [0, 1] and run.config.engine.base_port == 32000
+    assert run.config.model.served_name == "saved"
+    assert run.config.output == "s3://data/regen/run-1"
+    assert run.config.engine.api_key is not None
+    assert run.config.engine.api_key.get_secret_value() == API_KEY
+    assert run.hf_token is not None and run.hf_token.get_secret_value() == TOKEN
+    assert TOKEN not in caplog.text and API_KEY not in caplog.text
+    assert "resolved" in caplog.text
+
+
+def test_resolve_config_without_blocks_is_the_config(tmp_path: Path) -> None:
+    from flows.params import resolve_config
+
+    config = _config(tmp_path)
+    run = resolve_config(config)
+    assert run.config == config and run.hf_token is None

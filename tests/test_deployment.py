@@ -1,0 +1,221 @@
+"""The deployment path end to end: a real Prefect server, `prefect deploy`, a process worker.
+
+One server, one deploy and one worker serve both tests of this module (each costs seconds of
+CPU on a shared machine). Every run overrides the rehearsal's output, work dir, stage dir and
+ports with temp ones, so nothing is written into the checkout the worker runs from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from regen.fleet.process import group_alive
+from regen.ports import free_port_range, port_is_free
+from tests._prefect_server import Server, Worker, prefect_server, prefect_worker
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOYMENT = "regenerate/rehearsal"
+SERVERS = 2
+
+
+@dataclass
+class Stack:
+    server: Server
+    worker: Worker
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("deployment")
+    with prefect_server(root / "prefect-home") as server:
+        server.prefect("work-pool", "create", "regen-cpu", "--type", "process", cwd=root)
+        _create_pool(server, "regen-gpu")  # only so `deploy --all` finds it; a CLI call is 5 s
+        # From the checkout itself: deploy records its cwd as the flow's working directory.
+        server.prefect("--no-prompt", "deploy", "--all", cwd=REPO)
+        with prefect_worker(server, "regen-cpu", cwd=root, log=root / "worker.log") as worker:
+            yield Stack(server, worker, root)
+        assert worker.process.poll() is not None
+    assert server.process.poll() is not None
+
+
+def _create_pool(server: Server, name: str) -> None:
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    with _client(server) as client:
+        client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+
+
+def _run_config(root: Path, **changes: Any) -> dict[str, Any]:
+    """The deployment's own rehearsal config with every writable path and port moved to `root`."""
+    data = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    (rehearsal,) = (d for d in data["deployments"] if d["name"] == "rehearsal")
+    config: dict[str, Any] = json.loads(json.dumps(rehearsal["parameters"]["config"]))
+    config["output"] = str(root / "out")
+    config["work_dir"] = str(root / "work")
+    config["model"]["stage_dir"] = str(root / "stage")
+    # A random start keeps two test sessions off each other's ports; below 32768, Linux's
+    # ephemeral range, so no client socket takes one between this check and the launch.
+    start = 12000 + uuid.uuid4().int % 20000
+    config["engine"]["gpus"] = list(range(SERVERS))
+    config["engine"]["base_port"] = free_port_range(SERVERS, start)
+    for section, values in changes.items():
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(values)
+        else:
+            config[section] = values
+    return config
+
+
+def _start_run(server: Server, config: dict[str, Any]) -> str:
+    """`prefect deployment run` as a user types it; the flow run's id."""
+    done = server.prefect(
+        "deployment", "run", DEPLOYMENT, "--params", json.dumps({"config": config}), cwd=REPO
+    )
+    match = re.search(r"UUID:\s*([0-9a-f-]{36})", done.stdout)
+    assert match, done.stdout
+    return match.group(1)
+
+
+def _client(server: Server) -> Any:
+    from prefect.client.orchestration import SyncPrefectClient
+
+    return SyncPrefectClient(api=server.api_url)
+
+
+def _wait_state(server: Server, run_id: str, timeout: float) -> Any:
+    with _client(server) as client:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = client.read_flow_run(uuid.UUID(run_id))
+            if run.state is not None and run.state.is_final():
+                return run
+            time.sleep(0.5)
+        raise AssertionError(f"flow run {run_id} still {run.state_name} after {timeout:.0f} s")
+
+
+def _task_run_names(server: Server, run_id: str) -> list[str]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with _client(server) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(run_id)]))
+        )
+    return sorted(r.name for r in runs)
+
+
+def _artifact_keys(server: Server, run_id: str) -> set[str]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with _client(server) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[uuid.UUID(run_id)])
+            )
+        )
+    return {a.key for a in artifacts if a.key}
+
+
+def _failure(stack: Stack, run: Any) -> str:
+    return f"{run.state_name}: {run.state.message}\n--- worker log:\n{stack.worker.log.read_text()}"
+
+
+def _server_processes(work_dir: Path) -> list[int]:
+    """Process groups named by the fleet's PID files that still have a live process."""
+    records = (json.loads(p.read_text()) for p in (work_dir / "pids").glob("server-*.json"))
+    return [r["pgid"] for r in records if group_alive(r["pgid"])]
+
+
+@pytest.mark.timeout(300)
+def test_rehearsal_deployment_runs_to_completed(stack: Stack) -> None:
+    root = stack.root / "complete"
+    config = _run_config(root)
+
+    started = time.monotonic()
+    run_id = _start_run(stack.server, config)
+    run = _wait_state(stack.server, run_id, timeout=180)
+    seconds = time.monotonic() - started
+    print(f"\n`prefect deployment run` to {run.state_name}: {seconds:.1f} s")
+
+    assert run.state.is_completed(), _failure(stack, run)
+    names = _task_run_names(stack.server, run_id)
+    for prefix in ("provision", "stage-model", "plan-shards", "launch-fleet", "audit"):
+        assert any(n.startswith(prefix) for n in names), names
+    assert "generate-shard-000000" in names
+    assert {
+        "provisioning-checks",
+        "fleet-report",
+        "generation-progress",
+        "generation-summary",
+        "audit-report",
+    } <= _artifact_keys(stack.server, run_id)
+
+    out = root / "out"
+    manifests = sorted((out / "shards").glob("shard-*.json"))
+    assert manifests and all(m.with_suffix(".parquet").is_file() for m in manifests)
+    assert [f"generate-shard-{m.stem.removeprefix('shard-')}" for m in manifests] == sorted(
+        n for n in names if n.startswith("generate-shard-")
+    )
+    for key in ("run.json", "plan.parquet", "progress.json", "report/audit.json"):
+        assert (out / key).is_file(), key
+    assert not _server_processes(root / "work")
+    assert not (REPO / "out" / "rehearsal-nightly").exists()
+
+
+@pytest.mark.timeout(300)
+def test_cancelled_run_stops_its_servers_and_keeps_committed_shards(stack: Stack) -> None:
+    from prefect.states import Cancelling
+
+    root = stack.root / "cancel"
+    # ~20 s of generation: 12 shards of 20, 8 requests in flight of ~0.7 s each (real time).
+    config = _run_config(
+        root,
+        shard_size=20,
+        concurrency_per_server=4,
+        engine={
+            "emulator": {
+                "time_scale": 1.0,
+                "reasoning_tokens": "100:200",
+                "answer_tokens": "20:50",
+            },
+            "bench": {"concurrency": 2, "max_tokens": 16, "budget_s": 5},
+        },
+    )
+    base_port = config["engine"]["base_port"]
+    run_id = _start_run(stack.server, config)
+
+    shards = root / "out" / "shards"
+    with _client(stack.server) as client:
+        deadline = time.monotonic() + 150
+        while not list(shards.glob("shard-*.json")):
+            run = client.read_flow_run(uuid.UUID(run_id))
+            assert not run.state.is_final(), _failure(stack, run)
+            assert time.monotonic() < deadline, "no shard committed in time"
+            time.sleep(0.5)
+    assert _server_processes(root / "work"), "the fleet should be up mid-generation"
+    with _client(stack.server) as client:
+        client.set_flow_run_state(uuid.UUID(run_id), Cancelling())
+    run = _wait_state(stack.server, run_id, timeout=90)
+
+    assert run.state.is_cancelled(), _failure(stack, run)
+    deadline = time.monotonic() + 20  # the hooks and the `with` teardown race the state report
+    while _server_processes(root / "work") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _server_processes(root / "work")
+    assert all(port_is_free("127.0.0.1", base_port + i) for i in range(SERVERS))
+    manifests = sorted(shards.glob("shard-*.json"))
+    assert all(m.with_suffix(".parquet").is_file() for m in manifests)
+    num_shards = json.loads((root / "out" / "run.json").read_text())["num_shards"]
+    assert len(manifests) < num_shards, "cancelled after the last shard: make generation slower"
+    progress = json.loads((root / "out" / "progress.json").read_text())
+    print(f"\ncancelled with {len(manifests)} shard(s) committed; progress.json: {progress}")
