@@ -7,13 +7,22 @@ flow's process, once at the top of the run.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
+from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
 from pydantic import BaseModel, SecretStr
 
 from blocks import FleetConfig, ModelSource
 from regen.config import RegenConfig
+
+B = TypeVar("B", bound=Block)
+
+
+def load_block(kind: type[B], name: str) -> B:
+    """`kind.load(name)` from sync code (the flow, and hooks, which run in a thread without a
+    loop); `load`'s dispatch type also admits the coroutine it returns inside a loop."""
+    return cast(B, kind.load(name))
 
 
 class ResolvedRun(BaseModel):
@@ -26,7 +35,7 @@ class ResolvedRun(BaseModel):
 def _s3_bucket_url(name: str) -> str:
     from prefect_aws import S3Bucket
 
-    bucket = S3Bucket.load(name)
+    bucket = load_block(S3Bucket, name)
     folder = str(bucket.bucket_folder or "").strip("/")
     return f"s3://{bucket.bucket_name}/{folder}" if folder else f"s3://{bucket.bucket_name}"
 
@@ -48,13 +57,13 @@ def resolve_config(
     data: dict[str, Any] = config.model_dump()
     hf_token = None
     if fleet_block:
-        data["engine"] = FleetConfig.load(fleet_block).engine().model_dump()
+        data["engine"] = load_block(FleetConfig, fleet_block).engine().model_dump()
     if model_block:
-        source = ModelSource.load(model_block)
+        source = load_block(ModelSource, model_block)
         data["model"] = source.model().model_dump()
         hf_token = source.hf_token
     if storage_block:
         data["output"] = _s3_bucket_url(storage_block)
     if api_key_secret:
-        data["engine"]["api_key"] = SecretStr(str(Secret.load(api_key_secret).get()))
+        data["engine"]["api_key"] = SecretStr(str(load_block(Secret, api_key_secret).get()))
     return ResolvedRun(config=RegenConfig.model_validate(data), hf_token=hf_token)
