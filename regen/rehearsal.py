@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,10 @@ def rehearsal_config(
     engine["kind"] = "emulator"
     engine["gpus"] = list(range(count))
     engine.setdefault("startup_timeout_s", 60)
-    engine["base_port"] = free_port_range(count, int(engine.get("base_port", 30000)))
+    # Without an explicit base port, start the search at a random place: two rehearsals on
+    # one machine (or tests in parallel) then rarely race for the same ports.
+    start = int(engine.get("base_port", 0)) or random.randrange(30000, 60000, 100)
+    engine["base_port"] = free_port_range(count, start)
     for gpu_only in ("python", "urls", "launcher"):  # the emulator runs in this interpreter
         engine.pop(gpu_only, None)
     emulator = engine.setdefault("emulator", {})
