@@ -20,6 +20,7 @@ from pydantic import BaseModel, SecretStr
 
 from regen.config import RegenConfig
 from regen.errors import ConfigError, UserError
+from regen.filesystems import existing_parent, fs_type
 from regen.gpus import GpuProbe, NvmlProbe
 from regen.ports import port_is_free
 
@@ -79,24 +80,6 @@ def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _nearest_existing(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists():
-        path = path.parent
-    return path
-
-
-def _fs_type(path: Path) -> str:
-    """The mount type of the file system holding `path` (longest mount-point match)."""
-    path = path.resolve()
-    best, kind = "", "unknown"
-    for part in psutil.disk_partitions(all=True):
-        mount = part.mountpoint
-        if (str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")) and len(
-            mount
-        ) > len(best):
-            best, kind = mount, part.fstype
-    return kind
 
 
 def check_config(config: RegenConfig) -> CheckRow:
@@ -275,7 +258,7 @@ def check_engine(config: RegenConfig, import_timeout_s: float = 60.0) -> CheckRo
             hint=f"install it into {python}",
         )
     version = proc.stdout.strip()
-    fs = _fs_type(Path(python))
+    fs = fs_type(Path(python))
     figure = f"{module} {version} in {took:.1f} s ({python}, {fs})"
     if engine.kind == "sglang" and version not in KNOWN_SGLANG:
         return CheckRow(
@@ -359,23 +342,20 @@ def check_stage_space(config: RegenConfig, model_bytes: int | None) -> CheckRow:
         return CheckRow(
             name="stage dir", status="skip", figure="model size known only after listing the source"
         )
-    free = shutil.disk_usage(_nearest_existing(target)).free
+    from regen.staging import check_space
+
     already = _dir_size(target) if target.is_dir() else 0
-    need = model_bytes - already
+    free = shutil.disk_usage(existing_parent(target)).free
     figure = f"{_gb(model_bytes)} model, {_gb(free)} free at {target}"
-    if need > free:
+    try:
+        # The same rule staging applies, so a check that passes never fails at the copy.
+        check_space(target, model_bytes - already, margin_bytes=0)
+    except UserError as err:
         return CheckRow(
             name="stage dir",
             status="fail",
-            figure=figure,
+            figure=str(err),
             hint="free space on the RAM disk or set model.stage_dir",
-        )
-    if _fs_type(target) == "tmpfs" and model_bytes > psutil.virtual_memory().available:
-        return CheckRow(
-            name="stage dir",
-            status="fail",
-            figure=f"{figure}; RAM available {_gb(psutil.virtual_memory().available)}",
-            hint="the RAM disk would push the node into swap",
         )
     return CheckRow(name="stage dir", status="ok", figure=figure)
 

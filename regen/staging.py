@@ -24,6 +24,7 @@ from boto3.s3.transfer import TransferConfig
 from pydantic import BaseModel, ValidationError, computed_field
 
 from regen.errors import UserError
+from regen.filesystems import existing_parent, fs_type
 from regen.s3 import S3Storage, parse_s3_url
 
 if TYPE_CHECKING:
@@ -272,7 +273,7 @@ def stage_model(
 
 def check_space(target: Path, need_bytes: int, margin_bytes: int, reclaimable: int = 0) -> None:
     """Refuse a copy that cannot fit, before a byte is written; a RAM disk must fit in RAM too."""
-    anchor = _existing_parent(target)
+    anchor = existing_parent(target)
     free = shutil.disk_usage(anchor).free + reclaimable
     wanted = need_bytes + margin_bytes
     if wanted > free:
@@ -280,7 +281,7 @@ def check_space(target: Path, need_bytes: int, margin_bytes: int, reclaimable: i
             f"{target}: staging needs {_gb(need_bytes)} GB + {_gb(margin_bytes)} GB margin, "
             f"only {_gb(free)} GB free on {anchor}"
         )
-    if _fs_type(anchor) in {"tmpfs", "ramfs"}:
+    if fs_type(anchor) in {"tmpfs", "ramfs"}:
         available = psutil.virtual_memory().available + reclaimable
         if wanted > available:
             raise UserError(
@@ -436,21 +437,6 @@ def _write_marker(target: Path, marker: StageMarker) -> None:
     os.replace(tmp, target / MARKER_NAME)
 
 
-def _existing_parent(path: Path) -> Path:
-    while not path.exists():
-        path = path.parent
-    return path
-
-
-def _fs_type(path: Path) -> str:
-    """The file system type of the mount that holds `path` (longest matching mount point)."""
-    resolved = path.resolve()
-    best, kind = "", ""
-    for part in psutil.disk_partitions(all=True):
-        mount = part.mountpoint
-        if (resolved == Path(mount) or Path(mount) in resolved.parents) and len(mount) > len(best):
-            best, kind = mount, part.fstype
-    return kind
 
 
 def _hidden(name: str) -> bool:
