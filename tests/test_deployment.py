@@ -140,12 +140,19 @@ def _server_processes(work_dir: Path) -> list[int]:
 def test_rehearsal_deployment_runs_to_completed(stack: Stack) -> None:
     root = stack.root / "complete"
     config = _run_config(root)
+    # The deployment's own defaults must not be used: nothing may appear in the checkout.
+    defaults = [REPO / "out" / "rehearsal-nightly", REPO / ".regen" / "rehearsal"]
+    existed = [p.exists() for p in defaults]
 
     started = time.monotonic()
     run_id = _start_run(stack.server, config)
     run = _wait_state(stack.server, run_id, timeout=180)
     seconds = time.monotonic() - started
-    print(f"\n`prefect deployment run` to {run.state_name}: {seconds:.1f} s")
+    queued = (run.end_time - run.created).total_seconds() if run.end_time and run.created else 0
+    print(
+        f"\n`prefect deployment run` to {run.state_name}: {seconds:.1f} s "
+        f"(flow run created to end {queued:.1f} s, running {run.total_run_time})"
+    )
 
     assert run.state.is_completed(), _failure(stack, run)
     names = _task_run_names(stack.server, run_id)
@@ -169,7 +176,7 @@ def test_rehearsal_deployment_runs_to_completed(stack: Stack) -> None:
     for key in ("run.json", "plan.parquet", "progress.json", "report/audit.json"):
         assert (out / key).is_file(), key
     assert not _server_processes(root / "work")
-    assert not (REPO / "out" / "rehearsal-nightly").exists()
+    assert [p.exists() for p in defaults] == existed
 
 
 @pytest.mark.timeout(300)
