@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger, task, unmapped
 from prefect.artifacts import (
@@ -18,11 +19,12 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NONE
+from prefect.states import State
 from pydantic import BaseModel, SecretStr
 
 from regen.client import Dispatcher
 from regen.config import RegenConfig
-from regen.errors import UserError
+from regen.errors import FleetError, UserError
 from regen.fleet import Fleet
 from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.prompts import load_prompts, write_rejects
@@ -123,11 +125,23 @@ def plan_run(config: RegenConfig) -> RunPlan:
     )
 
 
+def _worth_retrying(task: object, task_run: object, state: State[Any]) -> bool:
+    """A dead, unauthorised or closed fleet fails every retry alike; a storage hiccup may not."""
+    try:
+        state.result()
+    except FleetError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
 @task(
     name="generate-shard",
     task_run_name="generate-shard-{shard:06d}",
     retries=2,
     retry_delay_seconds=5,
+    retry_condition_fn=_worth_retrying,
     persist_result=False,
     cache_policy=NONE,
 )
