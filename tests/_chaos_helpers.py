@@ -1,0 +1,239 @@
+"""Chaos tools: a `regen rehearse` subprocess to kill, and what a killed run must leave behind.
+
+Shared by tests/test_chaos.py and benches/chaos.py. A rehearsal runs in its own session so
+that a signal sent to it reaches only the flow process: its emulators have their own
+sessions and must be left orphaned by a kill -9, so that the rerun's reaping is what is
+tested. Everything is read back through `Storage` and the manifests, as the audit reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import psutil
+import yaml
+
+from regen.shards import Manifest
+from regen.storage import Storage
+
+REPO = Path(__file__).resolve().parents[1]
+MANIFEST_SUFFIX = ".json"
+
+
+@dataclass(frozen=True)
+class ChaosRun:
+    """What a chaos rehearsal is: its config file, output, servers and the prompts it reads."""
+
+    config: Path
+    out: str
+    work_dir: Path
+    servers: int = 2
+    prompts: Path | None = None
+
+    def argv(self) -> list[str]:
+        args = ["rehearse", "--config", str(self.config), "--out", self.out]
+        args += ["--servers", str(self.servers)]
+        if self.prompts is not None:
+            args += ["--prompts", str(self.prompts)]
+        return [sys.executable, "-m", "regen.cli", *args]
+
+
+def write_chaos_config(
+    path: Path,
+    work_dir: Path,
+    *,
+    shard_size: int = 20,
+    time_scale: float = 0.05,
+    concurrency: int = 4,
+    base_port: int = 30000,
+) -> Path:
+    """Slow enough emulators that generation spans seconds: a kill can land inside it.
+
+    Pass a `base_port` from `free_port()`: the rehearsal picks free ports from it when it
+    starts, and other rehearsals on this machine race for those of 30000 and up.
+    """
+    data = {
+        "work_dir": str(work_dir),
+        "shard_size": shard_size,
+        "concurrency_per_server": concurrency,
+        "engine": {"base_port": base_port, "emulator": {"time_scale": time_scale}},
+    }
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def write_prompt_subset(source: Path, path: Path, rows: int) -> Path:
+    """The first `rows` prompts of `source` (JSONL), for runs that must stay short."""
+    pl.read_ndjson(source).head(rows).write_ndjson(path)
+    return path
+
+
+def input_ids(prompts: Path) -> list[str]:
+    return pl.read_ndjson(prompts)["id"].to_list()
+
+
+def start_rehearsal(run: ChaosRun, env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
+    """`regen rehearse` in its own session, output to `log`; the caller kills or waits."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            run.argv(),
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def manifest_keys(storage: Storage) -> list[str]:
+    return [k for k in storage.list("shards/") if k.endswith(MANIFEST_SUFFIX)]
+
+
+def wait_until(
+    ready: Any, proc: subprocess.Popen, timeout_s: float, poll_s: float = 0.1
+) -> bool:
+    """Poll `ready()` until true; False when the process ended or time ran out first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready():
+            return True
+        if proc.poll() is not None:
+            return bool(ready())
+        time.sleep(poll_s)
+    return False
+
+
+def server_records(work_dir: Path) -> list[dict[str, Any]]:
+    """The PID files of the servers a run started (read them before killing it)."""
+    records = []
+    for path in sorted((work_dir / "pids").glob("server-*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # being written right now: the next poll reads it
+    return records
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def port_free(host: str, port: int) -> bool:
+    """Nothing listens on it (SO_REUSEADDR: TIME_WAIT of closed connections does not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def surviving_servers(records: list[dict[str, Any]], timeout_s: float = 10.0) -> list[str]:
+    """Servers of `records` still alive or still holding their port after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [
+            f"{r['host']}:{r['port']} pid {r['pid']}"
+            for r in records
+            if _alive(int(r["pid"])) or not port_free(str(r["host"]), int(r["port"]))
+        ]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
+def kill_servers(records: list[dict[str, Any]]) -> None:
+    """Clean-up after a failed check: a test must not leave servers to the next one."""
+    for record in records:
+        if _alive(int(record["pid"])):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(record["pgid"]), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class ManifestMark:
+    """A committed manifest as it was: its bytes and a modification stamp of its store."""
+
+    content: bytes
+    stamp: str
+
+
+def local_marks(root: Path) -> dict[str, ManifestMark]:
+    return {
+        f"shards/{p.name}": ManifestMark(p.read_bytes(), str(p.stat().st_mtime_ns))
+        for p in sorted((root / "shards").glob(f"shard-*{MANIFEST_SUFFIX}"))
+    }
+
+
+def s3_marks(client: Any, bucket: str, prefix: str) -> dict[str, ManifestMark]:
+    """S3 has no mtime to preserve but LastModified and the ETag change on every PUT."""
+    marks = {}
+    pages = client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{prefix}/shards/"
+    )
+    for page in pages:
+        for obj in page.get("Contents", []):
+            if obj["Key"].endswith(MANIFEST_SUFFIX):
+                body = client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+                key = obj["Key"].removeprefix(f"{prefix}/")
+                marks[key] = ManifestMark(body, f"{obj['LastModified'].isoformat()} {obj['ETag']}")
+    return marks
+
+
+def rewritten(before: dict[str, ManifestMark], after: dict[str, ManifestMark]) -> list[str]:
+    """Manifests committed before that are now gone or differ in bytes or stamp."""
+    return sorted(k for k, mark in before.items() if after.get(k) != mark)
+
+
+@dataclass
+class DatasetIds:
+    """The ids of a dataset read through its manifests, and the manifests whose data is gone."""
+
+    ids: list[str] = field(default_factory=list)
+    missing_data: list[str] = field(default_factory=list)
+
+    def lost(self, expected: list[str]) -> list[str]:
+        return sorted(set(expected) - set(self.ids))
+
+    def doubled(self) -> list[str]:
+        """Ids present in more than one row (a shard written twice, or an id in two shards)."""
+        ids = pl.Series("id", self.ids, dtype=pl.String)
+        return sorted(ids.filter(ids.is_duplicated()).unique().to_list())
+
+
+def dataset_ids(storage: Storage) -> DatasetIds:
+    """Every id of every committed shard, read from the data object its manifest names."""
+    found = DatasetIds()
+    for key in manifest_keys(storage):
+        manifest = Manifest.from_json(storage.read_bytes(key))
+        try:
+            data = storage.read_bytes(manifest.data)
+        except FileNotFoundError:
+            found.missing_data.append(manifest.data)
+            continue
+        found.ids += pl.read_parquet(io.BytesIO(data), columns=["id"])["id"].to_list()
+    return found
+
+
+def read_progress(storage: Storage) -> dict[str, Any]:
+    """progress.json as a dict; raises when it is missing or not JSON."""
+    progress = json.loads(storage.read_bytes("progress.json"))
+    assert isinstance(progress, dict), progress
+    return progress

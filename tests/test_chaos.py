@@ -1,0 +1,231 @@
+"""Chaos: `regen rehearse` killed mid-generation (kill -9, SIGTERM, SIGINT) and run again.
+
+A kill -9 leaves its emulators orphaned (they are in their own sessions, as on a node whose
+agent died); the rerun must reap them and finish with every input id exactly once and no
+committed manifest touched. SIGTERM and SIGINT must stop the run promptly, leave no server,
+a parseable progress.json and a dataset whose every manifest has its data.
+
+Six rehearsal subprocesses in all, chained so that each signal's rerun is the next trial:
+local kill -9 -> SIGTERM -> SIGINT -> rerun, and on moto S3 kill -9 -> rerun. They share one
+`prefect server`, so each pays interpreter and flow start-up but no ephemeral Prefect start.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regen.rehearsal import bundled
+from regen.storage import LocalStorage, Storage
+from tests._chaos_helpers import (
+    ChaosRun,
+    ManifestMark,
+    dataset_ids,
+    input_ids,
+    kill_servers,
+    local_marks,
+    manifest_keys,
+    read_progress,
+    rewritten,
+    s3_marks,
+    server_records,
+    start_rehearsal,
+    surviving_servers,
+    wait_until,
+    write_chaos_config,
+)
+from tests._prefect_server import Server, free_port, prefect_server
+from tests._s3_helpers import MotoS3, moto_server
+
+pytestmark = pytest.mark.timeout(600)
+
+Marks = Callable[[], dict[str, ManifestMark]]
+NUM_SHARDS = 12  # 240 sample prompts in shards of 20
+PROMPT_ID_COUNT = 240
+
+
+@pytest.fixture(scope="module")
+def prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with prefect_server(tmp_path_factory.mktemp("chaos-prefect"), startup_timeout=240) as server:
+        yield server
+
+
+@pytest.fixture
+def seed() -> int:
+    """Random kill moments, printed so that a failing run can be replayed."""
+    value = int(os.environ.get("REGEN_CHAOS_SEED", time.time_ns() % 10_000))
+    print(f"chaos seed {value} (REGEN_CHAOS_SEED to replay)")
+    return value
+
+
+class Trial:
+    """One chained rehearsal setup: its runs, their logs and every server they recorded."""
+
+    def __init__(self, tmp_path: Path, out: str, env: dict[str, str]) -> None:
+        self.cwd = tmp_path
+        work = tmp_path / "work"
+        config = write_chaos_config(tmp_path / "regen.yaml", work, base_port=free_port())
+        self.run = ChaosRun(config=config, out=out, work_dir=work)
+        self.env = env
+        self.records: dict[int, dict[str, Any]] = {}
+        self.attempt = 0
+
+    def start(self) -> subprocess.Popen:
+        self.attempt += 1
+        return start_rehearsal(self.run, self.env, self.cwd, self.log(self.attempt))
+
+    def log(self, attempt: int) -> Path:
+        return self.cwd / f"attempt-{attempt}.log"
+
+    def note_servers(self) -> list[dict[str, Any]]:
+        """Remember every PID file seen so far; the reaper deletes those it handled."""
+        for record in server_records(self.run.work_dir):
+            self.records[int(record["pid"])] = record
+        return list(self.records.values())
+
+    def servers_of(self, proc: subprocess.Popen) -> list[dict[str, Any]]:
+        return [r for r in self.note_servers() if r.get("owner_pid") == proc.pid]
+
+    def output(self) -> str:
+        logs = sorted(self.cwd.glob("*.log"))
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in logs)
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[Trial]]:
+    """Whatever a failed check left running is killed, so the next test starts clean."""
+    trials: list[Trial] = []
+    yield trials
+    for trial in trials:
+        kill_servers(trial.note_servers())
+
+
+def _mid_generation(
+    trial: Trial, proc: subprocess.Popen, storage: Storage, rng: random.Random, committed: int
+) -> int:
+    """Wait for a random shard commit past `committed` while this run's fleet is up."""
+    target = committed + rng.randint(1, 2)
+    reached = wait_until(
+        lambda: bool(trial.servers_of(proc)) and len(manifest_keys(storage)) >= target,
+        proc,
+        timeout_s=300,
+        poll_s=0.05,
+    )
+    time.sleep(rng.uniform(0.0, 0.2))
+    done = len(manifest_keys(storage))
+    assert reached and proc.poll() is None, f"run ended before shard {target}:\n{trial.output()}"
+    assert done < NUM_SHARDS, f"generation was over ({done} shards) before the signal"
+    return done
+
+
+def _kill9(
+    trial: Trial, storage: Storage, rng: random.Random, marks: Marks
+) -> tuple[list[dict[str, Any]], dict[str, ManifestMark]]:
+    """kill -9 the flow process mid-generation; its servers and committed manifests."""
+    proc = trial.start()
+    _mid_generation(trial, proc, storage, rng, committed=0)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    orphans = trial.servers_of(proc)
+    # The point of the trial: the servers outlive their owner until a rerun reaps them.
+    assert orphans and len(surviving_servers(orphans, timeout_s=0)) == len(orphans)
+    return orphans, marks()
+
+
+def _rerun_completes(
+    trial: Trial, storage: Storage, before: dict[str, ManifestMark], marks: Marks
+) -> None:
+    proc = trial.start()
+    rc = proc.wait(timeout=400)
+    assert rc == 0, trial.output()
+    ids = dataset_ids(storage)
+    expected = input_ids(bundled("sample_prompts.jsonl"))
+    assert len(expected) == PROMPT_ID_COUNT
+    assert not ids.missing_data
+    assert ids.lost(expected) == [] and ids.doubled() == [], (ids.lost(expected), ids.doubled())
+    assert len(ids.ids) == PROMPT_ID_COUNT
+    assert rewritten(before, marks()) == [], "a committed manifest was rewritten"
+    assert len(manifest_keys(storage)) == NUM_SHARDS
+    assert surviving_servers(trial.note_servers()) == []
+    assert server_records(trial.run.work_dir) == [], "PID files left after a clean run"
+
+
+def _signal_stops_cleanly(
+    trial: Trial, storage: Storage, rng: random.Random, sig: signal.Signals
+) -> dict[str, ManifestMark]:
+    """SIGTERM/SIGINT mid-generation: prompt non-zero exit, no server, consistent output."""
+    committed = len(manifest_keys(storage))
+    proc = trial.start()
+    _mid_generation(trial, proc, storage, rng, committed)
+    servers = trial.servers_of(proc)
+    sent = time.monotonic()
+    os.kill(proc.pid, sig)
+    try:
+        rc = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{sig.name}: still running 30 s later:\n{trial.output()}")
+    took = time.monotonic() - sent
+    assert rc != 0, f"{sig.name}: exit 0 after an interrupted run"
+    assert took < 15, f"{sig.name}: took {took:.1f} s to stop"
+    assert surviving_servers(servers, timeout_s=5) == [], f"{sig.name}: servers left"
+    assert server_records(trial.run.work_dir) == [], f"{sig.name}: PID files left"
+    read_progress(storage)
+    assert dataset_ids(storage).missing_data == []
+    print(f"{sig.name}: exit {rc} in {took:.1f} s, {len(manifest_keys(storage))} shards")
+    return local_marks(Path(trial.run.out))
+
+
+def test_kill9_sigterm_sigint_then_rerun_local(
+    tmp_path: Path, prefect: Server, seed: int, cleanup: list[Trial]
+) -> None:
+    rng = random.Random(seed)
+    trial = Trial(tmp_path, str(tmp_path / "out"), {**prefect.env, "PYTHONUNBUFFERED": "1"})
+    cleanup.append(trial)
+    storage = LocalStorage(tmp_path / "out")
+
+    def marks() -> dict[str, ManifestMark]:
+        return local_marks(tmp_path / "out")
+
+    orphans, killed_marks = _kill9(trial, storage, rng, marks)
+    after_term = _signal_stops_cleanly(trial, storage, rng, signal.SIGTERM)
+    # The SIGTERM'd run launched a fleet, so it reaped the kill -9 run's servers first.
+    assert surviving_servers(orphans) == [], "the rerun left the kill -9 run's servers"
+    assert rewritten(killed_marks, after_term) == []
+    after_int = _signal_stops_cleanly(trial, storage, rng, signal.SIGINT)
+    assert rewritten(after_term, after_int) == []
+    _rerun_completes(trial, storage, after_int, marks)
+
+
+def test_kill9_then_rerun_on_s3(
+    tmp_path: Path, prefect: Server, seed: int, cleanup: list[Trial]
+) -> None:
+    with moto_server() as moto:
+        _kill9_s3(tmp_path, prefect, moto, random.Random(seed), cleanup)
+
+
+def _kill9_s3(
+    tmp_path: Path, prefect: Server, moto: MotoS3, rng: random.Random, cleanup: list[Trial]
+) -> None:
+    bucket, prefix = moto.create_bucket("regen-chaos"), "datasets/chaos"
+    env = {**prefect.env, **moto.env, "PYTHONUNBUFFERED": "1"}
+    trial = Trial(tmp_path, f"s3://{bucket}/{prefix}", env)
+    cleanup.append(trial)
+    storage = moto.storage(bucket, prefix)
+    client = moto.client()
+
+    def marks() -> dict[str, ManifestMark]:
+        return s3_marks(client, bucket, prefix)
+
+    orphans, killed_marks = _kill9(trial, storage, rng, marks)
+    assert killed_marks and len(killed_marks) < NUM_SHARDS
+    _rerun_completes(trial, storage, killed_marks, marks)
+    assert surviving_servers(orphans) == []
