@@ -5,8 +5,10 @@ Runs, all against real emulator processes with long-tailed (log-uniform) output 
 - baseline: the same Dispatcher fed one shard of 500 at a time, waiting for each (the
   incident's client, whose slots drained at every batch end);
 - slow: the shared run with one server at `slow=0.5`;
-- rss: a fresh process holding a 1M-prompt frame, all 2,000 shards submitted at once,
-  streaming the first shards through fast emulators (1-token answers); peak RSS.
+- rss: a fresh process doing what the flow's generation does for 1M prompts: the plan
+  (id, shard) in memory, each shard read from the prompt cache when submitted, 32 shards
+  in flight, 64 shards streamed through fast emulators (1-token answers); peak RSS.
+  (`--rss-only` reruns just this one and updates the results file.)
 
 Throughput and utilisation come from the emulators' own /metrics, scraped every 0.2 s,
 over the steady window: from one longest-request time after the start (counters count a
@@ -22,13 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import resource
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -223,37 +226,57 @@ def run_load(
     }
 
 
-def rss_child(urls: list[str], prompts: int, stream_shards: int) -> None:
-    """Runs in a fresh process: prints peak RSS (MB) before and after dispatching."""
-    frame = prompt_frame(prompts)
-    frame_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def peak_rss_mb() -> float:
+    """VmHWM, this process's own peak; ru_maxrss would include the parent's from before exec."""
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)[1]) / 1024  # type: ignore[index]
+
+
+def rss_child(urls: list[str], path: str, stream_shards: int, in_flight: int) -> None:
+    """Runs in a fresh process, as the flow's generation does (tasks/generate.py): holds the
+    1M-row plan (id, shard), reads each shard's prompts from the row-group-per-shard prompt
+    cache, keeps `in_flight` shards submitted (the flow's thread pool) and streams
+    `stream_shards` of them through; prints peak RSS in MB."""
+    plan = pl.read_parquet(path, columns=["id", "shard"])
+    plan_rss = peak_rss_mb()
     endpoints = [Endpoint(i, url) for i, url in enumerate(urls)]
-    setup_slots = 64
-    d = Dispatcher(
+    shards = plan["shard"].max() + 1  # type: ignore[operator]
+
+    def read(shard: int) -> pl.DataFrame:
+        return pl.scan_parquet(path).filter(pl.col("shard") == shard).collect()
+
+    with Dispatcher(
         endpoints,
         api_key=SecretStr(KEY),
         model=MODEL,
         sampling=SamplingConfig(max_tokens=1),
         generation=GenerationConfig(),
-        concurrency_per_server=setup_slots,
-    )
-    with d:
-        futures = [
-            d.submit_shard(k, frame.slice(at, SHARD))
-            for k, at in enumerate(range(0, prompts, SHARD))
-        ]
-        for future in futures[:stream_shards]:
-            future.result()  # handed to the shard writer and dropped, as in the flow
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        concurrency_per_server=64,
+    ) as d:
+        window = deque(d.submit_shard(k, read(k)) for k in range(in_flight))
+        for k in range(in_flight, stream_shards):
+            window.popleft().result()  # committed by the shard task and dropped
+            window.append(d.submit_shard(k, read(k)))
+        for future in window:
+            future.result()
+    peak = peak_rss_mb()
     print(json.dumps({
-        "frame_mb": frame.estimated_size("mb"), "rss_after_frame_mb": frame_rss,
-        "rss_peak_mb": peak, "shards": len(futures), "streamed_rows": stream_shards * SHARD,
+        "plan_rows": plan.height, "plan_mb": plan.estimated_size("mb"), "shards": shards,
+        "rss_after_plan_mb": plan_rss, "rss_peak_mb": peak,
+        "streamed_rows": stream_shards * SHARD, "shards_in_flight": in_flight,
     }))  # fmt: skip
 
 
-def measure_rss(setup: Setup, endpoints: list[Endpoint]) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--rss-child", str(setup.rss_prompts),
-           str(setup.rss_stream_shards), *(e.url for e in endpoints)]  # fmt: skip
+def measure_rss(setup: Setup, endpoints: list[Endpoint], tmp: Path) -> dict[str, float]:
+    """The prompt cache is written here, in the bench process, as plan-shards does."""
+    path = tmp / "prompts.parquet"
+    frame = prompt_frame(setup.rss_prompts)
+    frame.with_columns(shard=pl.int_range(frame.height) // SHARD).select(
+        "id", "shard", "messages"
+    ).write_parquet(path, compression="zstd", row_group_size=SHARD, statistics=True)
+    del frame
+    cmd = [sys.executable, __file__, "--rss-child", str(path), str(setup.rss_stream_shards),
+           "32", *(e.url for e in endpoints)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -261,28 +284,43 @@ def measure_rss(setup: Setup, endpoints: list[Endpoint]) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a small smoke run (~1 min)")
+    p.add_argument("--time-scale", type=float, default=0.8, help="wall s per simulated s")
+    p.add_argument("--rss-only", action="store_true", help="rerun only the RSS figure")
     p.add_argument("--rss-child", nargs="+", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.rss_child:
-        rss_child(a.rss_child[2:], int(a.rss_child[0]), int(a.rss_child[1]))
+        path, stream, in_flight, *urls = a.rss_child
+        rss_child(urls, path, int(stream), int(in_flight))
         return
     common = dict(tokens_per_s=250.0, max_tokens=4096, reasoning="200:4000", answer="20:800")
     setup = (
         Setup(servers=2, slots=16, requests=1000, baseline_requests=1000, slow_requests=1000,
-              rss_prompts=100_000, rss_stream_shards=4, time_scale=0.05, **common)
+              rss_prompts=100_000, rss_stream_shards=4, time_scale=0.2, **common)
         if a.quick
-        else Setup(servers=8, slots=64, requests=20_000, baseline_requests=5_000,
-                   slow_requests=10_000, rss_prompts=1_000_000, rss_stream_shards=20,
-                   time_scale=0.3, **common)
+        else Setup(servers=8, slots=64, requests=20_000, baseline_requests=2_500,
+                   slow_requests=5_000, rss_prompts=1_000_000, rss_stream_shards=64,
+                   time_scale=a.time_scale, **common)
     )  # fmt: skip
-    logs = ROOT / "benches" / "results" / "dispatch-logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with fleet(setup, logs) as endpoints:
-        shared = run_load(setup, endpoints, setup.requests, batched=False)
-        baseline = run_load(setup, endpoints, setup.baseline_requests, batched=True)
-        rss = measure_rss(setup, endpoints)
-    with fleet(setup, logs, slow=0.5) as endpoints:
-        slowed = run_load(setup, endpoints, setup.slow_requests, batched=False, slow=0.5)
+    name = "dispatch-quick.json" if a.quick else "dispatch.json"
+    if a.rss_only:
+        with (
+            tempfile.TemporaryDirectory(prefix="regen-dispatch-bench-") as tmp,
+            fleet(setup, Path(tmp)) as endpoints,
+        ):
+            rss = measure_rss(setup, endpoints, Path(tmp))
+        saved = json.loads((ROOT / "benches" / "results" / name).read_text())
+        saved["rss_mb_1m_prompts"] = rss["rss_peak_mb"]
+        saved["runs"]["rss"] = rss
+        (ROOT / "benches" / "results" / name).write_text(json.dumps(saved, indent=2) + "\n")
+        print(f"rss: {rss}")
+        return
+    with tempfile.TemporaryDirectory(prefix="regen-dispatch-bench-") as tmp:
+        with fleet(setup, Path(tmp)) as endpoints:
+            shared = run_load(setup, endpoints, setup.requests, batched=False)
+            baseline = run_load(setup, endpoints, setup.baseline_requests, batched=True)
+            rss = measure_rss(setup, endpoints, Path(tmp))
+        with fleet(setup, Path(tmp), slow=0.5) as endpoints:
+            slowed = run_load(setup, endpoints, setup.slow_requests, batched=False, slow=0.5)
     results = {
         "capacity_ratio": shared["capacity_ratio"],
         "slot_utilisation": shared["slot_utilisation"],
@@ -310,7 +348,6 @@ def main() -> None:
               f"{r['slot_utilisation_full_run']:>9.3f} {r['client_cpu_ms_per_request']:>7.3f} "
               f"{r['errors']:>6}")  # fmt: skip
     print(f"rss: {rss}")
-    name = "dispatch-quick.json" if a.quick else "dispatch.json"
     (ROOT / "benches" / "results" / name).write_text(json.dumps(results, indent=2) + "\n")
 
 

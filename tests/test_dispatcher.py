@@ -224,8 +224,11 @@ def test_slots_stay_busy_across_shard_borders(tmp_path: Path) -> None:
     assert full, f"the fleet was never full: {samples}"
     busy = samples[full[0] : full[-1] + 1]
     assert len(busy) >= 10, samples
-    # Between filling up and the final drain, every sample saw (nearly) all 8 slots busy.
-    assert min(busy) >= 6, busy
+    # Between filling up and the final drain the slots stayed (nearly) all busy: a single
+    # low sample is a scheduling hiccup of this shared machine, a drain lasts a whole
+    # request (~20 samples).
+    low_runs = "".join("L" if n < 6 else "." for n in busy).split(".")
+    assert max(len(run) for run in low_runs) < 3, busy
     assert sum(busy) / len(busy) >= 7.5, busy
 
 

@@ -12,8 +12,9 @@ Why this shape:
   hand rows over with `call_soon_threadsafe` and block on a `concurrent.futures.Future`.
 - A scheduler, not a worker pool. A slot freeing or a shard arriving calls `_pump`, which
   starts one task per request on the healthy server with the fewest requests in flight
-  (ties round robin). Nothing polls and no coroutine sits parked per slot, so the client
-  costs a few hundred microseconds of CPU per request, and an idle fleet costs nothing.
+  (ties round robin). Nothing polls and no coroutine sits parked per slot, so an idle
+  fleet costs nothing and a busy one well under 1 ms of client CPU per request, most of
+  it aiohttp's (benches/dispatch.py measures it).
 - Failures by class (SGLANG_API.md): 400-like answers become error rows at once; 401 stops
   the run (`FleetUnauthorized`); 5xx, timeouts and broken connections are retried with
   jittered backoff, preferably on another server, up to `generation.max_attempts`.
@@ -357,20 +358,26 @@ class Dispatcher:
         status = 0
         raw = b""
         failure = ""
+        unexpected = ""
         try:
             async with self._session.post(server.chat_url, data=body, timeout=timeout) as resp:
                 status = resp.status
                 raw = await resp.read()
         except TimeoutError:
-            failure = f"timeout after {timeout.total:.0f} s"
+            failure = f"timeout after {timeout.total:g} s"
         except (aiohttp.ClientError, OSError) as err:
             failure = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        except Exception as err:  # a client bug must cost one attempt, never hang the shard
+            log.exception("unexpected error sending %s to %s", rid, server.endpoint.name)
+            unexpected = f"unexpected {type(err).__name__}: {err}"
         latency = time.monotonic() - started
         task = asyncio.current_task()
         if server.running.pop(task, None) is None:  # type: ignore[arg-type]
             return  # quarantine or shutdown took this row back while we waited
         if failure:
             self._transport_failure(work, server, failure, latency)
+        elif unexpected:
+            self._retry_or_fail(work, server, unexpected, latency)
         else:
             server.consecutive_failures = 0
             self._answer(work, server, status, raw, latency)
@@ -527,6 +534,10 @@ class Dispatcher:
         if self._fatal is None:
             log.error("%s", error)
             self._fatal = error
+        for server in self._servers:
+            if server.probe is not None:
+                server.probe.cancel()
+                server.probe = None
         self._abort_all(error)
 
     def _abort_all(self, error: BaseException) -> None:

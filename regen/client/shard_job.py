@@ -100,7 +100,10 @@ class ShardJob:
         c["error"][pos] = error
         self.remaining -= 1
         if self.remaining == 0 and self.is_open():
-            self.future.set_result(self._result())
+            try:
+                self.future.set_result(self._result())
+            except Exception as err:  # e.g. messages of another shape: fail, never hang
+                self.future.set_exception(err)
             self.release()
 
     def abort(self, error: BaseException) -> None:
