@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
 
@@ -11,7 +11,7 @@ from flows.params import resolve_config
 from regen.config import RegenConfig
 from regen.fleet import generate_api_key
 from tasks.audit import audit
-from tasks.fleet import start_fleet
+from tasks.fleet import reap_orphans, start_fleet
 from tasks.generate import GenerationSummary, generate, plan_run
 from tasks.provision import provision
 from tasks.stage import stage_model
@@ -57,6 +57,13 @@ def regenerate_completions(
         api_key_secret=api_key_secret,
     )
     config = run.config
+    # Servers of a run killed with SIGKILL hold the ports and GPUs that provisioning checks,
+    # and a rerun with nothing left to generate launches no fleet: reap them before either.
+    reaped = reap_orphans(config.work_dir)
+    if reaped:
+        get_run_logger().warning(
+            "stopped %d orphan server(s) of an earlier run: pids %s", len(reaped), reaped
+        )
     provision(config)
     hf_token = run.hf_token.get_secret_value() if run.hf_token else None
     model_path = stage_model(config, hf_token=hf_token)

@@ -20,11 +20,6 @@ def start_fleet(config: RegenConfig, model_path: Path, api_key: SecretStr) -> Fl
     """Servers that answered a real generation; the caller owns teardown (a `with` block)."""
     logger = get_run_logger()
     engine = config.engine
-    reaped = reap(config.work_dir)
-    if reaped:
-        logger.warning(
-            "stopped %d orphan server(s) of an earlier run: pids %s", len(reaped), reaped
-        )
     if engine.kind == "external":
         fleet = attach_fleet(config, api_key)
     else:
@@ -56,5 +51,5 @@ def start_fleet(config: RegenConfig, model_path: Path, api_key: SecretStr) -> Fl
 
 
 def reap_orphans(work_dir: Path) -> list[int]:
-    """Stop servers whose owner died; called by the flow's cancellation and crash hooks."""
+    """Stop servers whose owner died; the flow calls it first, before provisioning."""
     return reap(work_dir)
