@@ -143,6 +143,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=120, help="First N sample prompts.")
     parser.add_argument("--keep", action="store_true", help="Keep the trial directories.")
     args = parser.parse_args()
+    # Stopped with SIGTERM, the bench still stops its Prefect server and any trial's servers.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rng = random.Random(args.seed)
     console = Console(width=140)
     rows: list[dict[str, Any]] = []

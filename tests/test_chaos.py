@@ -5,8 +5,9 @@ agent died); the rerun must reap them and finish with every input id exactly onc
 committed manifest touched. SIGTERM and SIGINT must stop the run promptly, leave no server,
 a parseable progress.json and a dataset whose every manifest has its data.
 
-Six rehearsal subprocesses in all, chained so that each signal's rerun is the next trial:
-local kill -9 -> SIGTERM -> SIGINT -> rerun, and on moto S3 kill -9 -> rerun. They share one
+Seven rehearsal subprocesses in all, chained so that each signal's rerun is the next trial:
+local kill -9 -> SIGTERM -> SIGINT -> rerun; on moto S3 kill -9 -> rerun killed -9 right
+after its last commit (its fleet still up) -> rerun with nothing to generate. They share one
 `prefect server`, so each pays interpreter and flow start-up but no ephemeral Prefect start.
 """
 
@@ -227,5 +228,24 @@ def _kill9_s3(
 
     orphans, killed_marks = _kill9(trial, storage, rng, marks)
     assert killed_marks and len(killed_marks) < NUM_SHARDS
-    _rerun_completes(trial, storage, killed_marks, marks)
-    assert surviving_servers(orphans) == []
+    last = _kill9_after_last_commit(trial, storage)
+    assert surviving_servers(orphans) == [], "the rerun left the kill -9 run's servers"
+    assert rewritten(killed_marks, marks()) == []
+    _rerun_completes(trial, storage, marks(), marks)
+    if last:
+        assert "0 to generate" in trial.log(trial.attempt).read_text()
+
+
+def _kill9_after_last_commit(trial: Trial, storage: Storage) -> list[str]:
+    """kill -9 right after the last commit, before teardown; the servers it left alive.
+
+    The rerun then has nothing to generate and launches no fleet, yet must stop them. The
+    window is short: when the kill misses it (servers already gone) there is nothing to reap.
+    """
+    proc = trial.start()
+    wait_until(lambda: len(manifest_keys(storage)) >= NUM_SHARDS, proc, 300, poll_s=0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    alive = surviving_servers(trial.servers_of(proc), timeout_s=0)
+    print(f"kill -9 after the last commit: {len(alive)} server(s) left running")
+    return alive
