@@ -55,18 +55,27 @@ RESULTS = Path(__file__).parent / "results" / "chaos.json"
 SHARD_SIZE = 20
 
 
+def _phases(rng: random.Random, trials: int) -> list[str]:
+    """A tenth each before the fleet, while it starts, and just after the last commit (fleet
+    still up); the rest mid-generation. Drawn as shares, not per trial, so that 20 trials
+    always hit every phase; the order and the moment within a phase are random."""
+    rare = ["startup", "fleet", "last"] * max(1, trials // 10)
+    phases = (rare + ["gen"] * trials)[:trials]
+    rng.shuffle(phases)
+    return phases
+
+
 def _kill_moment(
-    rng: random.Random, proc: subprocess.Popen, run: ChaosRun, num_shards: int
+    phase: str, rng: random.Random, proc: subprocess.Popen, run: ChaosRun, num_shards: int
 ) -> str:
-    """Wait for a random moment of the run; returns where in the run it landed."""
+    """Wait for a random moment of `phase`; returns where in the run it really landed."""
     storage = LocalStorage(Path(run.out))
-    draw = rng.random()
-    if draw < 0.1:
+    if phase == "startup":
         time.sleep(rng.uniform(1.0, 10.0))  # interpreter, Prefect client, provisioning
-    elif draw < 0.2:
+    elif phase == "fleet":
         wait_until(lambda: bool(server_records(run.work_dir)), proc, 120)
         time.sleep(rng.uniform(0.0, 1.5))  # servers loading, probe, fleet bench
-    elif draw < 0.3:
+    elif phase == "last":
         # Every shard committed, the fleet not yet torn down: the rerun has nothing to
         # generate and must still stop the servers.
         wait_until(lambda: len(manifest_keys(storage)) >= num_shards, proc, 180, poll_s=0.02)
@@ -84,7 +93,7 @@ def _kill_moment(
 
 
 def trial(
-    index: int, rng: random.Random, root: Path, env: dict[str, str], prompts: Path
+    index: int, phase: str, rng: random.Random, root: Path, env: dict[str, str], prompts: Path
 ) -> dict[str, Any]:
     """One kill -9 and its rerun, measured."""
     base = root / f"trial-{index:02d}"
@@ -100,7 +109,7 @@ def trial(
     )
     expected = input_ids(prompts)
     proc = start_rehearsal(run, env, base, base / "killed.log")
-    moment = _kill_moment(rng, proc, run, -(-len(expected) // SHARD_SIZE))
+    moment = _kill_moment(phase, rng, proc, run, -(-len(expected) // SHARD_SIZE))
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     records = server_records(work)
@@ -155,8 +164,8 @@ def main() -> int:
         )
         with prefect_server(root / "prefect-home", startup_timeout=240) as server:
             env = {**server.env, "PYTHONUNBUFFERED": "1"}
-            for index in range(args.trials):
-                row = trial(index, rng, root, env, prompts)
+            for index, phase in enumerate(_phases(rng, args.trials)):
+                row = trial(index, phase, rng, root, env, prompts)
                 rows.append(row)
                 console.print(row)
     finally:
@@ -166,8 +175,8 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
 
     table = Table(title=f"chaos: {args.trials} kill -9 trials, {args.prompts} prompts")
-    columns = ("trial", "killed_at", "servers_at_kill", "reaped_by_rerun", "resume_s")
-    columns += ("ids_lost", "ids_doubled", "orphans", "rewritten", "resumed_ok")
+    columns = ["trial", "killed_at", "servers_at_kill", "reaped_by_rerun", "resume_s"]
+    columns += ["ids_lost", "ids_doubled", "orphans", "rewritten", "resumed_ok"]
     for name in columns:
         table.add_column(name, justify="right")
     for row in rows:

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,6 @@ import yaml
 from regen.shards import Manifest
 from regen.storage import Storage
 
-REPO = Path(__file__).resolve().parents[1]
 MANIFEST_SUFFIX = ".json"
 
 
@@ -103,7 +103,7 @@ def manifest_keys(storage: Storage) -> list[str]:
 
 
 def wait_until(
-    ready: Any, proc: subprocess.Popen, timeout_s: float, poll_s: float = 0.1
+    ready: Callable[[], bool], proc: subprocess.Popen, timeout_s: float, poll_s: float = 0.1
 ) -> bool:
     """Poll `ready()` until true; False when the process ended or time ran out first."""
     deadline = time.monotonic() + timeout_s
@@ -111,7 +111,7 @@ def wait_until(
         if ready():
             return True
         if proc.poll() is not None:
-            return bool(ready())
+            return ready()
         time.sleep(poll_s)
     return False
 
