@@ -92,7 +92,8 @@ def test_filler_examples_show_the_answer_snippet(mixed: tuple[Synthetic, AuditRe
     for ident in ds.ids_of("filler") & set(reasons):
         assert reasons[ident] == "filler: 'OK.'"
     collapse = result.check("answer_collapse")
-    assert "The final answer is 42" in collapse.detail
+    assert any("The final answer is 42" in e.reason for e in collapse.examples)
+    assert "The final answer is 42" not in collapse.detail, "answer text must stay out of logs"
 
 
 def test_clean_dataset_raises_nothing(clean: tuple[Synthetic, AuditResult]) -> None:
@@ -136,7 +137,7 @@ def test_incident_fails_on_empty_answers_thinking_and_collapse(tmp_path: Path) -
         check = result.check(name)
         assert check.figure == pytest.approx(0.87, abs=0.01), name
         assert {e.id for e in check.examples} <= incident
-    assert "'ok.'" in result.check("answer_collapse").detail.lower()
+    assert all(e.reason == "answer 'OK.'" for e in result.check("answer_collapse").examples)
     assert "2 empty/trivial answers" in result.to_markdown()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,7 +113,11 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path) -> None:
     state = regenerate_completions(config, return_state=True)
     assert state.is_failed()
     assert "audit failed" in (state.message or "")
-    report = (out / "report" / "audit.md").read_text()
-    for check in ("empty_answer", "empty_thinking", "answer_collapse"):
-        assert check in report
+    assert (out / "report" / "audit.md").read_text().startswith("# Audit: **FAIL**")
+    checks = {
+        c["name"]: c for c in json.loads((out / "report" / "audit.json").read_text())["checks"]
+    }
+    for name in ("empty_answer", "empty_thinking", "answer_collapse"):
+        assert checks[name]["status"] == "fail"
+        assert checks[name]["figure"] == pytest.approx(0.87, abs=0.06), name
     assert sorted(_ids(str(out))) == sorted(_sample_ids()), "the data must stay"
