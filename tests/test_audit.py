@@ -274,3 +274,11 @@ def test_config_rejects_typos_and_inverted_thresholds() -> None:
         AuditConfig.model_validate({"empty_answers": {"warn": 0.1, "fail": 0.2}})
     with pytest.raises(ValidationError, match="above fail"):
         AuditConfig.model_validate({"empty_answer": {"warn": 0.3, "fail": 0.2}})
+
+
+def test_server_outlier_needs_significance() -> None:
+    from regen.audit.servers import _z_score
+
+    # The default rehearsal's case: 2 truncations of 60 on one server, 1 of 180 elsewhere.
+    assert _z_score(2, 60, 1, 180) < AuditConfig().server_outlier_min_z
+    assert _z_score(60, 60, 0, 180) > AuditConfig().server_outlier_min_z

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import polars as pl
 
 from regen.audit.result import Check, Example, ServerRates, grade
@@ -49,6 +51,13 @@ def server_breakdown(counts: pl.DataFrame) -> list[ServerRates]:
     return out
 
 
+def _z_score(hits: int, n: int, rest_hits: int, rest_n: int) -> float:
+    """How many standard errors one server's rate lies above the pooled rate of the others."""
+    pooled = (hits + rest_hits) / (n + rest_n)
+    spread = math.sqrt(pooled * (1 - pooled) * (1 / n + 1 / rest_n))
+    return math.inf if spread == 0 else (hits / n - rest_hits / rest_n) / spread
+
+
 def server_check(
     features: pl.DataFrame, counts: pl.DataFrame, config: AuditConfig, thinking: bool
 ) -> Check:
@@ -75,6 +84,8 @@ def server_check(
             rate, rest = hits / n, (total_hits - hits) / rest_n
             excess = rate - rest
             if excess <= 0 or rate < config.server_outlier_ratio * rest:
+                continue
+            if _z_score(hits, n, total_hits - hits, rest_n) < config.server_outlier_min_z:
                 continue
             if excess >= config.server_outlier.warn:
                 findings.append(f"{server} {key} {rate:.1%} vs {rest:.1%} on the others")

@@ -55,6 +55,12 @@ class AuditConfig(BaseModel):
     server_outlier_ratio: float = Field(
         default=3.0, ge=1, description="A server this many times worse than the rest is flagged."
     )
+    server_outlier_min_z: float = Field(
+        default=3.0,
+        ge=0,
+        description="Two-proportion z-score a server's excess needs: two unlucky rows of a "
+        "small rehearsal are chance, not a bad server.",
+    )
     max_examples: int = Field(default=5, ge=0)
     batch_rows: int = Field(
         default=100_000, ge=1000, description="Rows per batch of the scan; bounds peak memory."
