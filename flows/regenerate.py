@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
 
@@ -59,11 +59,7 @@ def regenerate_completions(
     config = run.config
     # Servers of a run killed with SIGKILL hold the ports and GPUs that provisioning checks,
     # and a rerun with nothing left to generate launches no fleet: reap them before either.
-    reaped = reap_orphans(config.work_dir)
-    if reaped:
-        get_run_logger().warning(
-            "stopped %d orphan server(s) of an earlier run: pids %s", len(reaped), reaped
-        )
+    reap_orphans(config.work_dir)
     provision(config)
     hf_token = run.hf_token.get_secret_value() if run.hf_token else None
     model_path = stage_model(config, hf_token=hf_token)

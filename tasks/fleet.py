@@ -52,4 +52,9 @@ def start_fleet(config: RegenConfig, model_path: Path, api_key: SecretStr) -> Fl
 
 def reap_orphans(work_dir: Path) -> list[int]:
     """Stop servers whose owner died; the flow calls it first, before provisioning."""
-    return reap(work_dir)
+    reaped = reap(work_dir)
+    if reaped:
+        get_run_logger().warning(
+            "stopped %d orphan server(s) of an earlier run: pids %s", len(reaped), reaped
+        )
+    return reaped
