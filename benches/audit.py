@@ -55,7 +55,7 @@ def generate(root: Path, rows: int, seed: int = 0) -> None:
     pl.DataFrame({"id": ids, "shard": pl.Series(np.arange(rows) // SHARD)}).write_parquet(
         root / "plan.parquet"
     )
-    run = {"fingerprint": FINGERPRINT, "sampling": {"enable_thinking": True}}
+    run = {"fingerprint": FINGERPRINT, "regeneration": {"thinking": "save"}}
     (root / "run.json").write_text(json.dumps(run))
     storage = LocalStorage(root)
     for shard, start in enumerate(range(0, rows, SHARD)):
@@ -91,6 +91,7 @@ def generate(root: Path, rows: int, seed: int = 0) -> None:
                 "attempts": np.ones(n, dtype=np.int64),
                 "latency_s": rng.uniform(5, 60, n),
                 "error": error,
+                "turns": [[]] * n,
             },
             schema=row_schema(),
         )

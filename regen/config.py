@@ -148,7 +148,46 @@ class SamplingConfig(_Section):
     top_p: float = Field(default=0.95, gt=0, le=1)
     top_k: int = Field(default=20, ge=-1)
     min_p: float = Field(default=0.0, ge=0, le=1)
-    enable_thinking: bool = True
+
+
+ReasoningEffort = Literal["low", "medium", "high"]
+
+
+class RegenerationConfig(_Section):
+    """What is regenerated: which assistant turns, and what becomes of the model's thinking.
+
+    Part of the run's fingerprint: each setting changes what a stored row holds.
+    """
+
+    turns: Literal["last", "all"] = Field(
+        default="last",
+        description="last: answer the final user turn, earlier turns kept as given; "
+        "all: regenerate every assistant turn, each on the regenerated history.",
+    )
+    thinking: Literal["save", "drop", "off"] = Field(
+        default="save",
+        description="save: think and keep reasoning_content; drop: think, store no reasoning; "
+        "off: enable_thinking false.",
+    )
+    reasoning_effort: dict[ReasoningEffort, float] = Field(
+        default_factory=dict,
+        description="Share of requests per reasoning_effort, e.g. {low: 0.4, medium: 0.4, "
+        "high: 0.2}; empty sends none (for models that take no effort).",
+    )
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
+        if any(share < 0 for share in value.values()):
+            raise ValueError("shares must not be negative")
+        total = sum(value.values())
+        if value and abs(total - 1.0) > 1e-6:
+            raise ValueError(f"shares sum to {total:g}, expected 1")
+        return value
+
+    @property
+    def enable_thinking(self) -> bool:
+        return self.thinking != "off"
 
 
 class GenerationConfig(_Section):
@@ -177,6 +216,7 @@ class RegenConfig(_Section):
     output: str = Field(description="Dataset root: a directory or an s3://bucket/prefix.")
     work_dir: Path = Field(default=Path(".regen"), description="Local logs and PID files.")
     sampling: SamplingConfig = SamplingConfig()
+    regeneration: RegenerationConfig = RegenerationConfig()
     shard_size: int = Field(default=500, gt=0)
     concurrency_per_server: int | None = Field(
         default=None, gt=0, description="Default: engine.max_running_requests."

@@ -16,13 +16,15 @@ def run_fingerprint(
     *,
     model: dict[str, Any],
     sampling: dict[str, Any],
+    regeneration: dict[str, Any],
     shard_size: int,
     chat_template: dict[str, Any],
 ) -> tuple[str, dict[str, Any]]:
     """(sha256 hex digest, flat components).
 
     `model` holds the served name, source and revision; `sampling` is
-    `SamplingConfig.model_dump()`; `chat_template` holds what shapes the prompt and the parsed
+    `SamplingConfig.model_dump()` and `regeneration` is
+    `RegenerationConfig.model_dump()`; `chat_template` holds what shapes the prompt and the parsed
     answer (enable_thinking, reasoning parser). `shard_size` is included because it decides
     which ids a shard file holds.
     """
@@ -30,6 +32,7 @@ def run_fingerprint(
     for section, values in (
         ("model", model),
         ("sampling", sampling),
+        ("regeneration", regeneration),
         ("chat_template", chat_template),
     ):
         components.update({f"{section}.{key}": value for key, value in sorted(values.items())})

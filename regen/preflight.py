@@ -80,8 +80,6 @@ def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-
-
 def check_config(config: RegenConfig) -> CheckRow:
     problems = []
     if config.concurrency > config.engine.max_running_requests:

@@ -1,10 +1,39 @@
-"""The output row contract of DESIGN.md, as one polars schema every writer and reader shares."""
+"""The output row contract of DESIGN.md, as one polars schema every writer and reader shares.
+
+A row is one conversation. `messages` is what the final answer was generated on; with
+`regeneration.turns: all` it is the whole regenerated conversation, every new assistant turn
+included with its `reasoning_content` (null where thinking was dropped or off). `content`,
+`reasoning_content` and `finish_reason` are those of the final turn; the token counts,
+`attempts` and `latency_s` add up every turn, and `turns` has each turn's own figures (one
+entry with `turns: last`). An error row keeps the turns that succeeded; its `error` names the
+turn that failed.
+"""
 
 from __future__ import annotations
 
 import polars as pl
 
 MESSAGE = pl.Struct({"role": pl.String, "content": pl.String})
+"""An input message: what the prompt cache holds and what is sent to a server."""
+
+OUTPUT_MESSAGE = pl.Struct(
+    {"role": pl.String, "content": pl.String, "reasoning_content": pl.String}
+)
+
+TURN = pl.Struct(
+    {
+        "turn": pl.Int64,
+        "finish_reason": pl.String,
+        "prompt_tokens": pl.Int64,
+        "completion_tokens": pl.Int64,
+        "reasoning_tokens": pl.Int64,
+        "reasoning_effort": pl.String,
+        "server": pl.String,
+        "attempts": pl.Int64,
+        "latency_s": pl.Float64,
+    }
+)
+"""One generated assistant turn; `turn` counts user turns from 1."""
 
 
 def row_schema() -> pl.Schema:
@@ -13,7 +42,7 @@ def row_schema() -> pl.Schema:
         {
             "id": pl.String,
             "shard": pl.Int64,
-            "messages": pl.List(MESSAGE),
+            "messages": pl.List(OUTPUT_MESSAGE),
             "content": pl.String,
             "reasoning_content": pl.String,
             "finish_reason": pl.String,
@@ -25,5 +54,6 @@ def row_schema() -> pl.Schema:
             "attempts": pl.Int64,
             "latency_s": pl.Float64,
             "error": pl.String,
+            "turns": pl.List(TURN),
         }
     )

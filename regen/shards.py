@@ -67,6 +67,7 @@ class RunInfo:
     num_shards: int
     fingerprint: str
     components: dict[str, Any]
+    regeneration: dict[str, Any] = field(default_factory=dict)
     created: str = field(default_factory=lambda: _now())
 
     def to_json(self) -> bytes:
@@ -125,21 +126,24 @@ def data_key(shard: int, generation: int = 1) -> str:
 
 
 def new_run_info(config: RegenConfig, prompt_set: PromptSet, plan: ShardPlan) -> RunInfo:
-    """This run's run.json, fingerprinted over input, model, sampling, shard size, template."""
+    """This run's run.json, fingerprinted over input, model, sampling, regeneration, shard size
+    and template."""
     model = {
         "served_name": config.model.served_name,
         "source": config.model.source,
         "revision": config.model.revision,
     }
     sampling = config.sampling.model_dump()
+    regeneration = config.regeneration.model_dump()
     chat_template = {
-        "enable_thinking": config.sampling.enable_thinking,
+        "enable_thinking": config.regeneration.enable_thinking,
         "reasoning_parser": config.engine.reasoning_parser,
     }
     digest, components = run_fingerprint(
         prompt_set.fingerprint,
         model=model,
         sampling=sampling,
+        regeneration=regeneration,
         shard_size=plan.shard_size,
         chat_template=chat_template,
     )
@@ -149,6 +153,7 @@ def new_run_info(config: RegenConfig, prompt_set: PromptSet, plan: ShardPlan) ->
         format=prompt_set.format,
         model=model,
         sampling=sampling,
+        regeneration=regeneration,
         shard_size=plan.shard_size,
         num_rows=plan.num_rows,
         num_shards=plan.num_shards,

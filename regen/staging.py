@@ -437,8 +437,6 @@ def _write_marker(target: Path, marker: StageMarker) -> None:
     os.replace(tmp, target / MARKER_NAME)
 
 
-
-
 def _hidden(name: str) -> bool:
     # Dot-directories are tool caches (.cache/huggingface, .git) and our own marker.
     return any(part.startswith(".") for part in name.split("/"))

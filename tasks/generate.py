@@ -204,6 +204,7 @@ def generate(
             api_key=api_key,
             model=config.model.served_name,
             sampling=config.sampling,
+            regeneration=config.regeneration,
             generation=config.generation,
             concurrency_per_server=config.concurrency,
             reprobe=fleet.reprobe,

@@ -209,7 +209,7 @@ def make_dataset(
         _write_parquet(storage, "plan.parquet", plan_df)
     run: dict[str, Any] = {"model": "synthetic", "fingerprint": FINGERPRINT}
     if thinking is not None:
-        run["sampling"] = {"enable_thinking": thinking}
+        run["regeneration"] = {"thinking": "save" if thinking else "off"}
     storage.write_bytes("run.json", json.dumps(run).encode())
     return ds
 

@@ -69,6 +69,7 @@ def _shard_rows(shard: int, n: int = 40) -> pl.DataFrame:
             "attempts": [1] * n,
             "latency_s": [0.1] * n,
             "error": [None] * n,
+            "turns": [[]] * n,
         },
         schema=row_schema(),
     )

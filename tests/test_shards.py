@@ -61,6 +61,7 @@ def _rows(shard: int, ids: list[str], errors: list[str | None] | None = None) ->
             "attempts": [1] * n,
             "latency_s": [0.5] * n,
             "error": errors,
+            "turns": [[]] * n,
         },
         schema=row_schema(),
     )

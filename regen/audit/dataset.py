@@ -79,8 +79,13 @@ def scan_rows(storage: Storage, view: DatasetView) -> pl.LazyFrame:
 
 
 def thinking_requested(storage: Storage) -> bool:
-    """`sampling.enable_thinking` of run.json; thinking is the default when it is not said."""
-    sampling = _read_run(storage).get("sampling")
+    """Whether stored rows should carry reasoning: run.json's `regeneration.thinking` is
+    `save` (the default when it is not said); `drop` and `off` store none by design."""
+    run = _read_run(storage)
+    regeneration = run.get("regeneration")
+    if isinstance(regeneration, dict) and isinstance(regeneration.get("thinking"), str):
+        return regeneration["thinking"] == "save"
+    sampling = run.get("sampling")
     value = sampling.get("enable_thinking") if isinstance(sampling, dict) else None
     return value if isinstance(value, bool) else True
 

@@ -79,7 +79,7 @@ def empty_thinking_check(ok: pl.DataFrame, config: AuditConfig, thinking: bool) 
             title="3 empty thinking",
             status="skipped",
             figure=None,
-            detail="thinking not requested (sampling.enable_thinking is false)",
+            detail="no reasoning stored by design (regeneration.thinking is drop or off)",
         )
     return _flag_check(
         "empty_thinking",

@@ -34,7 +34,7 @@ def run_audit(
 ) -> AuditResult:
     """Audit the committed shards under `storage`; nothing is written (see `write_report`).
 
-    `thinking_requested` defaults to run.json's `sampling.enable_thinking` (else True);
+    `thinking_requested` defaults to run.json's `regeneration.thinking` being `save`;
     without `tokenizer_path` the loss-mask check is `skipped`, never passed.
     """
     view = open_dataset(storage)

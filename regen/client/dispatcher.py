@@ -52,7 +52,7 @@ from regen.client.shard_job import ShardJob
 from regen.client.stats import DispatchStats, ServerState, ServerStats
 from regen.client.timeouts import RequestTimeout
 from regen.client.tuning import DispatchTuning
-from regen.config import GenerationConfig, SamplingConfig
+from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.errors import FleetError, FleetUnauthorized
 from regen.fleet.endpoint import Endpoint
 
@@ -122,6 +122,7 @@ class Dispatcher:
         sampling: SamplingConfig,
         generation: GenerationConfig,
         concurrency_per_server: int,
+        regeneration: RegenerationConfig | None = None,
         reprobe: Reprobe | None = None,
         tuning: DispatchTuning | None = None,
     ) -> None:
@@ -132,6 +133,7 @@ class Dispatcher:
         self._servers = [_Server(e, concurrency_per_server) for e in endpoints]
         self._model = model
         self._sampling = sampling
+        self._regeneration = regeneration or RegenerationConfig()
         self._generation = generation
         self._tuning = tuning or DispatchTuning()
         self._reprobe = reprobe
@@ -348,7 +350,13 @@ class Dispatcher:
         # A retry gets its own rid: the first try may still be running somewhere.
         rid = job.ids[pos] if work.attempts == 1 else f"{job.ids[pos]}:retry{work.attempts - 1}"
         body = json.dumps(
-            chat_request_body(self._model, job.messages[pos], self._sampling, rid=rid)
+            chat_request_body(
+                self._model,
+                job.messages[pos],
+                self._sampling,
+                rid=rid,
+                regeneration=self._regeneration,
+            )
         ).encode()
         if self._client_timeout.total != self._timeout.seconds:
             self._client_timeout = aiohttp.ClientTimeout(total=self._timeout.seconds)

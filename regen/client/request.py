@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from regen.config import SamplingConfig
+from regen.config import RegenerationConfig, SamplingConfig
 
 
 def chat_request_body(
@@ -13,8 +13,10 @@ def chat_request_body(
     sampling: SamplingConfig,
     rid: str | None = None,
     max_tokens: int | None = None,
+    regeneration: RegenerationConfig | None = None,
 ) -> dict[str, Any]:
     """`rid` is the sample id, so a request can be found in server logs and aborted by id."""
+    thinking = (regeneration or RegenerationConfig()).enable_thinking
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -22,7 +24,7 @@ def chat_request_body(
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
-        "chat_template_kwargs": {"enable_thinking": sampling.enable_thinking},
+        "chat_template_kwargs": {"enable_thinking": thinking},
         "separate_reasoning": True,
         "stream": False,
     }

@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 
 from regen.client.response import Completion
-from regen.schema import row_schema
+from regen.schema import TURN, row_schema
 
 _RESULT_COLUMNS = (
     "content",
@@ -122,5 +122,39 @@ class ShardJob:
         results = pl.DataFrame(
             self._columns, schema={name: schema[name] for name in _RESULT_COLUMNS}
         )
-        frame = self._frame.with_columns(pl.lit(self.shard, pl.Int64).alias("shard"))
-        return pl.concat([frame, results], how="horizontal").select(schema.names()).cast(schema)
+        frame = self._frame.with_columns(
+            pl.lit(self.shard, pl.Int64).alias("shard"),
+            pl.col("messages").list.eval(
+                pl.struct(
+                    pl.element().struct.field("role"),
+                    pl.element().struct.field("content"),
+                    pl.lit(None, pl.String).alias("reasoning_content"),
+                )
+            ),
+        )
+        turn = pl.struct(
+            pl.col("messages")
+            .list.eval(pl.element().struct.field("role") == "user")
+            .list.sum()
+            .cast(pl.Int64)
+            .alias("turn"),
+            "finish_reason",
+            "prompt_tokens",
+            "completion_tokens",
+            "reasoning_tokens",
+            pl.lit(None, pl.String).alias("reasoning_effort"),
+            "server",
+            "attempts",
+            "latency_s",
+        )
+        out = pl.concat([frame, results], how="horizontal")
+        return (
+            out.with_columns(
+                pl.when(pl.col("error").is_null())
+                .then(pl.concat_list(turn))
+                .otherwise(pl.lit([], pl.List(TURN)))
+                .alias("turns")
+            )
+            .select(schema.names())
+            .cast(schema)
+        )
