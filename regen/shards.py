@@ -29,6 +29,7 @@ from typing import Any
 import polars as pl
 
 from regen.config import RegenConfig
+from regen.conversations import Turns, conversation_for
 from regen.errors import FingerprintMismatch, UserError
 from regen.fingerprint import changed_components, run_fingerprint
 from regen.prompts import PromptSet
@@ -376,11 +377,16 @@ def error_rows(storage: Storage, shard: int) -> pl.DataFrame:
 # --- prompt cache for shard tasks --------------------------------------------------------------
 
 
-def cache_prompts(prompt_set: PromptSet, plan: ShardPlan, path: Path) -> Path:
+def cache_prompts(
+    prompt_set: PromptSet, plan: ShardPlan, path: Path, turns: Turns = "last"
+) -> Path:
     """Write id, shard, messages once, one row group per shard, so a shard task reads its rows
-    by a filtered scan that skips every other row group."""
+    by a filtered scan that skips every other row group. `messages` is already what generation
+    sends (`regen.conversations`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    frame = prompt_set.valid.select("id", plan.assignments.get_column("shard"), "messages")
+    frame = prompt_set.valid.select(
+        "id", plan.assignments.get_column("shard"), conversation_for(turns)
+    )
     tmp = path.with_name(f".{path.name}.tmp")
     frame.write_parquet(tmp, compression="zstd", row_group_size=plan.shard_size, statistics=True)
     tmp.replace(path)

@@ -99,7 +99,7 @@ def plan_run(config: RegenConfig) -> RunPlan:
     info = new_run_info(config, prompts, plan)
     run = open_run(storage, info, plan, new_output=config.generation.new_output)
     cache = config.work_dir / "prompts" / f"{run.fingerprint}.parquet"
-    cache_prompts(prompts, plan, cache)
+    cache_prompts(prompts, plan, cache, turns=config.regeneration.turns)
     committed = committed_shards(storage, run.fingerprint)
     selection = parse_shard_range(config.generation.shards, plan.num_shards)
     pending = pending_shards(plan, committed, selection)
