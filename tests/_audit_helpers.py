@@ -139,7 +139,7 @@ def make_dataset(
     servers: int = 4,
     defects: Mapping[str, float] | None = None,
     seed: int = 0,
-    thinking: bool | None = True,
+    thinking: str | None = "save",
     bad_server: int | None = None,
     drop: int = 0,
     duplicate: int = 0,
@@ -209,7 +209,7 @@ def make_dataset(
         _write_parquet(storage, "plan.parquet", plan_df)
     run: dict[str, Any] = {"model": "synthetic", "fingerprint": FINGERPRINT}
     if thinking is not None:
-        run["regeneration"] = {"thinking": "save" if thinking else "off"}
+        run["regeneration"] = {"thinking": thinking}
     storage.write_bytes("run.json", json.dumps(run).encode())
     return ds
 

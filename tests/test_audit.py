@@ -224,11 +224,17 @@ def test_completeness_without_plan_warns(tmp_path: Path) -> None:
     assert "no plan.parquet" in check.detail
 
 
-def test_thinking_not_requested_skips_empty_thinking(tmp_path: Path) -> None:
-    ds = make_dataset(tmp_path, thinking=False, defects={"empty_thinking": 0.5})
+@pytest.mark.parametrize("thinking", ["off", "drop"])
+def test_thinking_not_stored_skips_empty_thinking(tmp_path: Path, thinking: str) -> None:
+    ds = make_dataset(tmp_path, thinking=thinking, defects={"empty_thinking": 0.5})
     assert run_audit(ds.storage, AuditConfig()).check("empty_thinking").status == "skipped"
     forced = run_audit(ds.storage, AuditConfig(), thinking_requested=True)
     assert forced.check("empty_thinking").figure == pytest.approx(0.5)
+
+
+def test_thinking_saved_flags_empty_thinking(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path, thinking="save", defects={"empty_thinking": 0.5})
+    assert run_audit(ds.storage, AuditConfig()).check("empty_thinking").status == "fail"
 
 
 def test_report_files_never_carry_prompt_text(
