@@ -1,6 +1,10 @@
 """Read the prompt set (JSONL or Parquet) into validated chat rows, with every unusable row
 set aside with its line number and reason, so one bad line never stops a million-row run.
 
+Three row formats, detected per file from its first readable row: OpenAI `messages`, `prompt`
+(+ `system`), and ShareGPT `conversations` ({from: human/gpt/system, value}), which is
+normalised to messages. A row of another format in that file is rejected with its line.
+
 JSONL is read as one polars String column per line (a CSV read with a NUL separator and no
 quoting: a raw NUL byte cannot occur in JSON text, so a file that has one is refused as binary),
 then decoded with `str.json_decode` in batches. polars refuses a whole batch when one line is
@@ -30,12 +34,23 @@ from regen.schema import MESSAGE
 from regen.storage import Storage, open_storage
 
 ROLES = ("system", "user", "assistant")
+# ShareGPT speaker names and the chat roles they stand for.
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+# Format name -> the key (column) that carries it.
+FORMAT_KEYS = {"messages": "messages", "prompt": "prompt", "sharegpt": "conversations"}
 REJECTS_KEY = "rejects/rejects.parquet"
 
+_TURN = pl.Struct({"from": pl.String, "value": pl.String})
 _RECORD = pl.Struct(
-    {"id": pl.String, "messages": pl.List(MESSAGE), "prompt": pl.String, "system": pl.String}
+    {
+        "id": pl.String,
+        "messages": pl.List(MESSAGE),
+        "conversations": pl.List(_TURN),
+        "prompt": pl.String,
+        "system": pl.String,
+    }
 )
-_TEXT_SCALAR = r'[{,]\s*"(content|role|prompt|system)"\s*:\s*(?:-?[0-9]|true|false)'
+_TEXT_SCALAR = r'[{,]\s*"(content|role|from|value|prompt|system)"\s*:\s*(?:-?[0-9]|true|false)'
 _BAD_ID = r'[{,]\s*"id"\s*:\s*(?:true|false|-?[0-9]+[.eE])'
 _DECODE_BATCH = 65_536
 _HASH_CHUNK = 1 << 20
@@ -219,7 +234,7 @@ def _load(
 
 
 def _jsonl_fields(path: Path, name: str, utf8: bool, n_rows: int | None) -> pl.DataFrame:
-    """Columns line, given_id, messages, prompt, system, reason (a read-level problem or null)."""
+    """Columns line, given_id, messages, conversations, prompt, system, reason (read-level)."""
     lines = pl.read_csv(
         path,
         has_header=False,
@@ -262,6 +277,7 @@ def _jsonl_fields(path: Path, name: str, utf8: bool, n_rows: int | None) -> pl.D
         "line",
         pl.coalesce(pl.col("rec").struct.field("id"), "read_id").alias("given_id"),
         pl.col("rec").struct.field("messages"),
+        pl.col("rec").struct.field("conversations"),
         pl.col("rec").struct.field("prompt"),
         pl.col("rec").struct.field("system"),
         reason.alias("reason"),
@@ -322,6 +338,15 @@ def _explain_object(row: dict[str, Any]) -> str:
     messages = row.get("messages")
     if messages is not None and not isinstance(messages, list):
         return "messages must be a list of {role, content} objects"
+    turns = row.get("conversations")
+    if turns is not None and not isinstance(turns, list):
+        return "conversations must be a list of {from, value} objects"
+    for i, turn in enumerate(turns or []):
+        if not isinstance(turn, dict):
+            return f"message {i}: not a {{from, value}} object"
+        for key in ("from", "value"):
+            if turn.get(key) is not None and not isinstance(turn[key], str):
+                return f"message {i}: {key} must be a string"
     for i, message in enumerate(messages or []):
         if not isinstance(message, dict):
             return f"message {i}: not a {{role, content}} object"
@@ -350,6 +375,10 @@ def _parquet_fields(path: Path, name: str, n_rows: int | None) -> pl.DataFrame:
         columns.append(_parquet_messages(schema["messages"], name))
     else:
         columns.append(pl.lit(None, dtype=pl.List(MESSAGE)).alias("messages"))
+    if "conversations" in schema:
+        columns.append(_parquet_conversations(schema["conversations"], name))
+    else:
+        columns.append(pl.lit(None, dtype=pl.List(_TURN)).alias("conversations"))
     for key in ("prompt", "system"):
         if key not in schema:
             columns.append(pl.lit(None, dtype=pl.String).alias(key))
@@ -357,8 +386,8 @@ def _parquet_fields(path: Path, name: str, n_rows: int | None) -> pl.DataFrame:
             columns.append(pl.col(key).cast(pl.String))
         else:
             raise UserError(f"{name}: column {key} has type {schema[key]}, expected a string")
-    if "messages" not in schema and "prompt" not in schema:
-        raise UserError(f"{name}: has neither a messages nor a prompt column")
+    if not any(key in schema for key in FORMAT_KEYS.values()):
+        raise UserError(f"{name}: has no messages, conversations or prompt column")
     columns.append(pl.lit(None, dtype=pl.String).alias("reason"))
     try:
         return scan.select(columns).collect()
@@ -394,6 +423,25 @@ def _parquet_messages(dtype: pl.DataType, name: str) -> pl.Expr:
     )
 
 
+def _parquet_conversations(dtype: pl.DataType, name: str) -> pl.Expr:
+    inner = getattr(dtype, "inner", None)
+    fields = {f.name: f.dtype for f in getattr(inner, "fields", [])}
+    if (
+        not isinstance(dtype, pl.List)
+        or fields.get("from") != pl.String
+        or fields.get("value") not in (pl.String, pl.Null)
+    ):
+        raise UserError(
+            f"{name}: column conversations has type {dtype}, expected a list of {{from, value}}"
+        )
+    return pl.col("conversations").list.eval(
+        pl.struct(
+            pl.element().struct.field("from"),
+            pl.element().struct.field("value").cast(pl.String),
+        )
+    )
+
+
 def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
@@ -402,13 +450,12 @@ def _first_line(err: Exception) -> str:
 
 
 def _detect_format(fields: pl.DataFrame) -> str:
-    """The format of the first row that has one; rows of the other format are rejected."""
-    has = fields.filter(
-        pl.col("reason").is_null()
-        & (pl.col("messages").is_not_null() | pl.col("prompt").is_not_null())
-    ).head(1)
-    if has.height and has.get_column("messages")[0] is None:
-        return "prompt"
+    """The format of the first row that has one; rows of the other formats are rejected."""
+    present = [pl.col(key).is_not_null() for key in FORMAT_KEYS.values()]
+    has = fields.filter(pl.col("reason").is_null() & pl.any_horizontal(present)).head(1)
+    for fmt, key in FORMAT_KEYS.items():
+        if has.height and has.get_column(key)[0] is not None:
+            return fmt
     return "messages"
 
 
@@ -419,24 +466,51 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
     content = pl.element().struct.field("content")
     bad_role_at = msgs.list.eval(role.is_null() | role.is_in(ROLES).not_()).list.arg_max()
     null_content_at = msgs.list.eval(content.is_null()).list.arg_max()
-    other = "prompt" if fmt == "messages" else "messages"
+    # ShareGPT speakers are checked as given, so the reason names the user's `from` value.
+    turns = pl.col("conversations")
+    speaker = pl.element().struct.field("from")
+    bad_from = speaker.is_null() | speaker.is_in(list(SHAREGPT_ROLES)).not_()
+    bad_from_at = turns.list.eval(bad_from).list.arg_max()
+    text_key = "value" if fmt == "sharegpt" else "content"
+    key = FORMAT_KEYS[fmt]
     size = msgs.list.eval(content.str.len_bytes()).list.sum()
-    last = msgs.list.last()
+    # A conversation may end with the assistant turn being regenerated (ShareGPT rows do);
+    # what generation needs is a user message to answer, and the last one must say something.
+    user_texts = msgs.list.eval(content.filter(role == "user"))
     reason = (
         pl.when(pl.col("reason").is_not_null())
         .then(pl.col("reason"))
         .when(pl.col("has_messages") & pl.col("has_prompt"))
         .then(pl.lit("has both messages and prompt"))
-        .when(~pl.col("has_messages") & ~pl.col("has_prompt"))
-        .then(pl.lit("has neither messages nor prompt"))
-        .when(pl.col(f"has_{other}"))
-        .then(pl.lit(f"a {other} row in a file of {fmt} rows"))
-        .when(pl.col("system").is_not_null() & (pl.lit(fmt) == "messages"))
-        .then(pl.lit("system is for prompt rows; put a system message in messages"))
+        .when(pl.col("has_conversations") & pl.col("has_messages"))
+        .then(pl.lit("has both conversations and messages"))
+        .when(pl.col("has_conversations") & pl.col("has_prompt"))
+        .then(pl.lit("has both conversations and prompt"))
+        .when(~pl.col("has_messages") & ~pl.col("has_prompt") & ~pl.col("has_conversations"))
+        .then(pl.lit("has neither messages nor prompt nor conversations"))
+    )
+    for other, other_key in FORMAT_KEYS.items():
+        if other != fmt:
+            reason = reason.when(pl.col(f"has_{other_key}")).then(
+                pl.lit(f"a {other} row in a file of {fmt} rows")
+            )
+    reason = (
+        reason.when(pl.col("system").is_not_null() & (pl.lit(fmt) != "prompt"))
+        .then(pl.lit(f"system is for prompt rows; put a system message in {key}"))
         .when(pl.col("given_id").is_not_null() & (pl.col("given_id").str.len_bytes() == 0))
         .then(pl.lit("id is empty"))
         .when(msgs.list.len() == 0)
-        .then(pl.lit("messages is empty"))
+        .then(pl.lit(f"{key} is empty"))
+        .when(pl.lit(fmt == "sharegpt") & turns.list.eval(speaker.is_null()).list.any())
+        .then(pl.format("message {}: from is missing", bad_from_at))
+        .when(pl.lit(fmt == "sharegpt") & turns.list.eval(bad_from).list.any())
+        .then(
+            pl.format(
+                "message {}: from {} is not human/gpt/system",
+                bad_from_at,
+                turns.list.get(bad_from_at, null_on_oob=True).struct.field("from").str.slice(0, 20),
+            )
+        )
         .when(msgs.list.eval(role.is_null()).list.any())
         .then(pl.format("message {}: role is missing", bad_role_at))
         .when(msgs.list.eval(role.is_in(ROLES).not_()).list.any())
@@ -448,16 +522,16 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
             )
         )
         .when(msgs.list.eval(content.is_null()).list.any())
-        .then(pl.format("message {}: content is missing or null", null_content_at))
-        .when(last.struct.field("role") != "user")
-        .then(pl.format("last message is from the {}, not the user", last.struct.field("role")))
-        .when(last.struct.field("content").str.strip_chars().str.len_bytes() == 0)
+        .then(pl.format(f"message {{}}: {text_key} is missing or null", null_content_at))
+        .when(user_texts.list.len() == 0)
+        .then(pl.lit("no user message"))
+        .when(user_texts.list.last().str.strip_chars().str.len_bytes() == 0)
         .then(pl.lit("empty prompt"))
         .when(size > max_prompt_bytes)
         .then(pl.format("prompt is {} bytes, over the limit of {} bytes", size, max_prompt_bytes))
     )
     normalised = fields.with_columns(
-        has_messages=pl.col("messages").is_not_null(), has_prompt=pl.col("prompt").is_not_null()
+        **{f"has_{k}": pl.col(k).is_not_null() for k in FORMAT_KEYS.values()}
     ).with_columns(messages=_normalised_messages(fmt))
     checked = normalised.with_columns(reason=reason)
     checked = checked.with_columns(id=_ids(checked))
@@ -471,9 +545,19 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
 
 
 def _normalised_messages(fmt: str) -> pl.Expr:
-    """prompt + system become [system?, user]; messages keep only role and content."""
+    """prompt + system become [system?, user]; ShareGPT turns become {role, content}."""
     if fmt == "messages":
         return pl.col("messages")
+    if fmt == "sharegpt":
+        turn = pl.element().struct
+        return pl.col("conversations").list.eval(
+            pl.struct(
+                role=turn.field("from").replace_strict(
+                    SHAREGPT_ROLES, default=None, return_dtype=pl.String
+                ),
+                content=turn.field("value"),
+            )
+        )
     user = pl.struct(role=pl.lit("user"), content=pl.col("prompt"))
     system = pl.struct(role=pl.lit("system"), content=pl.col("system"))
     return (

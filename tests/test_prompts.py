@@ -48,9 +48,17 @@ REJECTS = {
         {"messages": _msgs(("system", "s"), ("tool", "x"))},
         "message 1: role tool is not user/system/assistant",
     ),
-    "last not user": (
-        {"messages": _msgs(("user", "q"), ("assistant", "a"))},
-        "last message is from the assistant, not the user",
+    "no user message": (
+        {"messages": _msgs(("system", "s"), ("assistant", "a"))},
+        "no user message",
+    ),
+    "last user message empty": (
+        {"messages": _msgs(("user", "q"), ("assistant", "a"), ("user", " "), ("assistant", "b"))},
+        "empty prompt",
+    ),
+    "sharegpt row among messages": (
+        {"conversations": [{"from": "human", "value": "x"}]},
+        "a sharegpt row in a file of messages rows",
     ),
     "duplicate id": ({"id": "good", "messages": _msgs(("user", "other"))}, "duplicate id"),
     "empty prompt": ({"messages": _msgs(("user", "  \n"))}, "empty prompt"),
@@ -100,6 +108,90 @@ def test_prompt_rows_with_system_are_normalised_and_reject_non_strings(tmp_path:
         "empty prompt",
         "system must be a string",
     ]
+
+
+def _turns(*pairs: tuple[str, object]) -> list[dict[str, object]]:
+    return [{"from": speaker, "value": value} for speaker, value in pairs]
+
+
+def test_sharegpt_rows_are_normalised_to_chat_roles(tmp_path: Path) -> None:
+    path = _jsonl(
+        tmp_path,
+        {"id": "s1", "conversations": _turns(("system", "S"), ("human", "Q"), ("gpt", "A"))},
+        {"conversations": _turns(("human", "Hi")), "weight": 1},
+    )
+    ps = load_prompts(str(path))
+    assert (ps.format, ps.num_rejected) == ("sharegpt", 0)
+    assert ps.valid.get_column("messages").to_list() == [
+        _msgs(("system", "S"), ("user", "Q"), ("assistant", "A")),
+        _msgs(("user", "Hi")),
+    ]
+    # The id hashes the normalised messages: the same chat as a messages row gets the same id.
+    as_messages = _jsonl(tmp_path, {"messages": _msgs(("user", "Hi"))}, name="m.jsonl")
+    assert ps.valid["id"][1] == load_prompts(str(as_messages)).valid["id"][0]
+
+
+SHAREGPT_REJECTS = {
+    "messages row": ({"messages": _msgs(("user", "x"))}, "a messages row in a file of sharegpt"),
+    "prompt row": ({"prompt": "x"}, "a prompt row in a file of sharegpt rows"),
+    "bad from": (
+        {"conversations": _turns(("human", "q"), ("user", "x"))},
+        "message 1: from user is not human/gpt/system",
+    ),
+    "missing from": ({"conversations": [{"value": "x"}]}, "message 0: from is missing"),
+    "from a number": ({"conversations": [{"from": 3, "value": "x"}]}, "from must be a string"),
+    "value a number": ({"conversations": _turns(("human", 3))}, "value must be a string"),
+    "null value": ({"conversations": _turns(("human", None))}, "message 0: value is missing"),
+    "turn not an object": ({"conversations": ["hi"]}, "message 0: not a {from, value} object"),
+    "not a list": ({"conversations": "hi"}, "conversations must be a list"),
+    "empty": ({"conversations": []}, "conversations is empty"),
+    "no human turn": ({"conversations": _turns(("system", "s"), ("gpt", "a"))}, "no user message"),
+    "empty last human": ({"conversations": _turns(("human", ""), ("gpt", "a"))}, "empty prompt"),
+    "both keys": (
+        {"conversations": _turns(("human", "x")), "messages": _msgs(("user", "x"))},
+        "has both conversations and messages",
+    ),
+    "system key": (
+        {"conversations": _turns(("human", "x")), "system": "s"},
+        "system is for prompt rows; put a system message in conversations",
+    ),
+}
+
+
+@pytest.mark.parametrize("line, reason", SHAREGPT_REJECTS.values(), ids=SHAREGPT_REJECTS.keys())
+def test_sharegpt_reject_reasons_name_their_line(
+    tmp_path: Path, line: str | dict, reason: str
+) -> None:
+    first = {"id": "a", "conversations": _turns(("human", "q"), ("gpt", "a"))}
+    last = {"id": "b", "conversations": _turns(("human", "q2"))}
+    ps = load_prompts(str(_jsonl(tmp_path, first, line, last)))
+    assert ps.format == "sharegpt"
+    assert ps.valid.get_column("id").to_list() == ["a", "b"]
+    assert ps.rejects.get_column("line").to_list() == [2]
+    assert reason in ps.rejects.get_column("reason")[0]
+
+
+def test_conversation_may_end_with_the_assistant(tmp_path: Path) -> None:
+    row = {"messages": _msgs(("user", "q"), ("assistant", "old answer"))}
+    ps = load_prompts(str(_jsonl(tmp_path, row)))
+    assert ps.num_rejected == 0
+    assert ps.valid.get_column("messages").to_list() == [row["messages"]]
+
+
+def test_parquet_conversations_column(tmp_path: Path) -> None:
+    path = tmp_path / "s.parquet"
+    pl.DataFrame(
+        {"conversations": [_turns(("human", "q"), ("gpt", "a")), _turns(("bot", "x"))]}
+    ).write_parquet(path)
+    ps = load_prompts(str(path))
+    assert ps.format == "sharegpt"
+    assert ps.valid.get_column("messages").to_list() == [_msgs(("user", "q"), ("assistant", "a"))]
+    assert ps.rejects.select("line", "reason").rows() == [
+        (2, "message 0: from bot is not human/gpt/system")
+    ]
+    pl.DataFrame({"conversations": [["a"]]}).write_parquet(path)
+    with pytest.raises(UserError, match="column conversations has type"):
+        load_prompts(str(path))
 
 
 def test_missing_id_is_a_stable_content_hash(tmp_path: Path) -> None:
