@@ -25,6 +25,10 @@ Why this shape:
   whole fleet down. A quarantined server is re-probed with backoff and comes back when
   the probe passes. No healthy server for `generation.fleet_dead_s` fails every pending
   future with `FleetError`; shards already returned are unaffected.
+- Conversations (`regeneration.turns: all`). A row's next turn is queued the moment its
+  previous answer arrives, at the front of the retry queue: it goes ahead of fresh rows, so
+  a conversation never waits on other rows and slots stay full. Each turn has its own
+  attempts and rid (`<id>:t<turn>`).
 """
 
 from __future__ import annotations
@@ -211,7 +215,8 @@ class Dispatcher:
         input order, one per id, or raises `FleetError` / `FleetUnauthorized`."""
         if self._loop is None or self._closed:
             raise RuntimeError("Dispatcher is not running (call start() first)")
-        job = ShardJob(shard, rows)
+        regen = self._regeneration
+        job = ShardJob(shard, rows, turns=regen.turns, keep_reasoning=regen.thinking == "save")
         if job.size:
             self._loop.call_soon_threadsafe(self._accept, job)
         return job.future
@@ -348,11 +353,14 @@ class Dispatcher:
     async def _attempt(self, work: _Work, server: _Server) -> None:
         job, pos = work.job, work.pos
         # A retry gets its own rid: the first try may still be running somewhere.
-        rid = job.ids[pos] if work.attempts == 1 else f"{job.ids[pos]}:retry{work.attempts - 1}"
+        turn = job.turn_of(pos)
+        rid = job.ids[pos] if turn == 1 else f"{job.ids[pos]}:t{turn}"
+        if work.attempts > 1:
+            rid = f"{rid}:retry{work.attempts - 1}"
         body = json.dumps(
             chat_request_body(
                 self._model,
-                job.messages[pos],
+                job.prompt(pos),
                 self._sampling,
                 rid=rid,
                 regeneration=self._regeneration,
@@ -403,12 +411,17 @@ class Dispatcher:
                 return
             tokens = completion.completion_tokens or 0
             self._timeout.observe(tokens, latency)
+            more = work.job.complete(
+                work.pos, completion, server.endpoint.name, work.attempts, latency
+            )
             with self._lock:
-                self._ok += 1
+                self._ok += 0 if more else 1  # rows, not turns: `queued` counts rows
                 self._output_tokens += tokens
                 server.completed += 1
                 server.output_tokens += tokens
-            work.job.complete(work.pos, completion, server.endpoint.name, work.attempts, latency)
+            if more:
+                # The next turn goes first: its conversation waits on nothing else.
+                self._retry.appendleft(_Work(work.job, work.pos))
             self._forget_if_done(work.job)
         elif kind is Verdict.REJECTED:
             self._fail_row(work, error_message(status, raw), server, latency)

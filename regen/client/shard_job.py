@@ -3,6 +3,11 @@
 Rows stay in their polars frame until the shard reaches the head of the queue, so a
 flow that submits all 2,000 shards of a 1M-prompt run at once holds Arrow buffers, not
 a million Python dicts; the Python lists exist only for the shards being dispatched.
+
+With `regeneration.turns: all` a row is a conversation generated turn by turn: `complete`
+appends the answer to the row's history and says whether another user turn follows, which
+the dispatcher then sends at once. Per row only the history, the turn number and the
+per-turn records are kept (see `regen.schema` for what the finished row holds).
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from typing import Any
 import polars as pl
 
 from regen.client.response import Completion
-from regen.schema import TURN, row_schema
+from regen.conversations import Turns
+from regen.schema import OUTPUT_MESSAGE, TURN, row_schema
 
 _RESULT_COLUMNS = (
     "content",
@@ -33,9 +39,32 @@ _RESULT_COLUMNS = (
 class ShardJob:
     """Filled from the dispatcher's loop thread only; `future` is read by the shard's thread."""
 
-    __slots__ = ("_columns", "_frame", "cursor", "future", "ids", "messages", "remaining", "shard")
+    __slots__ = (
+        "_all",
+        "_columns",
+        "_frame",
+        "_history",
+        "_keep_reasoning",
+        "_next",
+        "_records",
+        "_sums",
+        "cursor",
+        "future",
+        "ids",
+        "messages",
+        "remaining",
+        "shard",
+        "turn",
+    )
 
-    def __init__(self, shard: int, rows: pl.DataFrame) -> None:
+    def __init__(
+        self,
+        shard: int,
+        rows: pl.DataFrame,
+        *,
+        turns: Turns = "last",
+        keep_reasoning: bool = True,
+    ) -> None:
         missing = {"id", "messages"} - set(rows.columns)
         if missing:
             raise ValueError(f"shard {shard}: rows lack column(s) {sorted(missing)}")
@@ -48,6 +77,16 @@ class ShardJob:
         self.ids: list[str] = []
         self.messages: list[list[dict[str, str]]] = []
         self._columns: dict[str, list[Any]] = {}
+        self._all = turns == "all"
+        # thinking: drop still thinks, but nothing of it is stored.
+        self._keep_reasoning = keep_reasoning
+        # turns=all only, per row: the conversation so far (output messages), the index of
+        # the next input message, the current turn (from 1), TURN records, running sums.
+        self._history: list[list[dict[str, str | None]]] = []
+        self._next: list[int] = []
+        self.turn: list[int] = []
+        self._records: list[list[dict[str, Any]]] = []
+        self._sums: list[dict[str, Any]] = []
         if not self.size:
             self.materialize()
             self.future.set_result(self._result())
@@ -63,26 +102,123 @@ class ShardJob:
         self.ids = self._frame["id"].to_list()
         self.messages = self._frame["messages"].to_list()
         self._columns = {name: [None] * self.size for name in _RESULT_COLUMNS}
+        if self._all:
+            n = self.size
+            # Defensive: the original answers are stripped upstream, never sent if not.
+            self.messages = [[m for m in ms if m["role"] != "assistant"] for ms in self.messages]
+            self._history = [[] for _ in range(n)]
+            self._next = [0] * n
+            self.turn = [0] * n
+            self._records = [[] for _ in range(n)]
+            self._sums = [
+                {"prompt_tokens": None, "completion_tokens": None, "reasoning_tokens": None,
+                 "attempts": 0, "latency_s": 0.0}
+                for _ in range(n)
+            ]  # fmt: skip
+            for pos in range(n):
+                self._advance(pos)
+
+    def _advance(self, pos: int) -> bool:
+        """Move the next input messages up to and including a user message into the history;
+        False when no user turn is left (a row without any user message gets one turn)."""
+        inputs, start = self.messages[pos], self._next[pos]
+        if start >= len(inputs) and self.turn[pos] > 0:
+            return False
+        end = start
+        while end < len(inputs) and inputs[end]["role"] != "user":
+            end += 1
+        if end >= len(inputs) and self.turn[pos] > 0:
+            return False  # only trailing non-user messages: nothing more to answer
+        end = min(end + 1, len(inputs))
+        self._history[pos].extend(
+            {"role": m["role"], "content": m["content"], "reasoning_content": None}
+            for m in inputs[start:end]
+        )
+        self._next[pos] = end
+        self.turn[pos] += 1
+        return True
+
+    def prompt(self, pos: int) -> list[dict[str, str]]:
+        """What the next request of row `pos` sends: earlier answers without their reasoning,
+        as the chat template takes no earlier reasoning."""
+        if not self._all:
+            return self.messages[pos]
+        return [{"role": m["role"], "content": m["content"]} for m in self._history[pos]]  # type: ignore[misc]
+
+    def turn_of(self, pos: int) -> int:
+        return self.turn[pos] if self._all else 1
 
     def is_open(self) -> bool:
         return not self.future.done()
 
     def complete(
         self, pos: int, completion: Completion, server: str, attempts: int, latency_s: float
-    ) -> None:
+    ) -> bool:
+        """Record one answered turn; True when the row has another turn to send."""
         c = self._columns
+        reasoning = completion.reasoning_content if self._keep_reasoning else None
+        prompt_tokens = completion.prompt_tokens
+        completion_tokens = completion.completion_tokens
+        reasoning_tokens = completion.reasoning_tokens
+        if self._all:
+            self._records[pos].append(
+                {
+                    "turn": self.turn[pos],
+                    "finish_reason": completion.finish_reason,
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "reasoning_tokens": reasoning_tokens,
+                    "reasoning_effort": None,
+                    "server": server,
+                    "attempts": attempts,
+                    "latency_s": latency_s,
+                }
+            )
+            self._history[pos].append(
+                {"role": "assistant", "content": completion.content, "reasoning_content": reasoning}
+            )
+            sums = self._add(pos, attempts, latency_s, completion)
+            if self._advance(pos):
+                return True
+            prompt_tokens = sums["prompt_tokens"]
+            completion_tokens = sums["completion_tokens"]
+            reasoning_tokens = sums["reasoning_tokens"]
+            attempts, latency_s = sums["attempts"], sums["latency_s"]
         c["content"][pos] = completion.content
-        c["reasoning_content"][pos] = completion.reasoning_content
+        c["reasoning_content"][pos] = reasoning
         c["finish_reason"][pos] = completion.finish_reason
-        c["prompt_tokens"][pos] = completion.prompt_tokens
-        c["completion_tokens"][pos] = completion.completion_tokens
-        c["reasoning_tokens"][pos] = completion.reasoning_tokens
+        c["prompt_tokens"][pos] = prompt_tokens
+        c["completion_tokens"][pos] = completion_tokens
+        c["reasoning_tokens"][pos] = reasoning_tokens
         c["model"][pos] = completion.model
         self._finish(pos, server, attempts, latency_s, None)
+        return False
+
+    def _add(
+        self, pos: int, attempts: int, latency_s: float | None, completion: Completion | None
+    ) -> dict[str, Any]:
+        """Add one turn to the row's sums; a token count stays null only if no turn had it."""
+        sums = self._sums[pos]
+        sums["attempts"] += attempts
+        sums["latency_s"] += latency_s or 0.0
+        if completion is not None:
+            for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
+                value = getattr(completion, name)
+                if value is not None:
+                    sums[name] = (sums[name] or 0) + value
+        return sums
 
     def fail(
         self, pos: int, error: str, server: str | None, attempts: int, latency_s: float | None
     ) -> None:
+        """A failed turn ends the conversation; the row keeps the turns that succeeded."""
+        if self._all:
+            sums = self._add(pos, attempts, latency_s, None)
+            c = self._columns
+            for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
+                c[name][pos] = sums[name]
+            attempts, latency_s = sums["attempts"], sums["latency_s"]
+            error = f"turn {self.turn[pos]}: {error}"
         self._finish(pos, server, attempts, latency_s, error)
 
     def _finish(
@@ -116,12 +252,19 @@ class ShardJob:
         self.ids = []
         self.messages = []
         self._columns = {}
+        self._history = []
+        self._next = []
+        self.turn = []
+        self._records = []
+        self._sums = []
 
     def _result(self) -> pl.DataFrame:
         schema = row_schema()
         results = pl.DataFrame(
             self._columns, schema={name: schema[name] for name in _RESULT_COLUMNS}
         )
+        if self._all:
+            return self._conversation_result(results)
         frame = self._frame.with_columns(
             pl.lit(self.shard, pl.Int64).alias("shard"),
             pl.col("messages").list.eval(
@@ -158,3 +301,24 @@ class ShardJob:
             .select(schema.names())
             .cast(schema)
         )
+
+    def _conversation_result(self, results: pl.DataFrame) -> pl.DataFrame:
+        """turns=all: `messages` is the regenerated conversation (up to the failed turn's user
+        message on an error row), `turns` the per-turn records."""
+        schema = row_schema()
+        built = pl.DataFrame(
+            {
+                "id": self._frame["id"],
+                "shard": [self.shard] * self.size,
+                "messages": self._history if self.size else [],
+                "turns": self._records if self.size else [],
+            },
+            schema={
+                "id": pl.String,
+                "shard": pl.Int64,
+                "messages": pl.List(OUTPUT_MESSAGE),
+                "turns": pl.List(TURN),
+            },
+        )
+        out = pl.concat([built, results], how="horizontal")
+        return out.select(schema.names()).cast(schema)

@@ -1,0 +1,156 @@
+"""`regeneration.turns` against a real emulator: `all` regenerates every assistant turn on the
+regenerated history, `last` answers once; `thinking: drop` stores no reasoning anywhere."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from pydantic import SecretStr
+
+from regen.client import Dispatcher, DispatchTuning
+from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
+from regen.fleet.endpoint import Endpoint
+from regen.schema import MESSAGE, row_schema
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = "emu-model"
+KEY = "test-key"
+READY = "The server is fired up and ready to roll!"
+MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
+CONTEXT = 1024
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    """One thinking emulator; a small context so a long user turn is rejected (a 400)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    log = tmp_path_factory.mktemp("emu") / "emu.log"
+    args = [
+        sys.executable, "-m", "regen.emulator",
+        "--model-path", str(MODEL_DIR), "--served-model-name", MODEL,
+        "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY,
+        "--max-running-requests", "4", "--context-length", str(CONTEXT),
+        "--reasoning-parser", "qwen3", "--emu-load-s", "0", "--emu-tokens-per-s", "250",
+        "--emu-time-scale", "0.05", "--emu-reasoning-tokens", "5:20",
+        "--emu-answer-tokens", "20:40",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while READY not in log.read_text(errors="replace"):
+            assert proc.poll() is None, log.read_text(errors="replace")[-2000:]
+            assert time.monotonic() < deadline, "emulator never became ready"
+            time.sleep(0.05)
+        yield Endpoint(0, f"http://127.0.0.1:{port}")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def regenerate(endpoint: Endpoint, rows: pl.DataFrame, **regeneration: Any) -> pl.DataFrame:
+    dispatcher = Dispatcher(
+        [endpoint],
+        api_key=SecretStr(KEY),
+        model=MODEL,
+        sampling=SamplingConfig(max_tokens=128),
+        generation=GenerationConfig(),
+        concurrency_per_server=2,
+        regeneration=RegenerationConfig.model_validate(regeneration),
+        tuning=DispatchTuning(retry_backoff_s=0.02, probe_backoff_s=0.2),
+    )
+    with dispatcher:
+        return dispatcher.submit_shard(3, rows).result(timeout=90)
+
+
+def conversations(count: int, third: str = "and a third?") -> pl.DataFrame:
+    """System + 3 user turns; an original assistant answer sits in between (stripped upstream
+    for turns=all, here to prove it is ignored anyway)."""
+    messages = [
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": f"first question {i}?"},
+            {"role": "assistant", "content": "ORIGINAL ANSWER"},
+            {"role": "user", "content": "a second one?"},
+            {"role": "user", "content": third},
+        ]
+        for i in range(count)
+    ]
+    return pl.DataFrame(
+        {"id": [f"c-{i}" for i in range(count)], "messages": messages},
+        schema={"id": pl.String, "messages": pl.List(MESSAGE)},
+    )
+
+
+def test_all_turns_regenerate_the_whole_conversation(endpoint: Endpoint) -> None:
+    rows = conversations(5)
+    out = regenerate(endpoint, rows, turns="all", thinking="save")
+    assert out.schema == row_schema()
+    assert out["id"].to_list() == rows["id"].to_list()
+    assert out["error"].null_count() == out.height
+    for row in out.iter_rows(named=True):
+        messages, turns = row["messages"], row["turns"]
+        roles = [m["role"] for m in messages]
+        assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+        answers = [m for m in messages if m["role"] == "assistant"]
+        assert all(a["content"] and a["content"] != "ORIGINAL ANSWER" for a in answers)
+        assert all(a["reasoning_content"] for a in answers)
+        assert [m["reasoning_content"] for m in messages if m["role"] != "assistant"] == [None] * 4
+        assert [t["turn"] for t in turns] == [1, 2, 3]
+        prompts = [t["prompt_tokens"] for t in turns]
+        # Each turn is sent on the history so far: the prompt grows by the answer before it.
+        assert prompts[0] < prompts[1] < prompts[2]
+        assert row["content"] == answers[-1]["content"]
+        assert row["reasoning_content"] == answers[-1]["reasoning_content"]
+        assert row["finish_reason"] == turns[-1]["finish_reason"]
+        assert row["prompt_tokens"] == sum(prompts)
+        assert row["completion_tokens"] == sum(t["completion_tokens"] for t in turns)
+        assert row["attempts"] == sum(t["attempts"] for t in turns) == 3
+        assert row["latency_s"] == pytest.approx(sum(t["latency_s"] for t in turns))
+
+
+def test_drop_stores_no_reasoning_in_either_mode(endpoint: Endpoint) -> None:
+    for turns in ("all", "last"):
+        out = regenerate(endpoint, conversations(3), turns=turns, thinking="drop")
+        assert out["error"].null_count() == out.height
+        assert out["reasoning_content"].null_count() == out.height
+        stored = out["messages"].explode().struct.field("reasoning_content")
+        assert stored.null_count() == stored.len()
+        assert (out["reasoning_tokens"] > 0).all()  # it still thought
+
+
+def test_last_answers_once(endpoint: Endpoint) -> None:
+    rows = conversations(3)
+    out = regenerate(endpoint, rows, turns="last", thinking="save")
+    assert out["error"].null_count() == out.height
+    assert out["messages"].list.len().to_list() == [5, 5, 5]
+    assert out["turns"].list.len().to_list() == [1, 1, 1]
+    assert out["turns"].list.first().struct.field("turn").to_list() == [3, 3, 3]
+    assert out["reasoning_content"].null_count() == 0
+
+
+def test_a_failed_turn_ends_the_conversation_and_keeps_the_turns_before(
+    endpoint: Endpoint,
+) -> None:
+    too_long = " ".join(["word"] * (CONTEXT * 2))
+    out = regenerate(endpoint, conversations(2, third=too_long), turns="all")
+    for row in out.iter_rows(named=True):
+        assert row["error"].startswith("turn 3: ")
+        assert "context length" in row["error"]
+        assert [t["turn"] for t in row["turns"]] == [1, 2]
+        roles = [m["role"] for m in row["messages"]]
+        assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+        assert row["content"] is None
+        assert row["prompt_tokens"] == sum(t["prompt_tokens"] for t in row["turns"])
+        assert row["attempts"] == 3
