@@ -16,6 +16,8 @@ import pytest
 from pydantic import SecretStr
 
 from regen.client import Dispatcher, DispatchTuning
+from regen.client.effort import pick_effort
+from regen.client.request import chat_request_body
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.fleet.endpoint import Endpoint
 from regen.schema import MESSAGE, row_schema
@@ -154,3 +156,24 @@ def test_a_failed_turn_ends_the_conversation_and_keeps_the_turns_before(
         assert row["content"] is None
         assert row["prompt_tokens"] == sum(t["prompt_tokens"] for t in row["turns"])
         assert row["attempts"] == 3
+
+
+@pytest.mark.parametrize("turns", ["all", "last"])
+def test_each_turn_records_the_effort_its_id_and_turn_pick(endpoint: Endpoint, turns: str) -> None:
+    shares = {"low": 0.4, "medium": 0.4, "high": 0.2}
+    out = regenerate(endpoint, conversations(12), turns=turns, reasoning_effort=shares)
+    assert out["error"].null_count() == out.height  # the emulator took every effort it was sent
+    picked = out.select("id", "turns").explode("turns").unnest("turns")
+    for sample_id, turn, effort in picked.select("id", "turn", "reasoning_effort").iter_rows():
+        assert effort == pick_effort(shares, sample_id, turn if turns == "all" else 1)
+    assert picked["reasoning_effort"].null_count() == 0
+
+
+def test_no_shares_send_no_effort(endpoint: Endpoint) -> None:
+    out = regenerate(endpoint, conversations(2), turns="all")
+    assert (
+        out["turns"].list.eval(pl.element().struct.field("reasoning_effort")).explode().null_count()
+        == 6
+    )
+    body = chat_request_body(MODEL, [{"role": "user", "content": "q"}], SamplingConfig())
+    assert "reasoning_effort" not in body

@@ -216,7 +216,13 @@ class Dispatcher:
         if self._loop is None or self._closed:
             raise RuntimeError("Dispatcher is not running (call start() first)")
         regen = self._regeneration
-        job = ShardJob(shard, rows, turns=regen.turns, keep_reasoning=regen.thinking == "save")
+        job = ShardJob(
+            shard,
+            rows,
+            turns=regen.turns,
+            keep_reasoning=regen.thinking == "save",
+            efforts=regen.reasoning_effort,
+        )
         if job.size:
             self._loop.call_soon_threadsafe(self._accept, job)
         return job.future
@@ -364,6 +370,7 @@ class Dispatcher:
                 self._sampling,
                 rid=rid,
                 regeneration=self._regeneration,
+                reasoning_effort=job.effort(pos),
             )
         ).encode()
         if self._client_timeout.total != self._timeout.seconds:

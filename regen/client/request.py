@@ -14,8 +14,11 @@ def chat_request_body(
     rid: str | None = None,
     max_tokens: int | None = None,
     regeneration: RegenerationConfig | None = None,
+    reasoning_effort: str | None = None,
 ) -> dict[str, Any]:
-    """`rid` is the sample id, so a request can be found in server logs and aborted by id."""
+    """`rid` is the sample id, so a request can be found in server logs and aborted by id.
+
+    `reasoning_effort` is sent only when set: a model that takes none is not asked for one."""
     thinking = (regeneration or RegenerationConfig()).enable_thinking
     body: dict[str, Any] = {
         "model": model,
@@ -32,4 +35,6 @@ def chat_request_body(
         body["min_p"] = sampling.min_p
     if rid is not None:
         body["rid"] = rid
+    if reasoning_effort is not None:
+        body["reasoning_effort"] = reasoning_effort
     return body

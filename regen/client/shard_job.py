@@ -13,10 +13,12 @@ per-turn records are kept (see `regen.schema` for what the finished row holds).
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
 
+from regen.client.effort import pick_effort
 from regen.client.response import Completion
 from regen.conversations import Turns
 from regen.schema import OUTPUT_MESSAGE, TURN, row_schema
@@ -42,6 +44,7 @@ class ShardJob:
     __slots__ = (
         "_all",
         "_columns",
+        "_efforts",
         "_frame",
         "_history",
         "_keep_reasoning",
@@ -64,6 +67,7 @@ class ShardJob:
         *,
         turns: Turns = "last",
         keep_reasoning: bool = True,
+        efforts: Mapping[str, float] | None = None,
     ) -> None:
         missing = {"id", "messages"} - set(rows.columns)
         if missing:
@@ -80,6 +84,7 @@ class ShardJob:
         self._all = turns == "all"
         # thinking: drop still thinks, but nothing of it is stored.
         self._keep_reasoning = keep_reasoning
+        self._efforts = dict(efforts or {})
         # turns=all only, per row: the conversation so far (output messages), the index of
         # the next input message, the current turn (from 1), TURN records, running sums.
         self._history: list[list[dict[str, str | None]]] = []
@@ -148,6 +153,10 @@ class ShardJob:
     def turn_of(self, pos: int) -> int:
         return self.turn[pos] if self._all else 1
 
+    def effort(self, pos: int) -> str | None:
+        """The `reasoning_effort` of row `pos`'s current turn (None: send none)."""
+        return pick_effort(self._efforts, self.ids[pos], self.turn_of(pos))
+
     def is_open(self) -> bool:
         return not self.future.done()
 
@@ -168,7 +177,7 @@ class ShardJob:
                     "prompt_tokens": prompt_tokens,
                     "completion_tokens": completion_tokens,
                     "reasoning_tokens": reasoning_tokens,
-                    "reasoning_effort": None,
+                    "reasoning_effort": self.effort(pos),
                     "server": server,
                     "attempts": attempts,
                     "latency_s": latency_s,
@@ -285,7 +294,9 @@ class ShardJob:
             "prompt_tokens",
             "completion_tokens",
             "reasoning_tokens",
-            pl.lit(None, pl.String).alias("reasoning_effort"),
+            pl.Series(
+                "reasoning_effort", [self.effort(pos) for pos in range(self.size)], pl.String
+            ),
             "server",
             "attempts",
             "latency_s",

@@ -314,6 +314,10 @@ class EmulatorServer:
             min_tokens = body.get("min_tokens") or 0
             if not isinstance(min_tokens, int):
                 raise RequestError(f"min_tokens must be an integer, got {min_tokens!r}")
+            effort = body.get("reasoning_effort")
+            if effort is not None and effort not in ("low", "medium", "high"):
+                # SGLang's ChatCompletionRequest types it Literal["low", "medium", "high"].
+                raise RequestError(f"reasoning_effort must be low, medium or high, got {effort!r}")
         except RequestError as err:
             return error_response(err.status, str(err), err.kind)
         arrival = self._chat_arrivals
