@@ -184,6 +184,29 @@ class S3Storage:
             "put_object", key, lambda c: c.put_object(Bucket=self.bucket, Key=full, Body=data)
         )
 
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        full = self._key(key)
+        attempts = 0
+
+        def put(c: BaseClient) -> bool:
+            nonlocal attempts
+            attempts += 1
+            try:
+                c.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+            except ClientError as err:
+                code = str(err.response.get("Error", {}).get("Code", ""))
+                if code not in {"PreconditionFailed", "ConditionalRequestConflict"}:
+                    raise
+                # A retry after a lost response meets our own object: it is ours if the bytes
+                # are (claims carry node and expiry, so another writer's bytes differ).
+                if attempts > 1 and code == "PreconditionFailed":
+                    got = c.get_object(Bucket=self.bucket, Key=full)["Body"].read()
+                    return bool(got == data)
+                return False
+            return True
+
+        return self._call("put_object", key, put)
+
     def read_bytes(self, key: str) -> bytes:
         full = self._key(key)
 

@@ -29,6 +29,12 @@ class Storage(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Write only if `key` does not exist, atomically: True if created, False if it existed.
+
+        Claims between nodes rest on this: of many racers exactly one creates a key.
+        """
+
     def list(self, prefix: str = "") -> list[str]:
         """Keys under `prefix`, sorted."""
 
@@ -52,8 +58,8 @@ class LocalStorage:
     def _path(self, key: str) -> Path:
         return self.root / key
 
-    def write_bytes(self, key: str, data: bytes) -> None:
-        path = self._path(key)
+    def _write_temp(self, path: Path, data: bytes) -> str:
+        """A complete, fsynced temp file beside `path` (mkstemp is O_CREAT|O_EXCL)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
@@ -65,10 +71,32 @@ class LocalStorage:
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp, 0o666 & ~umask)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
+            # link() fails if the name exists and, unlike O_EXCL on the final name, publishes
+            # the file only once it is complete: no racer ever reads a half-written claim.
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return True
 
     def read_bytes(self, key: str) -> bytes:
         return self._path(key).read_bytes()
