@@ -9,6 +9,10 @@ Runs, all against real emulator processes with long-tailed (log-uniform) output 
   (id, shard) in memory, each shard read from the prompt cache when submitted, 32 shards
   in flight, 64 shards streamed through fast emulators (1-token answers); peak RSS.
   (`--rss-only` reruns just this one and updates the results file.)
+- multiturn: conversations of 1..5 user turns (mean 3, uniform) under
+  `regeneration.turns: all`, all shards at once, as shared: a conversation's next turn is
+  sent when its previous answer returns, so the slots must stay full while rows are
+  mid-conversation, not only while fresh rows remain (`--multiturn-only` reruns just it).
 
 Throughput and utilisation come from the emulators' own /metrics, scraped every 0.2 s,
 over the steady window: from one longest-request time after the start (counters count a
@@ -16,7 +20,7 @@ request when it ends) until the queue runs dry (the one final drain of a run is 
 fixed cost, ~one request length out of a 1M-prompt run; the `*_full_run` figures include
 it). CPU is the bench process's CPU minus the scraper thread's own.
 
-    .venv/bin/python benches/dispatch.py [--quick]
+    .venv/bin/python benches/dispatch.py [--quick] [--multiturn-only]
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import polars as pl
 from pydantic import SecretStr
 
 from regen.client import Dispatcher
-from regen.config import GenerationConfig, SamplingConfig
+from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.fleet.endpoint import Endpoint
 from regen.schema import row_schema
 
@@ -60,6 +64,7 @@ class Setup:
     requests: int
     baseline_requests: int
     slow_requests: int
+    multiturn_conversations: int
     rss_prompts: int
     rss_stream_shards: int
     time_scale: float
@@ -170,7 +175,32 @@ def prompt_frame(n: int, prefix: str = "q") -> pl.DataFrame:
     ).cast({"messages": row_schema()["messages"]})
 
 
-def make_dispatcher(setup: Setup, endpoints: list[Endpoint], max_tokens: int) -> Dispatcher:
+def conversation_frame(n: int, prefix: str = "c") -> pl.DataFrame:
+    """n conversations of a system message and 1..5 user messages (mean 3 when 5 divides n,
+    spread over every shard), the input `turns: all` takes: no assistant messages."""
+    i = pl.int_range(n, dtype=pl.Int64)
+    turns = 1 + (i * 2) % 5  # 1, 3, 5, 2, 4, ...: each shard of 500 holds every length
+    user = pl.int_ranges(0, turns).list.eval(
+        pl.struct(
+            role=pl.lit("user"),
+            content=pl.format(
+                "Follow-up {}: explain step by step and give the answer", pl.element()
+            ),
+        )
+    )
+    system = pl.struct(role=pl.lit("system"), content=pl.format("You are assistant #{}.", i))
+    return pl.select(
+        id=pl.format(f"{prefix}-{{}}", i.cast(pl.String).str.zfill(7)),
+        messages=pl.concat_list(system, user),
+    ).cast({"messages": row_schema()["messages"]})
+
+
+def make_dispatcher(
+    setup: Setup,
+    endpoints: list[Endpoint],
+    max_tokens: int,
+    regeneration: RegenerationConfig | None = None,
+) -> Dispatcher:
     return Dispatcher(
         endpoints,
         api_key=SecretStr(KEY),
@@ -178,15 +208,27 @@ def make_dispatcher(setup: Setup, endpoints: list[Endpoint], max_tokens: int) ->
         sampling=SamplingConfig(max_tokens=max_tokens),
         generation=GenerationConfig(),
         concurrency_per_server=setup.slots,
+        regeneration=regeneration,
     )
 
 
 def run_load(
-    setup: Setup, endpoints: list[Endpoint], requests: int, *, batched: bool, slow: float = 1.0
+    setup: Setup,
+    endpoints: list[Endpoint],
+    frame: pl.DataFrame,
+    *,
+    batched: bool,
+    slow: float = 1.0,
+    regeneration: RegenerationConfig | None = None,
 ) -> dict[str, float]:
-    frame = prompt_frame(requests)
+    """`requests` counts rows (conversations); `turns` the chat requests they took, which
+    CPU and tokens are divided by."""
+    requests = frame.height
     shards = [frame.slice(at, SHARD) for at in range(0, requests, SHARD)]
-    with make_dispatcher(setup, endpoints, setup.max_tokens) as d, Scraper(endpoints, d) as sc:
+    with (
+        make_dispatcher(setup, endpoints, setup.max_tokens, regeneration) as d,
+        Scraper(endpoints, d) as sc,
+    ):
         cpu0, start = time.process_time(), time.monotonic()
         if batched:
             outs = []
@@ -211,7 +253,8 @@ def run_load(
     (t0, _, k0, _), (t1, _, k1, _) = steady[0], steady[-1]
     capacity = setup.capacity(slow)
     slots = setup.servers * setup.slots
-    tokens = int(out["completion_tokens"].sum())
+    tokens = int(out["completion_tokens"].sum())  # a conversation's sum over its turns
+    turns = int(out["turns"].list.len().sum())
     busy = [s for s in samples if start <= s[0] <= dry]
     return {
         "requests": requests,
@@ -221,8 +264,9 @@ def run_load(
         "slot_utilisation": sum(r for _, r, _, _ in busy) / len(busy) / slots,
         "capacity_ratio_full_run": tokens / (end - start) / capacity,
         "slot_utilisation_full_run": sum(r for _, r, _, _ in samples) / len(samples) / slots,
-        "client_cpu_ms_per_request": 1000 * cpu / requests,
-        "mean_tokens": tokens / requests,
+        "client_cpu_ms_per_request": 1000 * cpu / turns,
+        "mean_tokens": tokens / turns,
+        "turns": turns,
     }
 
 
@@ -281,11 +325,31 @@ def measure_rss(setup: Setup, endpoints: list[Endpoint], tmp: Path) -> dict[str,
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_multiturn(setup: Setup, endpoints: list[Endpoint]) -> dict[str, float]:
+    """The steady window ends as for shared: `stats().queued` counts a row waiting for its
+    next turn too, so the queue is dry only when no conversation has a turn waiting."""
+    frame = conversation_frame(setup.multiturn_conversations)
+    return run_load(
+        setup, endpoints, frame, batched=False, regeneration=RegenerationConfig(turns="all")
+    )
+
+
+def print_runs(runs: dict[str, dict[str, float]]) -> None:
+    print(f"{'run':10} {'requests':>9} {'turns':>7} {'wall_s':>8} {'cap':>6} {'util':>6} "
+          f"{'cap_full':>9} {'util_full':>9} {'cpu_ms':>7} {'errors':>6}")  # fmt: skip
+    for name, r in runs.items():
+        print(f"{name:10} {r['requests']:>9} {r['turns']:>7} {r['wall_s']:>8.1f} "
+              f"{r['capacity_ratio']:>6.3f} {r['slot_utilisation']:>6.3f} "
+              f"{r['capacity_ratio_full_run']:>9.3f} {r['slot_utilisation_full_run']:>9.3f} "
+              f"{r['client_cpu_ms_per_request']:>7.3f} {r['errors']:>6}")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a small smoke run (~1 min)")
     p.add_argument("--time-scale", type=float, default=0.8, help="wall s per simulated s")
     p.add_argument("--rss-only", action="store_true", help="rerun only the RSS figure")
+    p.add_argument("--multiturn-only", action="store_true", help="rerun only the multi-turn figure")
     p.add_argument("--rss-child", nargs="+", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.rss_child:
@@ -295,60 +359,73 @@ def main() -> None:
     common = dict(tokens_per_s=250.0, max_tokens=4096, reasoning="200:4000", answer="20:800")
     setup = (
         Setup(servers=2, slots=16, requests=1000, baseline_requests=1000, slow_requests=1000,
-              rss_prompts=100_000, rss_stream_shards=4, time_scale=0.2, **common)
+              multiturn_conversations=500, rss_prompts=100_000, rss_stream_shards=4,
+              time_scale=0.2, **common)
         if a.quick
         else Setup(servers=8, slots=64, requests=20_000, baseline_requests=2_500,
-                   slow_requests=5_000, rss_prompts=1_000_000, rss_stream_shards=64,
-                   time_scale=a.time_scale, **common)
+                   slow_requests=5_000, multiturn_conversations=4_000, rss_prompts=1_000_000,
+                   rss_stream_shards=64, time_scale=a.time_scale, **common)
     )  # fmt: skip
     name = "dispatch-quick.json" if a.quick else "dispatch.json"
-    if a.rss_only:
+    result_path = ROOT / "benches" / "results" / name
+    if a.rss_only or a.multiturn_only:
+        empty = {"setup": {}, "runs": {}}
+        saved = json.loads(result_path.read_text()) if result_path.exists() else empty
         with (
             tempfile.TemporaryDirectory(prefix="regen-dispatch-bench-") as tmp,
             fleet(setup, Path(tmp)) as endpoints,
         ):
-            rss = measure_rss(setup, endpoints, Path(tmp))
-        saved = json.loads((ROOT / "benches" / "results" / name).read_text())
-        saved["rss_mb_1m_prompts"] = rss["rss_peak_mb"]
-        saved["runs"]["rss"] = rss
-        (ROOT / "benches" / "results" / name).write_text(json.dumps(saved, indent=2) + "\n")
-        print(f"rss: {rss}")
+            if a.rss_only:
+                rss = measure_rss(setup, endpoints, Path(tmp))
+                saved["rss_mb_1m_prompts"] = rss["rss_peak_mb"]
+                saved["runs"]["rss"] = rss
+                print(f"rss: {rss}")
+            if a.multiturn_only:
+                multi = run_multiturn(setup, endpoints)
+                saved["multiturn_slot_utilisation"] = multi["slot_utilisation"]
+                saved["setup"]["multiturn_conversations"] = setup.multiturn_conversations
+                saved["runs"]["multiturn"] = multi
+                print_runs({"multiturn": multi})
+        result_path.write_text(json.dumps(saved, indent=2) + "\n")
         return
     with tempfile.TemporaryDirectory(prefix="regen-dispatch-bench-") as tmp:
         with fleet(setup, Path(tmp)) as endpoints:
-            shared = run_load(setup, endpoints, setup.requests, batched=False)
-            baseline = run_load(setup, endpoints, setup.baseline_requests, batched=True)
+            shared = run_load(setup, endpoints, prompt_frame(setup.requests), batched=False)
+            baseline = run_load(
+                setup, endpoints, prompt_frame(setup.baseline_requests), batched=True
+            )
+            multi = run_multiturn(setup, endpoints)
             rss = measure_rss(setup, endpoints, Path(tmp))
         with fleet(setup, Path(tmp), slow=0.5) as endpoints:
-            slowed = run_load(setup, endpoints, setup.slow_requests, batched=False, slow=0.5)
+            slowed = run_load(
+                setup, endpoints, prompt_frame(setup.slow_requests), batched=False, slow=0.5
+            )
     results = {
         "capacity_ratio": shared["capacity_ratio"],
         "slot_utilisation": shared["slot_utilisation"],
         "baseline_slot_utilisation": baseline["slot_utilisation"],
         "slow_server_capacity_ratio": slowed["capacity_ratio"],
+        "multiturn_slot_utilisation": multi["slot_utilisation"],
         "client_cpu_ms_per_request": shared["client_cpu_ms_per_request"],
         "rss_mb_1m_prompts": rss["rss_peak_mb"],
         "setup": {**setup.__dict__, "quick": a.quick, "shard_size": SHARD},
-        "runs": {"shared": shared, "baseline": baseline, "slow": slowed, "rss": rss},
-    }
+        "runs": {
+            "shared": shared, "baseline": baseline, "slow": slowed, "multiturn": multi, "rss": rss
+        },
+    }  # fmt: skip
     targets = {
         "capacity_ratio": ">= 0.97", "slot_utilisation": ">= 0.95",
         "baseline_slot_utilisation": "(reference)", "slow_server_capacity_ratio": ">= 0.95",
+        "multiturn_slot_utilisation": ">= 0.95",
         "client_cpu_ms_per_request": "<= 1", "rss_mb_1m_prompts": "<= 400",
     }  # fmt: skip
     print(f"{'figure':32} {'value':>10}  target")
     for key, target in targets.items():
         print(f"{key:32} {results[key]:>10.3f}  {target}")
     print()
-    print(f"{'run':10} {'requests':>9} {'wall_s':>8} {'cap':>6} {'util':>6} {'cap_full':>9} "
-          f"{'util_full':>9} {'cpu_ms':>7} {'errors':>6}")  # fmt: skip
-    for name, r in (("shared", shared), ("baseline", baseline), ("slow", slowed)):
-        print(f"{name:10} {r['requests']:>9} {r['wall_s']:>8.1f} {r['capacity_ratio']:>6.3f} "
-              f"{r['slot_utilisation']:>6.3f} {r['capacity_ratio_full_run']:>9.3f} "
-              f"{r['slot_utilisation_full_run']:>9.3f} {r['client_cpu_ms_per_request']:>7.3f} "
-              f"{r['errors']:>6}")  # fmt: skip
+    print_runs({"shared": shared, "baseline": baseline, "slow": slowed, "multiturn": multi})
     print(f"rss: {rss}")
-    (ROOT / "benches" / "results" / name).write_text(json.dumps(results, indent=2) + "\n")
+    result_path.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
