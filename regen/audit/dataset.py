@@ -78,6 +78,41 @@ def scan_rows(storage: Storage, view: DatasetView) -> pl.LazyFrame:
     )
 
 
+def per_turn(rows: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per generated assistant turn, for the checks on answers.
+
+    A conversation regenerated with `turns: all` holds its earlier answers in `messages` and
+    their figures in `turns`; each is a training sample as much as the final one, so each is
+    checked. Such a turn's id is `<id>#t<turn>`; a row of one turn stays as it is. The turns of
+    an error row that succeeded are checked too; its error is counted on the conversation.
+    """
+    multi = pl.col("turns").list.len().fill_null(0) > 1
+    turn = pl.col("turns").struct
+    answer = pl.col("_answer").struct
+    assistant = pl.element().struct.field("role") == "assistant"
+    exploded = (
+        rows.filter(multi)
+        .with_columns(_answer=pl.col("messages").list.eval(pl.element().filter(assistant)))
+        .explode(["_answer", "turns"])
+        .with_columns(
+            id=pl.format("{}#t{}", "id", turn.field("turn")),
+            content=answer.field("content"),
+            reasoning_content=answer.field("reasoning_content"),
+            finish_reason=turn.field("finish_reason"),
+            prompt_tokens=turn.field("prompt_tokens"),
+            completion_tokens=turn.field("completion_tokens"),
+            reasoning_tokens=turn.field("reasoning_tokens"),
+            server=turn.field("server"),
+            attempts=turn.field("attempts"),
+            latency_s=turn.field("latency_s"),
+            error=pl.lit(None, pl.String),
+            turns=pl.concat_list("turns"),
+        )
+        .select(row_schema().names())
+    )
+    return pl.concat([rows.filter(~multi), exploded])
+
+
 def thinking_requested(storage: Storage) -> bool:
     """Whether stored rows should carry reasoning: run.json's `regeneration.thinking` is
     `save` (the default when it is not said); `drop` and `off` store none by design."""

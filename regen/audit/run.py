@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from regen.audit.completeness import completeness_check, error_rows_check
-from regen.audit.dataset import answer_snippets, open_dataset, scan_rows
+from regen.audit.dataset import answer_snippets, open_dataset, per_turn, scan_rows
 from regen.audit.dataset import thinking_requested as run_thinking
 from regen.audit.features import collect_features
 from regen.audit.lengths import histograms, length_columns, quantiles, tiny_length_check
@@ -40,9 +40,11 @@ def run_audit(
     view = open_dataset(storage)
     thinking = run_thinking(storage) if thinking_requested is None else thinking_requested
     counter, skipped = load_counter(Path(tokenizer_path) if tokenizer_path else None)
-    rows = scan_rows(storage, view)
-    features = collect_features(rows, config, counter)
-    ok = completions(features)
+    conversations = scan_rows(storage, view)
+    features = collect_features(conversations, config, counter)
+    # Completeness and errors count conversations; the answer checks count every turn.
+    rows = per_turn(conversations)
+    ok = completions(collect_features(rows, config, counter))
 
     def snippets(ids: list[str]) -> dict[str, str]:
         return answer_snippets(rows, ids)
