@@ -405,39 +405,30 @@ def _parquet_id(schema: pl.Schema, name: str) -> pl.Expr:
 
 
 def _parquet_messages(dtype: pl.DataType, name: str) -> pl.Expr:
-    inner = getattr(dtype, "inner", None)
-    fields = {f.name: f.dtype for f in getattr(inner, "fields", [])}
-    if (
-        not isinstance(dtype, pl.List)
-        or fields.get("role") != pl.String
-        or fields.get("content") not in (pl.String, pl.Null)
-    ):
-        raise UserError(
-            f"{name}: column messages has type {dtype}, expected a list of {{role, content}}"
-        )
-    return pl.col("messages").list.eval(
-        pl.struct(
-            pl.element().struct.field("role"),
-            pl.element().struct.field("content").cast(pl.String),
-        )
-    )
+    return _parquet_chat(dtype, name, "messages", ("role", "content"))
 
 
 def _parquet_conversations(dtype: pl.DataType, name: str) -> pl.Expr:
+    return _parquet_chat(dtype, name, "conversations", ("from", "value"))
+
+
+def _parquet_chat(dtype: pl.DataType, name: str, column: str, keys: tuple[str, str]) -> pl.Expr:
+    """A list-of-struct chat column, its text cast to String (an all-null one reads as Null)."""
+    who, text = keys
     inner = getattr(dtype, "inner", None)
     fields = {f.name: f.dtype for f in getattr(inner, "fields", [])}
     if (
         not isinstance(dtype, pl.List)
-        or fields.get("from") != pl.String
-        or fields.get("value") not in (pl.String, pl.Null)
+        or fields.get(who) != pl.String
+        or fields.get(text) not in (pl.String, pl.Null)
     ):
         raise UserError(
-            f"{name}: column conversations has type {dtype}, expected a list of {{from, value}}"
+            f"{name}: column {column} has type {dtype}, expected a list of {{{who}, {text}}}"
         )
-    return pl.col("conversations").list.eval(
+    return pl.col(column).list.eval(
         pl.struct(
-            pl.element().struct.field("from"),
-            pl.element().struct.field("value").cast(pl.String),
+            pl.element().struct.field(who),
+            pl.element().struct.field(text).cast(pl.String),
         )
     )
 
