@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
+
 from regen.audit.completeness import completeness_check, error_rows_check
 from regen.audit.dataset import answer_snippets, open_dataset, per_turn, scan_rows
 from regen.audit.dataset import thinking_requested as run_thinking
@@ -42,9 +44,14 @@ def run_audit(
     counter, skipped = load_counter(Path(tokenizer_path) if tokenizer_path else None)
     conversations = scan_rows(storage, view)
     features = collect_features(conversations, config, counter)
-    # Completeness and errors count conversations; the answer checks count every turn.
-    rows = per_turn(conversations)
-    ok = completions(collect_features(rows, config, counter))
+    # Completeness and errors count conversations; the answer checks count every turn. The
+    # text features are the audit's costly part: computed again only where turns were split.
+    multi_turn = (pl.col("turns").list.len().fill_null(0) > 1).any()
+    if conversations.select(multi_turn).collect().item():
+        rows = per_turn(conversations)
+        ok = completions(collect_features(rows, config, counter))
+    else:
+        rows, ok = conversations, completions(features)
 
     def snippets(ids: list[str]) -> dict[str, str]:
         return answer_snippets(rows, ids)
