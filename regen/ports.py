@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+# Below this no Linux kernel hands out client ports, whatever its configured range.
+_QUIET_FLOOR = 10000
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -25,3 +30,23 @@ def free_port_range(count: int, start: int = 30000, host: str = "127.0.0.1") -> 
             return base
         base = taken + 1
     raise OSError(f"no {count} consecutive free ports on {host} from {start}")
+
+
+def ephemeral_low(proc_file: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The lowest port the kernel gives to client sockets (32768 where it cannot be read)."""
+    try:
+        return int(proc_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def quiet_port_range(count: int, host: str = "127.0.0.1") -> int:
+    """A free base port for `count` servers, at a random start below the ephemeral range.
+
+    A port found free is only free until someone binds it. Client sockets (Prefect's, the
+    dispatcher's, any other process's) take ports from the ephemeral range at any moment, so
+    a server port chosen there can be gone by launch time; below it only other servers
+    compete, and the random start keeps two rehearsals on one machine apart.
+    """
+    top = max(_QUIET_FLOOR + 1, ephemeral_low() - count - 100)
+    return free_port_range(count, random.randrange(_QUIET_FLOOR, top), host)

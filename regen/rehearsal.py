@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import random
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from regen.config import RegenConfig, parse_config, read_config_data
-from regen.ports import free_port_range
+from regen.ports import free_port_range, quiet_port_range
 
 
 def bundled(name: str) -> Path:
@@ -56,10 +55,8 @@ def rehearsal_config(
     engine["kind"] = "emulator"
     engine["gpus"] = list(range(count))
     engine.setdefault("startup_timeout_s", 60)
-    # Without an explicit base port, start the search at a random place: two rehearsals on
-    # one machine (or tests in parallel) then rarely race for the same ports.
-    start = int(engine.get("base_port", 0)) or random.randrange(30000, 60000, 100)
-    engine["base_port"] = free_port_range(count, start)
+    start = int(engine.get("base_port", 0))
+    engine["base_port"] = free_port_range(count, start) if start else quiet_port_range(count)
     for gpu_only in ("python", "urls", "launcher"):  # the emulator runs in this interpreter
         engine.pop(gpu_only, None)
     emulator = engine.setdefault("emulator", {})

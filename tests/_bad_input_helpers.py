@@ -7,13 +7,13 @@ A `Verdict` is what a user sees after a mistake (exit status, message, everythin
 from __future__ import annotations
 
 import hashlib
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from regen.ports import quiet_port_range
 from regen.rehearsal import bundled
 
 # Long enough that the audit's tiny-prompt check passes on a rehearsal of a handful of rows.
@@ -29,10 +29,8 @@ def rows(*ids: str) -> str:
 
 
 def free_base_port() -> int:
-    """A free port: others' rehearsals on this machine use 30000 and up."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port below the ephemeral range, where no client socket can take it meanwhile."""
+    return quiet_port_range(1)
 
 
 def base_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:

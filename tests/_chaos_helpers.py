@@ -57,18 +57,16 @@ def write_chaos_config(
     shard_size: int = 20,
     time_scale: float = 0.05,
     concurrency: int = 4,
-    base_port: int = 30000,
 ) -> Path:
     """Slow enough emulators that generation spans seconds: a kill can land inside it.
 
-    Pass a `base_port` from `free_port()`: the rehearsal picks free ports from it when it
-    starts, and other rehearsals on this machine race for those of 30000 and up.
+    No base port: each run's rehearsal picks its own free range, below the ephemeral ports.
     """
     data = {
         "work_dir": str(work_dir),
         "shard_size": shard_size,
         "concurrency_per_server": concurrency,
-        "engine": {"base_port": base_port, "emulator": {"time_scale": time_scale}},
+        "engine": {"emulator": {"time_scale": time_scale}},
     }
     path.write_text(yaml.safe_dump(data))
     return path

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import random
 import sys
 from pathlib import Path
 from typing import Any
 
 from regen.config import RegenConfig, parse_config
-from regen.ports import free_port_range
+from regen.ports import quiet_port_range
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
 SERVED = "qwen3-emu"
@@ -23,8 +22,7 @@ def fleet_config(
     engine: dict[str, Any] | None = None,
 ) -> RegenConfig:
     """A config whose servers start in well under a second of simulated time."""
-    # A random start keeps parallel test workers off each other's port ranges.
-    base = free_port_range(servers, random.randint(20000, 60000))
+    base = quiet_port_range(servers)
     return parse_config(
         {
             "model": {"source": str(MODEL_DIR), "served_name": SERVED, "stage": False},

@@ -43,7 +43,7 @@ from tests._chaos_helpers import (
     wait_until,
     write_chaos_config,
 )
-from tests._prefect_server import Server, free_port, prefect_server
+from tests._prefect_server import Server, prefect_server
 from tests._s3_helpers import MotoS3, moto_server
 
 pytestmark = pytest.mark.timeout(600)
@@ -73,7 +73,7 @@ class Trial:
     def __init__(self, tmp_path: Path, out: str, env: dict[str, str]) -> None:
         self.cwd = tmp_path
         work = tmp_path / "work"
-        config = write_chaos_config(tmp_path / "regen.yaml", work, base_port=free_port())
+        config = write_chaos_config(tmp_path / "regen.yaml", work)
         self.run = ChaosRun(config=config, out=out, work_dir=work)
         self.env = env
         self.records: dict[int, dict[str, Any]] = {}

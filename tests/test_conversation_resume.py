@@ -26,7 +26,7 @@ from tests._chaos_helpers import (
     wait_until,
     write_chaos_config,
 )
-from tests._prefect_server import free_port, prefect_server
+from tests._prefect_server import prefect_server
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -51,9 +51,7 @@ def _sharegpt(path: Path) -> list[str]:
 def test_kill9_mid_conversation_then_rerun_regenerates_each_once(tmp_path: Path) -> None:
     ids = _sharegpt(tmp_path / "chats.jsonl")
     work = tmp_path / "work"
-    config = write_chaos_config(
-        tmp_path / "regen.yaml", work, shard_size=SHARD_SIZE, base_port=free_port()
-    )
+    config = write_chaos_config(tmp_path / "regen.yaml", work, shard_size=SHARD_SIZE)
     data = yaml.safe_load(config.read_text())
     config.write_text(yaml.safe_dump({**data, "regeneration": {"turns": "all"}}))
     out = tmp_path / "out"

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from regen.fleet.process import group_alive
-from regen.ports import free_port_range, port_is_free
+from regen.ports import port_is_free, quiet_port_range
 from tests._prefect_server import Server, Worker, prefect_server, prefect_worker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,11 +64,8 @@ def _run_config(root: Path, **changes: Any) -> dict[str, Any]:
     config["output"] = str(root / "out")
     config["work_dir"] = str(root / "work")
     config["model"]["stage_dir"] = str(root / "stage")
-    # A random start keeps two test sessions off each other's ports; below 32768, Linux's
-    # ephemeral range, so no client socket takes one between this check and the launch.
-    start = 12000 + uuid.uuid4().int % 20000
     config["engine"]["gpus"] = list(range(SERVERS))
-    config["engine"]["base_port"] = free_port_range(SERVERS, start)
+    config["engine"]["base_port"] = quiet_port_range(SERVERS)
     for section, values in changes.items():
         if isinstance(values, dict):
             config.setdefault(section, {}).update(values)

@@ -16,7 +16,7 @@ import pytest
 
 from regen.config import RegenConfig, parse_config
 from regen.gpus import GpuInfo
-from regen.ports import free_port_range
+from regen.ports import quiet_port_range
 from regen.preflight import (
     check_code,
     check_config,
@@ -72,10 +72,7 @@ def make_config(tmp_path: Path, **overrides: Any) -> RegenConfig:
 
 def _free_port() -> int:
     """The first of two consecutive free ports (others' servers come and go on this machine)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        start = int(s.getsockname()[1])
-    return free_port_range(2, start=min(start, 65000))
+    return quiet_port_range(2)
 
 
 @pytest.fixture
