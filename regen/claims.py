@@ -10,13 +10,19 @@ claim object in place could not be made atomic against a racer on S3.
 
 A record holds the node and `expires_at` (the `clock`, seconds since the epoch). Leases rest
 on clocks agreeing to well within `lease_s`; a node that stalls past its lease may be taken
-over, so it must call `owns` right before it commits a shard (the fence), and `renew` raises
-`ClaimLost` once another node has a newer generation. Node names must be unique per process.
+over, so it must call `owns` right before it commits a shard (the fence, with a margin so the
+lease cannot run out during the commit), and `renew` raises `ClaimLost` once another node has a
+newer generation. Node names must be unique per process.
+
+Generations older than the one just superseded are deleted after each change: a listing then
+holds at most three keys per shard however often a lease is renewed, and the newest two are
+never deleted, so no racer can recreate a generation that existed.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,9 +81,17 @@ class ShardClaims:
 
     def _create(self, shard: int, generation: int, node: str | None, expires_at: float) -> bool:
         body = {"generation": generation, "node": node, "expires_at": expires_at}
-        return self.storage.create_exclusive(
+        created = self.storage.create_exclusive(
             _key(shard, generation), json.dumps(body, sort_keys=True).encode()
         )
+        if created:
+            self._prune(shard, generation)
+        return created
+
+    def _prune(self, shard: int, newest: int) -> None:
+        for key in self.storage.list(_stem(shard)):
+            if int(key.removeprefix(_stem(shard)).split(".")[0]) < newest - 1:
+                self.storage.delete(key)
 
     def _live(self, claim: Claim | None) -> bool:
         return claim is not None and claim.node is not None and claim.expires_at > self.clock()
@@ -99,10 +113,14 @@ class ShardClaims:
         if not self._create(shard, current.generation + 1, self.node, self.clock() + self.lease_s):
             raise ClaimLost(f"shard {shard}: taken over while renewing")
 
-    def owns(self, shard: int) -> bool:
-        """Whether this node holds a live lease now: check right before committing the shard."""
+    def owns(self, shard: int, margin_s: float = 0.0) -> bool:
+        """Whether this node holds a lease with `margin_s` left: check right before committing."""
         current = self.latest(shard)
-        return self._live(current) and current is not None and current.node == self.node
+        return (
+            current is not None
+            and current.node == self.node
+            and current.expires_at - margin_s > self.clock()
+        )
 
     def release(self, shard: int) -> None:
         """Give the shard up early, so others need not wait out the lease; no-op if not held."""
@@ -116,3 +134,84 @@ class ShardClaims:
         """The node holding a live lease on the shard, or None."""
         current = self.latest(shard)
         return current.node if self._live(current) and current is not None else None
+
+
+class LeaseKeeper:
+    """Renews this node's claims from a thread, and says which ones it lost.
+
+    Renewing every third of the lease leaves two renewals of slack before a lease can run
+    out. Each round also writes `nodes/<node>.json`, the node's heartbeat, which the parent
+    reads to tell a node that is working from one that vanished with its process.
+    """
+
+    def __init__(self, claims: ShardClaims, info: dict[str, str] | None = None) -> None:
+        self.claims = claims
+        self.info = dict(info or {})
+        self._held: set[int] = set()
+        self._lost: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.info["done"] = "true"  # a finished node is not a vanished one: no more beats
+        self.beat()
+
+    def hold(self, shard: int) -> None:
+        with self._lock:
+            self._held.add(shard)
+            self._lost.discard(shard)
+
+    def drop(self, shard: int) -> None:
+        with self._lock:
+            self._held.discard(shard)
+
+    def lost(self, shard: int) -> bool:
+        with self._lock:
+            return shard in self._lost
+
+    def beat(self) -> None:
+        """Write the heartbeat now."""
+        with self._lock:
+            held = sorted(self._held)
+        body = {"node": self.claims.node, "at": self.claims.clock(), "held": held, **self.info}
+        self.claims.storage.write_bytes(heartbeat_key(self.claims.node), json.dumps(body).encode())
+
+    def renew_all(self) -> None:
+        """One round: renew every held claim, mark the ones another node took."""
+        with self._lock:
+            held = sorted(self._held)
+        for shard in held:
+            try:
+                self.claims.renew(shard)
+            except ClaimLost:
+                with self._lock:
+                    self._held.discard(shard)
+                    self._lost.add(shard)
+        self.beat()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.claims.lease_s / 3):
+            try:
+                self.renew_all()
+            except Exception:  # a storage hiccup: the next round retries, the fence still holds
+                continue
+
+
+def heartbeat_key(node: str) -> str:
+    return f"nodes/{node}.json"
+
+
+def read_heartbeat(storage: Storage, node: str) -> dict[str, object] | None:
+    """A node's last heartbeat (`at` in seconds since the epoch), or None if it never beat."""
+    try:
+        return dict(json.loads(storage.read_bytes(heartbeat_key(node))))
+    except FileNotFoundError:
+        return None

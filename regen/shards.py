@@ -94,6 +94,8 @@ class Manifest:
     fingerprint: str
     timings: dict[str, float]
     written_at: str
+    # Which node of a multi-node run generated the shard; None for a single-node run.
+    node: str | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=2, sort_keys=True).encode()
@@ -208,13 +210,19 @@ def _supersede(storage: Storage, old_fingerprint: str) -> None:
 
 
 def commit_shard(
-    storage: Storage, shard: int, rows: pl.DataFrame, *, fingerprint: str, timings: dict[str, float]
+    storage: Storage,
+    shard: int,
+    rows: pl.DataFrame,
+    *,
+    fingerprint: str,
+    timings: dict[str, float],
+    node: str | None = None,
 ) -> Manifest:
     """Write the shard's data, then its manifest. Refuses a shard already committed."""
     existing = read_manifest(storage, shard)
     if existing is not None and existing.fingerprint == fingerprint:
         raise ValueError(f"shard {shard} is already committed; use replace_shard")
-    return _write(storage, shard, rows, fingerprint, timings, generation=1)
+    return _write(storage, shard, rows, fingerprint, timings, generation=1, node=node)
 
 
 def replace_shard(
@@ -256,6 +264,7 @@ def _write(
     timings: dict[str, float],
     *,
     generation: int,
+    node: str | None = None,
 ) -> Manifest:
     rows = _conform(shard, rows)
     data = _parquet_bytes(rows)
@@ -274,6 +283,7 @@ def _write(
         fingerprint=fingerprint,
         timings=dict(timings),
         written_at=_now(),
+        node=node,
     )
     storage.write_bytes(manifest_key(shard), manifest.to_json())
     return manifest
@@ -302,6 +312,17 @@ def read_manifest(storage: Storage, shard: int) -> Manifest | None:
 
 def read_shard(storage: Storage, manifest: Manifest) -> pl.DataFrame:
     return pl.read_parquet(io.BytesIO(storage.read_bytes(manifest.data)))
+
+
+def manifested_shards(storage: Storage) -> set[int]:
+    """Shards that have a manifest, from one listing and no reads: cheap enough to ask often.
+
+    Within one run's root this is the committed set (open_run moved any other run's manifests
+    aside); a decision that must not be wrong reads the manifest itself.
+    """
+    return {
+        int(m.group(1)) for key in storage.list(SHARDS_PREFIX) if (m := _MANIFEST_KEY.match(key))
+    }
 
 
 def committed_shards(
