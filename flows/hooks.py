@@ -14,11 +14,12 @@ from prefect.states import State
 from flows.params import resolve_config
 from regen.config import parse_config
 from regen.fleet import reap_orphans
+from regen.progress import progress_key
 from regen.storage import open_storage
 
 
 def reap_fleet_on_exit(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any]) -> None:
-    """Stop every server this run's work dir records and mark progress.json with the end state.
+    """Stop every server this run's work dir records and mark its progress with the end state.
 
     Hooks get only the flow run, so the fleet is found through its PID files rather than an
     object: the same path works in the flow's own process and after it was killed.
@@ -35,9 +36,11 @@ def reap_fleet_on_exit(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any
     stopped = reap_orphans(Path(config.work_dir))
     logger.warning("run %s: %s; stopped %d server(s)", flow_run.name, state.name, len(stopped))
     storage = open_storage(config.output)
+    node = flow_run.parameters.get("node")
+    key = progress_key(node.get("name") if isinstance(node, dict) else None)
     try:
-        progress = json.loads(storage.read_bytes("progress.json"))
+        progress = json.loads(storage.read_bytes(key))
     except (FileNotFoundError, ValueError):
         progress = {}
     progress["state"] = state.name
-    storage.write_bytes("progress.json", json.dumps(progress, indent=2).encode())
+    storage.write_bytes(key, json.dumps(progress, indent=2).encode())

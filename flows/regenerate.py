@@ -10,9 +10,10 @@ from flows.hooks import reap_fleet_on_exit
 from flows.params import resolve_config
 from regen.config import RegenConfig
 from regen.fleet import generate_api_key
+from regen.nodes import NodeAssignment
 from tasks.audit import audit
 from tasks.fleet import reap_orphans, start_fleet
-from tasks.generate import GenerationSummary, generate, plan_run
+from tasks.generate import GenerationSummary, generate, generate_claimed, plan_run
 from tasks.provision import provision
 from tasks.stage import stage_model
 
@@ -43,11 +44,14 @@ def regenerate_completions(
     model_block: str | None = None,
     storage_block: str | None = None,
     api_key_secret: str | None = None,
+    node: NodeAssignment | None = None,
 ) -> RunSummary:
     """Regenerate every prompt's completion with the target model and gate the dataset.
 
     The `*_block` / `*_secret` parameters name saved Prefect blocks that replace a section of
     `config` (engine, model, output, engine.api_key), so secrets stay out of the parameters.
+    With `node` this run is one node of `regenerate_multinode`: it claims shards shared with
+    the other nodes and leaves the audit to the parent, which sees the whole dataset.
     """
     run = resolve_config(
         config,
@@ -68,7 +72,19 @@ def regenerate_completions(
     generation = GenerationSummary.empty()
     if plan.pending:
         with start_fleet(config, model_path, api_key) as fleet:
-            generation = generate(config, plan, fleet, api_key)
+            if node is None:
+                generation = generate(config, plan, fleet, api_key)
+            else:
+                generation = generate_claimed(config, plan, fleet, api_key, node)
+    if node is not None:
+        return RunSummary(
+            output=config.output,
+            rows_ok=generation.ok,
+            rows_failed=generation.failed,
+            completion_tokens=generation.completion_tokens,
+            tokens_per_s=generation.tokens_per_s,
+            verdict=f"not audited here: node {node.name} of a multi-node run",
+        )
     report = audit(
         config.output,
         config.audit,

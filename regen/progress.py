@@ -164,6 +164,11 @@ class ProgressMeter:
         )
 
 
+def progress_key(node: str | None = None) -> str:
+    """Where a run's progress is written; each node of a multi-node run has its own."""
+    return f"nodes/{node}.progress.json" if node else "progress.json"
+
+
 class ProgressWriter:
     """Rewrites `progress.json` every `interval_s` from a background thread, and on close.
 

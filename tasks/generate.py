@@ -8,7 +8,12 @@ one continuous queue across shard borders while each shard stays a retryable tas
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +24,19 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NONE
+from prefect.context import get_run_context
+from prefect.futures import PrefectConcurrentFuture
 from prefect.states import State
 from pydantic import BaseModel, SecretStr
 
+from regen.balance import ShardPicker
+from regen.claims import LeaseKeeper, ShardClaims
 from regen.client import Dispatcher
 from regen.config import RegenConfig
 from regen.errors import FleetError, UserError
 from regen.fleet import Fleet
-from regen.progress import ProgressSnapshot, ProgressWriter
+from regen.nodes import NodeAssignment
+from regen.progress import ProgressSnapshot, ProgressWriter, progress_key
 from regen.prompts import load_prompts, write_rejects
 from regen.shards import (
     cache_prompts,
@@ -57,12 +67,27 @@ class RunPlan(BaseModel):
 
 
 class ShardOutcome(BaseModel):
+    """`committed` is False when the lease was lost: another node generates the shard."""
+
     shard: int
     rows: int
     ok: int
     failed: int
     completion_tokens: int
     seconds: float
+    committed: bool = True
+
+    @classmethod
+    def lost(cls, shard: int, seconds: float) -> ShardOutcome:
+        return cls(
+            shard=shard,
+            rows=0,
+            ok=0,
+            failed=0,
+            completion_tokens=0,
+            seconds=seconds,
+            committed=False,
+        )
 
 
 class GenerationSummary(BaseModel):
@@ -125,6 +150,18 @@ def plan_run(config: RegenConfig) -> RunPlan:
     )
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A node's hold on the shards it generates: the fence checked before each commit."""
+
+    claims: ShardClaims
+    keeper: LeaseKeeper
+
+    def held(self, shard: int) -> bool:
+        """Whether a third of the lease is left: enough for any commit to finish inside it."""
+        return not self.keeper.lost(shard) and self.claims.owns(shard, self.claims.lease_s / 3)
+
+
 def _worth_retrying(task: object, task_run: object, state: State[Any]) -> bool:
     """A dead, unauthorised or closed fleet fails every retry alike; a storage hiccup may not."""
     try:
@@ -146,7 +183,12 @@ def _worth_retrying(task: object, task_run: object, state: State[Any]) -> bool:
     cache_policy=NONE,
 )
 def generate_shard(
-    shard: int, plan: RunPlan, dispatcher: Dispatcher, output: str, retry_errors: bool
+    shard: int,
+    plan: RunPlan,
+    dispatcher: Dispatcher,
+    output: str,
+    retry_errors: bool,
+    lease: Lease | None = None,
 ) -> ShardOutcome:
     """Generate one shard through the shared dispatcher and commit it (manifest last)."""
     start = time.monotonic()
@@ -163,7 +205,19 @@ def generate_shard(
     else:
         out = dispatcher.submit_shard(shard, rows).result()
         timings = {"generate_s": round(time.monotonic() - start, 3)}
-        manifest = commit_shard(storage, shard, out, fingerprint=plan.fingerprint, timings=timings)
+        if lease is not None and not lease.held(shard):
+            get_run_logger().warning(
+                "shard %06d: lease lost to another node; its rows are not committed here", shard
+            )
+            return ShardOutcome.lost(shard, time.monotonic() - start)
+        manifest = commit_shard(
+            storage,
+            shard,
+            out,
+            fingerprint=plan.fingerprint,
+            timings=timings,
+            node=lease.claims.node if lease else None,
+        )
     get_run_logger().info(
         "shard %06d committed: %d rows, %d ok, %d failed",
         shard,
@@ -181,15 +235,15 @@ def generate_shard(
     )
 
 
-def _progress_markdown(s: ProgressSnapshot) -> str:
-    return s.to_markdown()
-
-
-def generate(
-    config: RegenConfig, plan: RunPlan, fleet: Fleet, api_key: SecretStr
-) -> GenerationSummary:
-    """Map a task over every pending shard, all fed through one dispatcher; raise if any failed."""
-    start = time.monotonic()
+@contextmanager
+def _feeding(
+    config: RegenConfig,
+    plan: RunPlan,
+    fleet: Fleet,
+    api_key: SecretStr,
+    node: str | None = None,
+) -> Iterator[tuple[Dispatcher, ProgressWriter]]:
+    """The one dispatcher every shard task feeds, and the progress it is measured by."""
     storage = open_storage(config.output)
     artifact_id = create_progress_artifact(
         progress=0.0, key="generation-progress", description="regen: share of prompts done"
@@ -216,26 +270,15 @@ def generate(
             already_done=plan.committed_rows,
             interval_s=config.generation.progress_interval_s,
             on_update=publish,
+            key=progress_key(node),
         ) as progress,
     ):
-        futures = generate_shard.with_options(retries=config.generation.shard_retries).map(
-            plan.pending,
-            plan=unmapped(plan),
-            dispatcher=unmapped(dispatcher),
-            output=unmapped(config.output),
-            retry_errors=unmapped(config.generation.retry_errors),
-        )
-        outcomes, failures = [], []
-        for shard, future in zip(plan.pending, futures, strict=True):
-            try:
-                outcome = future.result()
-            except Exception as err:  # each shard failed after its retries; others still commit
-                failures.append(f"shard {shard:06d}: {err}")
-                continue
-            outcomes.append(outcome)
-            progress.shard_committed(outcome.rows, outcome.ok, outcome.failed)
+        yield dispatcher, progress
         final = progress.snapshot()
-    create_markdown_artifact(key="generation-summary", markdown=_progress_markdown(final))
+    create_markdown_artifact(key="generation-summary", markdown=final.to_markdown())
+
+
+def _summary(outcomes: list[ShardOutcome], failures: list[str], start: float) -> GenerationSummary:
     if failures:
         raise UserError(f"{len(failures)} shard(s) failed: " + "; ".join(failures[:5]))
     seconds = time.monotonic() - start
@@ -249,3 +292,104 @@ def generate(
         seconds=seconds,
         tokens_per_s=tokens / seconds if seconds else 0.0,
     )
+
+
+def generate(
+    config: RegenConfig, plan: RunPlan, fleet: Fleet, api_key: SecretStr
+) -> GenerationSummary:
+    """Map a task over every pending shard, all fed through one dispatcher; raise if any failed."""
+    start = time.monotonic()
+    outcomes, failures = [], []
+    with _feeding(config, plan, fleet, api_key) as (dispatcher, progress):
+        mapped = generate_shard.with_options(retries=config.generation.shard_retries).map(
+            plan.pending,
+            plan=unmapped(plan),
+            dispatcher=unmapped(dispatcher),
+            output=unmapped(config.output),
+            retry_errors=unmapped(config.generation.retry_errors),
+        )
+        for shard, future in zip(plan.pending, mapped, strict=True):
+            try:
+                outcome = future.result()
+            except Exception as err:  # each shard failed after its retries; others still commit
+                failures.append(f"shard {shard:06d}: {err}")
+                continue
+            outcomes.append(outcome)
+            progress.shard_committed(outcome.rows, outcome.ok, outcome.failed)
+    return _summary(outcomes, failures, start)
+
+
+def shards_in_flight(config: RegenConfig, fleet: Fleet) -> int:
+    """Enough claimed shards to keep every slot busy across a shard border, and no more.
+
+    Each claimed shard is one fewer for a faster node to take over, so a node holds what its
+    slots can drain plus one queued behind them.
+    """
+    slots = len(fleet.endpoints) * config.concurrency
+    return max(2, math.ceil(slots / config.shard_size) + 1)
+
+
+def generate_claimed(
+    config: RegenConfig,
+    plan: RunPlan,
+    fleet: Fleet,
+    api_key: SecretStr,
+    node: NodeAssignment,
+) -> GenerationSummary:
+    """One node's share of a multi-node run: claim a shard, generate it, commit it, repeat.
+
+    The node keeps going until every shard of the run is committed or given up, so the shards
+    of a node that died are taken over once their leases run out, and the dataset completes
+    as long as one node lives.
+    """
+    logger = get_run_logger()
+    start = time.monotonic()
+    storage = open_storage(config.output)
+    claims = ShardClaims(storage, node.name, node.lease_s)
+    picker = ShardPicker(claims, node.ranges, node.weights, plan.fingerprint)
+    window = shards_in_flight(config, fleet)
+    run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
+    outcomes: list[ShardOutcome] = []
+    failures: list[str] = []
+    task = generate_shard.with_options(retries=config.generation.shard_retries)
+    with (
+        LeaseKeeper(claims, {"flow_run_id": run_id}) as keeper,
+        _feeding(config, plan, fleet, api_key, node.name) as (dispatcher, progress),
+    ):
+        lease = Lease(claims, keeper)
+        running: dict[PrefectConcurrentFuture[ShardOutcome], int] = {}
+        while True:
+            while len(running) < window and (shard := picker.next()) is not None:
+                keeper.hold(shard)
+                future = task.submit(shard, plan, dispatcher, config.output, False, lease)
+                running[future] = shard
+            if not running:
+                waiting = picker.outstanding()
+                if not waiting:
+                    break
+                # Others hold these: wait for their commits, or for their leases to run out.
+                time.sleep(min(5.0, node.lease_s / 4))
+                continue
+            by_inner = {f.wrapped_future: f for f in running}
+            finished = futures.wait(
+                by_inner, timeout=min(5.0, node.lease_s / 4), return_when=futures.FIRST_COMPLETED
+            ).done
+            for future in (by_inner[f] for f in finished):
+                shard = running.pop(future)
+                keeper.drop(shard)
+                try:
+                    outcome = future.result()
+                except Exception as err:  # failed after its retries here; another node may try
+                    failures.append(f"shard {shard:06d}: {err}")
+                    picker.finish(shard, failed=True)
+                    continue
+                picker.finish(shard, failed=False)
+                if not outcome.committed:
+                    continue
+                claims.release(shard)
+                outcomes.append(outcome)
+                progress.shard_committed(outcome.rows, outcome.ok, outcome.failed)
+    logger.info(
+        "node %s: %d shard(s) committed here, %d failed", node.name, len(outcomes), len(failures)
+    )
+    return _summary(outcomes, failures, start)
