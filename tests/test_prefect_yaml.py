@@ -28,7 +28,7 @@ def _flow(entrypoint: str) -> Any:
 
 
 def test_the_three_deployments_exist(deployments: dict[str, dict[str, Any]]) -> None:
-    assert set(deployments) == {"rehearsal", "gpu-node", "dataset"}
+    assert set(deployments) == {"rehearsal", "gpu-node", "multinode", "node-1", "node-2", "dataset"}
 
 
 @pytest.mark.parametrize(
@@ -36,6 +36,9 @@ def test_the_three_deployments_exist(deployments: dict[str, dict[str, Any]]) -> 
     [
         ("rehearsal", "regenerate", "regen-cpu"),
         ("gpu-node", "regenerate", "regen-gpu"),
+        ("multinode", "regenerate-multinode", "regen-cpu"),
+        ("node-1", "regenerate", "regen-gpu-node-1"),
+        ("node-2", "regenerate", "regen-gpu-node-2"),
         ("dataset", "audit", "regen-cpu"),
     ],
 )
@@ -51,7 +54,22 @@ def test_entrypoint_is_a_flow_that_takes_the_parameters(
     assert set(deployment.get("parameters", {})) <= accepted
 
 
-@pytest.mark.parametrize("name", ["rehearsal", "gpu-node"])
+def test_multinode_nodes_each_have_their_deployment(
+    deployments: dict[str, dict[str, Any]],
+) -> None:
+    from regen.nodes import NodeConfig, check_nodes
+
+    params = deployments["multinode"]["parameters"]
+    nodes = [NodeConfig.model_validate(n) for n in params["nodes"]]
+    configs = check_nodes(parse_config(params["config"]), nodes)
+    for node in nodes:
+        flow_name, name = node.deployment_name.split("/")
+        assert flow_name == "regenerate" and name in deployments, node.deployment_name
+        assert deployments[name]["work_pool"]["name"] == f"regen-gpu-{node.name}"
+        assert configs[node.name].engine.kind == "sglang"
+
+
+@pytest.mark.parametrize("name", ["rehearsal", "gpu-node", "multinode"])
 def test_config_parameter_validates(deployments: dict[str, dict[str, Any]], name: str) -> None:
     config = parse_config(deployments[name]["parameters"]["config"], f"prefect.yaml:{name}")
     assert config.engine.kind == ("emulator" if name == "rehearsal" else "sglang")

@@ -1,0 +1,101 @@
+"""A run across GPU nodes, top to bottom: plan once, one child run per node, audit once.
+
+The parent provisions nothing: each node's child run (`regenerate_completions` with `node`)
+checks, stages and launches its own fleet. Shards are shared through claims on the dataset
+root, so the nodes' first ranges only say where each starts; a fast node takes over the slow
+one's unstarted shards, and a dead node's after its lease.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.context import get_run_context
+from pydantic import BaseModel
+
+from flows.params import resolve_config
+from regen.config import RegenConfig
+from regen.errors import UserError
+from regen.nodes import NodeAssignment, NodeConfig, check_nodes, node_weights, split_ranges
+from tasks.audit import audit
+from tasks.generate import plan_run
+from tasks.nodes import NodeOutcome, start_node, watch_nodes
+
+
+class MultinodeSummary(BaseModel):
+    """The parent's result: the dataset, each node's part, and the audit's verdict."""
+
+    output: str
+    rows_ok: int
+    rows_failed: int
+    nodes: list[NodeOutcome]
+    failed_nodes: list[str]
+    verdict: str
+
+
+@flow(name="regenerate-multinode", persist_result=False)
+def regenerate_multinode(
+    config: RegenConfig,
+    nodes: list[NodeConfig],
+    lease_s: float = 120.0,
+    poll_s: float = 5.0,
+    model_block: str | None = None,
+    storage_block: str | None = None,
+    api_key_secret: str | None = None,
+) -> MultinodeSummary:
+    """Regenerate one dataset with several GPU nodes, each on its own deployment and pool.
+
+    `lease_s` is how long a dead node's shards wait before another node takes them; the
+    blocks are passed on by name, so every node loads its secrets itself.
+    """
+    logger = get_run_logger()
+    shared = resolve_config(config, model_block=model_block, storage_block=storage_block).config
+    node_configs = check_nodes(config, nodes)
+    plan = plan_run(shared)
+    weights = node_weights(nodes, node_configs)
+    ranges = split_ranges(plan.pending, weights)
+    for name, shards in ranges.items():
+        logger.info("node %s (weight %g) starts with %d shard(s)", name, weights[name], len(shards))
+    if plan.pending:
+        parent = get_run_context().flow_run.name  # type: ignore[union-attr]
+        blocks = {
+            "model_block": model_block,
+            "storage_block": storage_block,
+            "api_key_secret": api_key_secret,
+        }
+        children = {}
+        for node in nodes:
+            assignment = NodeAssignment(
+                name=node.name, ranges=ranges, weights=weights, lease_s=lease_s
+            )
+            children[node.name] = str(start_node(node, config, assignment, blocks, parent).id)
+        report = watch_nodes(shared, plan, children, lease_s, poll_s)
+        if not report.complete:
+            raise UserError(
+                f"dataset incomplete: node(s) {', '.join(report.failed) or 'none'} failed and "
+                f"no node is left working; run again to resume ({shared.output})"
+            )
+        outcomes, failed = report.nodes, report.failed
+    else:
+        outcomes, failed = [], []
+    tokenizer = shared.model.tokenizer_path or (
+        shared.model.source if Path(shared.model.source).is_dir() else None
+    )
+    result = audit(
+        shared.output, shared.audit, tokenizer_path=str(tokenizer) if tokenizer else None
+    )
+    if failed:
+        logger.error(
+            "dataset complete, but node(s) %s failed: see the multinode-nodes artifact",
+            ", ".join(failed),
+        )
+    errors = round((result.check("error_rows").figure or 0.0) * result.rows)
+    return MultinodeSummary(
+        output=shared.output,
+        rows_ok=result.rows - errors,
+        rows_failed=errors,
+        nodes=outcomes,
+        failed_nodes=failed,
+        verdict=result.verdict,
+    )

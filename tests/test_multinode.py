@@ -1,0 +1,329 @@
+"""Two GPU "nodes" on this machine: a real Prefect server, one process work pool and worker per
+node plus one for the parent, each child with its own emulator fleet, the dataset on moto S3.
+
+One server, one deploy and one set of workers serve the module; the killed-worker test runs
+last because it kills node-2's worker. The parent is started as a user starts it, with
+`prefect deployment run regenerate-multinode/multinode`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import psutil
+import pytest
+
+from regen.fleet import reap_orphans
+from regen.ports import quiet_port_range
+from regen.shards import committed_shards, read_shard
+from regen.storage import Storage
+from tests._prefect_server import Server, Worker, prefect_server, prefect_worker, stop_worker
+from tests._s3_helpers import MotoS3, moto_server
+
+pytestmark = pytest.mark.timeout(600)
+
+REPO = Path(__file__).resolve().parents[1]
+PARENT = "regenerate-multinode/multinode"
+POOLS = ("regen-cpu", "regen-gpu", "regen-gpu-node-1", "regen-gpu-node-2")
+NODES = ("node-1", "node-2")
+
+
+@dataclass
+class Cluster:
+    server: Server
+    s3: MotoS3
+    workers: dict[str, Worker]
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    root = tmp_path_factory.mktemp("multinode")
+    with moto_server() as s3, prefect_server(root / "prefect-home") as server:
+        with _client(server) as client:
+            for pool in POOLS:  # one API call each; `prefect work-pool create` costs seconds
+                client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        server.prefect("--no-prompt", "deploy", "--all", cwd=REPO)
+        workers: dict[str, Worker] = {}
+        with (
+            prefect_worker(server, "regen-cpu", root, root / "parent.log", s3.env) as parent,
+            prefect_worker(server, POOLS[2], root, root / "node-1.log", s3.env) as one,
+            prefect_worker(server, POOLS[3], root, root / "node-2.log", s3.env) as two,
+        ):
+            workers.update({"parent": parent, "node-1": one, "node-2": two})
+            yield Cluster(server, s3, workers, root)
+
+
+def _client(server: Server) -> Any:
+    from prefect.client.orchestration import SyncPrefectClient
+
+    return SyncPrefectClient(api=server.api_url)
+
+
+def _question(i: int) -> str:
+    # Long enough that the audit's tiny-length check sees a real prompt.
+    return f"Explain in a few sentences what is special about the number {i}, with one fact."
+
+
+def _prompts(path: Path, rows: int) -> Path:
+    lines = (
+        json.dumps({"id": f"q-{i:04d}", "messages": [{"role": "user", "content": _question(i)}]})
+        for i in range(rows)
+    )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _params(
+    cluster: Cluster,
+    name: str,
+    *,
+    rows: int,
+    shard_size: int,
+    slow: float = 1.0,
+    lease_s: float = 6.0,
+) -> tuple[dict[str, Any], str]:
+    """The parent's parameters for one run, every path and port of its own; and its bucket."""
+    root = cluster.root / name
+    root.mkdir()
+    bucket = cluster.s3.create_bucket()
+    config = {
+        "model": {
+            "source": "regen/data/emulator-model",
+            "served_name": "qwen3-emu",
+            "stage": False,
+        },
+        "engine": {
+            "kind": "emulator",
+            "gpus": [0],
+            "startup_timeout_s": 60,
+            "bench": {"concurrency": 2, "max_tokens": 16, "budget_s": 5},
+            "emulator": {
+                "time_scale": 1.0,
+                "tokens_per_s": 500.0,
+                "reasoning_tokens": "30:60",
+                "answer_tokens": "40:80",
+            },
+        },
+        "prompts": str(_prompts(root / "prompts.jsonl", rows)),
+        "output": f"s3://{bucket}/run",
+        "work_dir": str(root / "parent"),
+        "shard_size": shard_size,
+        "concurrency_per_server": 4,
+    }
+    nodes = []
+    for node in NODES:
+        engine: dict[str, Any] = {"base_port": quiet_port_range(1)}
+        if node == "node-2" and slow != 1.0:
+            engine["emulator"] = {"time_scale": slow}
+        nodes.append({"name": node, "engine": engine, "work_dir": str(root / node)})
+    return {"config": config, "nodes": nodes, "lease_s": lease_s, "poll_s": 1.0}, bucket
+
+
+def _start(cluster: Cluster, params: dict[str, Any]) -> str:
+    done = cluster.server.prefect(
+        "deployment", "run", PARENT, "--params", json.dumps(params), cwd=REPO
+    )
+    match = re.search(r"UUID:\s*([0-9a-f-]{36})", done.stdout)
+    assert match, done.stdout
+    return match.group(1)
+
+
+def _wait_final(cluster: Cluster, run_id: str, timeout: float) -> Any:
+    with _client(cluster.server) as client:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = client.read_flow_run(uuid.UUID(run_id))
+            if run.state is not None and run.state.is_final():
+                return run
+            time.sleep(1)
+    raise AssertionError(f"{run_id} still {run.state_name} after {timeout:.0f} s\n{_logs(cluster)}")
+
+
+def _logs(cluster: Cluster) -> str:
+    return "\n".join(
+        f"--- {name} worker:\n{w.log.read_text()[-6000:]}" for name, w in cluster.workers.items()
+    )
+
+
+def _children(cluster: Cluster, run_id: str) -> dict[str, Any]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with _client(cluster.server) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[uuid.UUID(run_id)])
+            )
+        )
+    return {r.parameters["node"]["name"]: r for r in runs}
+
+
+def _artifact(cluster: Cluster, run_id: str, key: str) -> Any:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with _client(cluster.server) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[uuid.UUID(run_id)])
+            )
+        )
+    found = [a for a in artifacts if a.key == key]
+    assert found, (key, [a.key for a in artifacts])
+    return found[0]
+
+
+def _dataset(storage: Storage) -> tuple[pl.DataFrame, dict[int, Any]]:
+    fingerprint = json.loads(storage.read_bytes("run.json"))["fingerprint"]
+    manifests = committed_shards(storage, fingerprint, verify=True)
+    frames = [read_shard(storage, m) for m in manifests.values()]
+    return pl.concat(frames) if frames else pl.DataFrame(), manifests
+
+
+def _assert_exactly_once(storage: Storage, rows: int) -> dict[int, Any]:
+    data, manifests = _dataset(storage)
+    expected = [f"q-{i:04d}" for i in range(rows)]
+    assert sorted(data["id"].to_list()) == expected, "an id is missing or appears twice"
+    assert data["error"].null_count() == data.height
+    return manifests
+
+
+def test_two_nodes_write_every_id_once_as_two_subflows(cluster: Cluster) -> None:
+    rows = 240
+    params, bucket = _params(cluster, "even", rows=rows, shard_size=10)
+    run_id = _start(cluster, params)
+    run = _wait_final(cluster, run_id, timeout=300)
+    assert run.state.is_completed(), f"{run.state_name}: {run.state.message}\n{_logs(cluster)}"
+
+    children = _children(cluster, run_id)
+    assert set(children) == set(NODES)
+    assert all(c.state.is_completed() for c in children.values()), {
+        n: c.state_name for n, c in children.items()
+    }
+    storage = cluster.s3.storage(bucket, "run")
+    manifests = _assert_exactly_once(storage, rows)
+    by_node = {node: sum(m.node == node for m in manifests.values()) for node in NODES}
+    assert all(by_node.values()), f"a node generated nothing: {by_node}"
+    assert sum(by_node.values()) == len(manifests) == 24
+    assert storage.exists("report/audit.json"), "the parent audits the whole dataset once"
+    for node in NODES:
+        assert storage.exists(f"nodes/{node}.progress.json")
+    table = _artifact(cluster, run_id, "multinode-nodes").data
+    assert all(node in table for node in NODES) and "complete" in table
+    _artifact(cluster, run_id, "multinode-progress")
+    print(f"\nshards per node: {by_node}")
+
+
+def _stamp(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def _ideal_ratio(manifests: dict[int, Any]) -> tuple[float, dict[str, float]]:
+    """Wall time over the ideal split's, from the manifests' commit times.
+
+    Each node's rate is its rows over its own span (first shard started to last committed),
+    so a node that started late is not counted against the balance. The ideal end T solves
+    sum(rate * (T - start)) = rows: the time both nodes would need had neither idled.
+    """
+    spans: dict[str, list[float]] = {}
+    rows: dict[str, int] = {}
+    for m in manifests.values():
+        end = _stamp(m.written_at)
+        start = end - m.timings["generate_s"]
+        lo, hi = spans.get(m.node, [start, end])
+        spans[m.node] = [min(lo, start), max(hi, end)]
+        rows[m.node] = rows.get(m.node, 0) + m.rows
+    rates = {n: rows[n] / (hi - lo) for n, (lo, hi) in spans.items()}
+    first = min(lo for lo, _ in spans.values())
+    wall = max(hi for _, hi in spans.values()) - first
+    # Nodes' rates are constant, so T is found by bisection over [first, first + 2 * wall].
+    lo_t, hi_t = first, first + 2 * wall
+    total = sum(rows.values())
+    for _ in range(60):
+        mid = (lo_t + hi_t) / 2
+        done = sum(rates[n] * max(0.0, mid - spans[n][0]) for n in rates)
+        lo_t, hi_t = (mid, hi_t) if done < total else (lo_t, mid)
+    return wall / (hi_t - first), rates
+
+
+def test_a_twice_slower_node_gets_fewer_shards_and_the_wall_stays_near_ideal(
+    cluster: Cluster,
+) -> None:
+    rows = 600
+    params, bucket = _params(cluster, "slow", rows=rows, shard_size=5, slow=2.0)
+    run_id = _start(cluster, params)
+    run = _wait_final(cluster, run_id, timeout=400)
+    assert run.state.is_completed(), f"{run.state_name}: {run.state.message}\n{_logs(cluster)}"
+
+    manifests = _assert_exactly_once(cluster.s3.storage(bucket, "run"), rows)
+    by_node = {node: sum(m.node == node for m in manifests.values()) for node in NODES}
+    ratio, rates = _ideal_ratio(manifests)
+    print(
+        f"\nslow node: shards {by_node}, rows/s { ({n: round(r, 1) for n, r in rates.items()}) }, "
+        f"wall / ideal split {ratio:.3f}"
+    )
+    assert by_node["node-2"] < by_node["node-1"], by_node
+    assert ratio <= 1.15, f"wall time {ratio:.2f} x the ideal split"
+
+
+def _kill_node(cluster: Cluster, node: str, work_dir: Path) -> None:
+    """The node's machine is gone: its worker, the flow run under it and its servers."""
+    worker = cluster.workers[node]
+    # The flow run's process has a session of its own, so the worker's group is not enough.
+    tree = [worker.process.pid, *(p.pid for p in psutil.Process(worker.process.pid).children(True))]
+    for pid in tree:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    worker.process.wait(timeout=10)
+    reap_orphans(work_dir)  # the servers run in process groups of their own too
+
+
+def test_a_killed_node_leaves_its_shards_to_the_other_after_the_lease(cluster: Cluster) -> None:
+    rows = 200
+    params, bucket = _params(cluster, "killed", rows=rows, shard_size=5, lease_s=6.0)
+    storage = cluster.s3.storage(bucket, "run")
+    run_id = _start(cluster, params)
+    deadline = time.monotonic() + 240
+    while True:  # kill node-2 once it has committed a shard and holds more
+        held = []
+        if storage.exists("nodes/node-2.json"):
+            held = json.loads(storage.read_bytes("nodes/node-2.json")).get("held", [])
+        mine = [k for k in storage.list("shards/") if k.endswith(".json")]
+        if (
+            held
+            and mine
+            and any(json.loads(storage.read_bytes(k)).get("node") == "node-2" for k in mine)
+        ):
+            break
+        assert time.monotonic() < deadline, f"node-2 never got going\n{_logs(cluster)}"
+        time.sleep(0.3)
+    _kill_node(cluster, "node-2", cluster.root / "killed" / "node-2")
+    killed_at = time.time()
+
+    run = _wait_final(cluster, run_id, timeout=300)
+    assert run.state.is_completed(), f"{run.state_name}: {run.state.message}\n{_logs(cluster)}"
+    manifests = _assert_exactly_once(storage, rows)
+    taken_over = [
+        s for s, m in manifests.items() if m.node == "node-1" and _stamp(m.written_at) > killed_at
+    ]
+    assert taken_over, "node-1 committed nothing after node-2 died"
+    children = _children(cluster, run_id)
+    assert children["node-2"].state.is_crashed(), children["node-2"].state_name
+    assert "vanished" in (children["node-2"].state.message or ""), children["node-2"].state
+    table = _artifact(cluster, run_id, "multinode-nodes").data
+    assert re.search(r"\| node-2 \|[^\n]*vanished", table), table
+    print(f"\nafter the kill node-1 committed {len(taken_over)} shard(s); {table}")
+    stop_worker(cluster.workers["node-2"])
