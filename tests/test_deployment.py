@@ -40,7 +40,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("deployment")
     with prefect_server(root / "prefect-home") as server:
         server.prefect("work-pool", "create", "regen-cpu", "--type", "process", cwd=root)
-        _create_pool(server, "regen-gpu")  # only so `deploy --all` finds it; a CLI call is 5 s
+        for pool in ("regen-gpu", "regen-gpu-node-1", "regen-gpu-node-2"):
+            _create_pool(server, pool)  # only so `deploy --all` finds them; a CLI call is 5 s
         # From the checkout itself: deploy records its cwd as the flow's working directory.
         server.prefect("--no-prompt", "deploy", "--all", cwd=REPO)
         with prefect_worker(server, "regen-cpu", cwd=root, log=root / "worker.log") as worker:
