@@ -58,7 +58,7 @@ def regenerate_multinode(
     for name, shards in ranges.items():
         logger.info("node %s (weight %g) starts with %d shard(s)", name, weights[name], len(shards))
     if plan.pending:
-        parent = get_run_context().flow_run.name  # type: ignore[union-attr]
+        parent = get_run_context().flow_run  # type: ignore[union-attr]
         blocks = {
             "model_block": model_block,
             "storage_block": storage_block,

@@ -49,6 +49,7 @@ from regen.shards import (
     pending_shards,
     plan_shards,
     prompts_for_shard,
+    read_manifest,
     replace_shard,
 )
 from regen.storage import open_storage
@@ -194,8 +195,9 @@ def generate_shard(
     start = time.monotonic()
     storage = open_storage(output)
     rows = prompts_for_shard(plan.prompt_cache, shard)
-    committed = committed_shards(storage, plan.fingerprint).get(shard)
-    if committed is not None and retry_errors:
+    # This shard's manifest only: listing every manifest per shard grows with the run squared.
+    committed = read_manifest(storage, shard)
+    if committed is not None and committed.fingerprint == plan.fingerprint and retry_errors:
         todo = error_rows(storage, shard).select("id")
         out = dispatcher.submit_shard(
             shard, rows.join(todo, on="id", maintain_order="left")
@@ -320,13 +322,14 @@ def generate(
 
 
 def shards_in_flight(config: RegenConfig, fleet: Fleet) -> int:
-    """Enough claimed shards to keep every slot busy across a shard border, and no more.
+    """Enough claimed shards to keep every slot busy past a shard's stragglers, and no more.
 
-    Each claimed shard is one fewer for a faster node to take over, so a node holds what its
-    slots can drain plus one queued behind them.
+    A shard stays open until its longest answer ends, so the slots need twice their number of
+    rows queued plus two shards behind; each claimed shard beyond that is one fewer for a
+    faster node to take over.
     """
     slots = len(fleet.endpoints) * config.concurrency
-    return max(2, math.ceil(slots / config.shard_size) + 1)
+    return max(4, math.ceil(2 * slots / config.shard_size) + 2)
 
 
 def generate_claimed(

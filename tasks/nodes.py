@@ -69,7 +69,7 @@ def start_node(
     config: RegenConfig,
     assignment: NodeAssignment,
     blocks: dict[str, str | None],
-    parent: str,
+    parent: FlowRun,
 ) -> FlowRun:
     """Create the node's child run on its deployment and return at once (`timeout=0`).
 
@@ -85,8 +85,8 @@ def start_node(
     return run_deployment(
         node.deployment_name,
         parameters={k: v for k, v in parameters.items() if v is not None},
-        flow_run_name=f"{parent}-{node.name}",
-        idempotency_key=f"{parent}-{node.name}",
+        flow_run_name=f"{parent.name}-{node.name}",
+        idempotency_key=f"{parent.id}-{node.name}",
         timeout=0,
     )
 

@@ -96,6 +96,7 @@ def _params(
     shard_size: int,
     slow: float = 1.0,
     lease_s: float = 6.0,
+    tokens_per_s: float = 500.0,
 ) -> tuple[dict[str, Any], str]:
     """The parent's parameters for one run, every path and port of its own; and its bucket."""
     root = cluster.root / name
@@ -114,7 +115,7 @@ def _params(
             "bench": {"concurrency": 2, "max_tokens": 16, "budget_s": 5},
             "emulator": {
                 "time_scale": 1.0,
-                "tokens_per_s": 500.0,
+                "tokens_per_s": tokens_per_s,
                 "reasoning_tokens": "30:60",
                 "answer_tokens": "40:80",
             },
@@ -262,8 +263,10 @@ def _ideal_ratio(manifests: dict[int, Any]) -> tuple[float, dict[str, float]]:
 def test_a_twice_slower_node_gets_fewer_shards_and_the_wall_stays_near_ideal(
     cluster: Cluster,
 ) -> None:
-    rows = 600
-    params, bucket = _params(cluster, "slow", rows=rows, shard_size=5, slow=2.0)
+    rows = 300
+    # Slow emulated decoding (~1 s a request), so simulated time, not this machine's CPU,
+    # sets each node's speed and node-2 is really twice as slow.
+    params, bucket = _params(cluster, "slow", rows=rows, shard_size=5, slow=2.0, tokens_per_s=100.0)
     run_id = _start(cluster, params)
     run = _wait_final(cluster, run_id, timeout=400)
     assert run.state.is_completed(), f"{run.state_name}: {run.state.message}\n{_logs(cluster)}"
