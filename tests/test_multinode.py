@@ -204,7 +204,9 @@ def _assert_exactly_once(storage: Storage, rows: int) -> dict[int, Any]:
 
 def test_two_nodes_write_every_id_once_as_two_subflows(cluster: Cluster) -> None:
     rows = 240
-    params, bucket = _params(cluster, "even", rows=rows, shard_size=10)
+    # ~1 s a request: one node alone would need a minute, so a node whose fleet comes up
+    # late on a loaded machine still finds shards left (a faster one would take them all).
+    params, bucket = _params(cluster, "even", rows=rows, shard_size=10, tokens_per_s=100.0)
     run_id = _start(cluster, params)
     run = _wait_final(cluster, run_id, timeout=300)
     assert run.state.is_completed(), f"{run.state_name}: {run.state.message}\n{_logs(cluster)}"
