@@ -49,13 +49,11 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' server, S3 helpers
 
 from regen.fleet import reap_orphans
-from regen.ports import quiet_port_range
 from regen.shards import Manifest, committed_shards
+from tests._multinode_helpers import REPO, parent_params, start_parent, write_prompts
 from tests._prefect_server import Server, prefect_server, prefect_worker
 from tests._s3_helpers import MotoS3, moto_server
-from tests.test_multinode import PARENT, _prompts
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "multinode.json"
 CPU_SAMPLE_S = 0.5
 
@@ -175,50 +173,23 @@ def _params(
 ) -> tuple[dict[str, Any], str]:
     """The parent's parameters for one case, with a bucket and node work_dirs of its own."""
     bucket = s3.create_bucket("regen-bench")
-    config = {
-        "model": {
-            "source": "regen/data/emulator-model",
-            "served_name": "qwen3-emu",
-            "stage": False,
-        },
-        "engine": {
-            "kind": "emulator",
-            "gpus": [0],
-            "startup_timeout_s": 60,
-            "bench": {"concurrency": 2, "max_tokens": 16, "budget_s": 5},
-            "emulator": {
-                "time_scale": args.time_scale,
-                "tokens_per_s": args.tokens_per_s,
-                "reasoning_tokens": args.reasoning_tokens,
-                "answer_tokens": args.answer_tokens,
-            },
-        },
-        "prompts": str(prompts),
-        "output": f"s3://{bucket}/run",
-        "work_dir": str(case_dir / "parent"),
-        "shard_size": args.shard_size,
-        "concurrency_per_server": args.concurrency,
+    emulator = {
+        "time_scale": args.time_scale,
+        "tokens_per_s": args.tokens_per_s,
+        "reasoning_tokens": args.reasoning_tokens,
+        "answer_tokens": args.answer_tokens,
     }
-    node_list = [
-        {
-            "name": f"node-{i}",
-            "engine": {"base_port": quiet_port_range(1)},
-            "work_dir": str(case_dir / f"node-{i}"),
-        }
-        for i in range(1, nodes + 1)
-    ]
-    params = {"config": config, "nodes": node_list, "lease_s": args.lease_s, "poll_s": 1.0}
+    params = parent_params(
+        case_dir,
+        bucket,
+        prompts,
+        {f"node-{i}": {} for i in range(1, nodes + 1)},
+        shard_size=args.shard_size,
+        emulator=emulator,
+        lease_s=args.lease_s,
+        concurrency=args.concurrency,
+    )
     return params, bucket
-
-
-def _start(server: Server, params: dict[str, Any]) -> str:
-    done = server.prefect("deployment", "run", PARENT, "--params", json.dumps(params), cwd=REPO)
-    for word in done.stdout.split():
-        try:
-            return str(uuid.UUID(word))
-        except ValueError:
-            continue
-    raise RuntimeError(f"no flow run id in:\n{done.stdout}")
 
 
 def _wait_final(server: Server, run_id: str, timeout: float) -> tuple[str, str | None]:
@@ -262,7 +233,7 @@ def _case(
     try:
         with CpuSampler() as cpu:
             started_at, started = time.time(), time.monotonic()
-            run_id = _start(server, params)
+            run_id = start_parent(server, params)
             state, message = _wait_final(server, run_id, args.case_timeout)
             e2e_s, ended_at = time.monotonic() - started, time.time()
     finally:
@@ -417,7 +388,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="regen-multinode-"))
     cases: list[dict[str, Any]] = []
     try:
-        prompts = _prompts(root / "prompts.jsonl", args.prompts)
+        prompts = write_prompts(root / "prompts.jsonl", args.prompts)
         with _cluster(root, max(counts)) as (s3, server):
             with CpuSampler() as idle:
                 time.sleep(5)

@@ -26,16 +26,14 @@ import psutil
 import pytest
 
 from regen.fleet import reap_orphans
-from regen.ports import quiet_port_range
 from regen.shards import committed_shards, read_shard
 from regen.storage import Storage
+from tests._multinode_helpers import REPO, parent_params, start_parent, write_prompts
 from tests._prefect_server import Server, Worker, prefect_server, prefect_worker, stop_worker
 from tests._s3_helpers import MotoS3, moto_server
 
 pytestmark = pytest.mark.timeout(600)
 
-REPO = Path(__file__).resolve().parents[1]
-PARENT = "regenerate-multinode/multinode"
 POOLS = ("regen-cpu", "regen-gpu", "regen-gpu-node-1", "regen-gpu-node-2")
 NODES = ("node-1", "node-2")
 
@@ -74,20 +72,6 @@ def _client(server: Server) -> Any:
     return SyncPrefectClient(api=server.api_url)
 
 
-def _question(i: int) -> str:
-    # Long enough that the audit's tiny-length check sees a real prompt.
-    return f"Explain in a few sentences what is special about the number {i}, with one fact."
-
-
-def _prompts(path: Path, rows: int) -> Path:
-    lines = (
-        json.dumps({"id": f"q-{i:04d}", "messages": [{"role": "user", "content": _question(i)}]})
-        for i in range(rows)
-    )
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def _params(
     cluster: Cluster,
     name: str,
@@ -102,46 +86,20 @@ def _params(
     root = cluster.root / name
     root.mkdir()
     bucket = cluster.s3.create_bucket()
-    config = {
-        "model": {
-            "source": "regen/data/emulator-model",
-            "served_name": "qwen3-emu",
-            "stage": False,
-        },
-        "engine": {
-            "kind": "emulator",
-            "gpus": [0],
-            "startup_timeout_s": 60,
-            "bench": {"concurrency": 2, "max_tokens": 16, "budget_s": 5},
-            "emulator": {
-                "time_scale": 1.0,
-                "tokens_per_s": tokens_per_s,
-                "reasoning_tokens": "30:60",
-                "answer_tokens": "40:80",
-            },
-        },
-        "prompts": str(_prompts(root / "prompts.jsonl", rows)),
-        "output": f"s3://{bucket}/run",
-        "work_dir": str(root / "parent"),
-        "shard_size": shard_size,
-        "concurrency_per_server": 4,
+    emulator = {
+        "time_scale": 1.0,
+        "tokens_per_s": tokens_per_s,
+        "reasoning_tokens": "30:60",
+        "answer_tokens": "40:80",
     }
-    nodes = []
-    for node in NODES:
-        engine: dict[str, Any] = {"base_port": quiet_port_range(1)}
-        if node == "node-2" and slow != 1.0:
-            engine["emulator"] = {"time_scale": slow}
-        nodes.append({"name": node, "engine": engine, "work_dir": str(root / node)})
-    return {"config": config, "nodes": nodes, "lease_s": lease_s, "poll_s": 1.0}, bucket
-
-
-def _start(cluster: Cluster, params: dict[str, Any]) -> str:
-    done = cluster.server.prefect(
-        "deployment", "run", PARENT, "--params", json.dumps(params), cwd=REPO
+    nodes: dict[str, dict[str, Any]] = {node: {} for node in NODES}
+    if slow != 1.0:
+        nodes["node-2"] = {"emulator": {"time_scale": slow}}
+    prompts = write_prompts(root / "prompts.jsonl", rows)
+    params = parent_params(
+        root, bucket, prompts, nodes, shard_size=shard_size, emulator=emulator, lease_s=lease_s
     )
-    match = re.search(r"UUID:\s*([0-9a-f-]{36})", done.stdout)
-    assert match, done.stdout
-    return match.group(1)
+    return params, bucket
 
 
 def _wait_final(cluster: Cluster, run_id: str, timeout: float) -> Any:
@@ -207,7 +165,7 @@ def test_two_nodes_write_every_id_once_as_two_subflows(cluster: Cluster) -> None
     # ~1 s a request: one node alone would need a minute, so a node whose fleet comes up
     # late on a loaded machine still finds shards left (a faster one would take them all).
     params, bucket = _params(cluster, "even", rows=rows, shard_size=10, tokens_per_s=100.0)
-    run_id = _start(cluster, params)
+    run_id = start_parent(cluster.server, params)
     run = _wait_final(cluster, run_id, timeout=300)
     assert run.state.is_completed(), f"{run.state_name}: {run.state.message}\n{_logs(cluster)}"
 
@@ -269,7 +227,7 @@ def test_a_twice_slower_node_gets_fewer_shards_and_the_wall_stays_near_ideal(
     # Slow emulated decoding (~1 s a request), so simulated time, not this machine's CPU,
     # sets each node's speed and node-2 is really twice as slow.
     params, bucket = _params(cluster, "slow", rows=rows, shard_size=5, slow=2.0, tokens_per_s=100.0)
-    run_id = _start(cluster, params)
+    run_id = start_parent(cluster.server, params)
     run = _wait_final(cluster, run_id, timeout=400)
     assert run.state.is_completed(), f"{run.state_name}: {run.state.message}\n{_logs(cluster)}"
 
@@ -300,7 +258,7 @@ def test_a_killed_node_leaves_its_shards_to_the_other_after_the_lease(cluster: C
     rows = 200
     params, bucket = _params(cluster, "killed", rows=rows, shard_size=5, lease_s=6.0)
     storage = cluster.s3.storage(bucket, "run")
-    run_id = _start(cluster, params)
+    run_id = start_parent(cluster.server, params)
     deadline = time.monotonic() + 240
     while True:  # kill node-2 once it has committed a shard and holds more
         held = []
