@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +16,29 @@ from moto.server import ThreadedMotoServer
 from regen.s3 import RetryPolicy, S3Storage, client_config
 
 _CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+
+def _atomic_conditional_puts() -> None:
+    """Make moto's PutObject atomic, as S3's is.
+
+    moto checks `If-None-Match: *` and then stores the object without a lock, so two racing
+    conditional puts of one key can both succeed under load; S3 never lets both win, and the
+    claims rest on that. One lock around moto's PutObject gives the tests S3's guarantee.
+    """
+    from moto.s3.responses import S3Response
+
+    original = S3Response.put_object
+    if getattr(original, "atomic", False):
+        return
+    lock = threading.Lock()
+
+    @functools.wraps(original)
+    def put_object(self: S3Response) -> object:
+        with lock:
+            return original(self)
+
+    put_object.atomic = True  # type: ignore[attr-defined]
+    S3Response.put_object = put_object  # type: ignore[method-assign]
 
 
 class MotoS3:
@@ -43,6 +68,7 @@ class MotoS3:
 
     def start(self) -> None:
         """Start, on the port of the previous start if there was one (outage tests)."""
+        _atomic_conditional_puts()
         server = ThreadedMotoServer(ip_address=self.ip_address, port=self.port, verbose=False)
         server.start()
         self.port = server.get_host_and_port()[1]
