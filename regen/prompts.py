@@ -3,7 +3,7 @@ set aside with its line number and reason, so one bad line never stops a million
 
 Three row formats, detected per file from its first readable row: OpenAI `messages`, `prompt`
 (+ `system`), and ShareGPT `conversations` ({from: human/gpt/system, value}), which is
-normalised to messages. A row of another format in that file is rejected with its line.
+normalised to messages. A file that mixes formats is refused, naming the first stray line.
 
 JSONL is read as one polars String column per line (a CSV read with a NUL separator and no
 quoting: a raw NUL byte cannot occur in JSON text, so a file that has one is refused as binary),
@@ -217,6 +217,7 @@ def _load(
     if fields.height == 0:
         raise UserError(f"{name}: no prompts (only blank lines)")
     fmt = _detect_format(fields)
+    _refuse_mixed_formats(fields, fmt, name, "row" if facts.is_parquet else "line")
     checked = _check_rows(fields, fmt, max_prompt_bytes)
     valid = checked.filter(pl.col("reason").is_null()).select("id", "line", "messages")
     rejects = checked.filter(pl.col("reason").is_not_null()).select("line", "id", "reason")
@@ -450,6 +451,30 @@ def _detect_format(fields: pl.DataFrame) -> str:
     return "messages"
 
 
+def _refuse_mixed_formats(fields: pl.DataFrame, fmt: str, name: str, where: str) -> None:
+    """A file of two formats is two data sets run together: refuse it, naming both lines.
+
+    Rows of the other format are not single bad rows to set aside: dropping them would lose
+    a whole part of the data set quietly, found only when the training set comes out short.
+    """
+    own = pl.col(FORMAT_KEYS[fmt]).is_not_null()
+    others = {other: key for other, key in FORMAT_KEYS.items() if other != fmt}
+    readable = fields.filter(pl.col("reason").is_null())
+    # A row with two format keys is one bad row (rejected as "has both"), not another format.
+    keys = pl.sum_horizontal(pl.col(k).is_not_null() for k in FORMAT_KEYS.values())
+    stray = readable.filter(~own & (keys == 1))
+    if stray.height == 0:
+        return
+    row = stray.row(0, named=True)
+    other = next(f for f, key in others.items() if row[key] is not None)
+    first = readable.filter(own).get_column("line")[0]
+    raise UserError(
+        f"{name}: {where} {row['line']}: a {other} row in a file of {fmt} rows (from {where} "
+        f"{first}; {stray.height} row(s) of another format in all); a prompt file holds one "
+        "format: convert it to one, or run each format as its own run"
+    )
+
+
 def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.DataFrame:
     """Adds the normalised `messages`, the final `id` and the first failing `reason` per row."""
     msgs = pl.col("messages")
@@ -480,11 +505,6 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
         .when(~pl.col("has_messages") & ~pl.col("has_prompt") & ~pl.col("has_conversations"))
         .then(pl.lit("has neither messages nor prompt nor conversations"))
     )
-    for other, other_key in FORMAT_KEYS.items():
-        if other != fmt:
-            reason = reason.when(pl.col(f"has_{other_key}")).then(
-                pl.lit(f"a {other} row in a file of {fmt} rows")
-            )
     reason = (
         reason.when(pl.col("system").is_not_null() & (pl.lit(fmt) != "prompt"))
         .then(pl.lit(f"system is for prompt rows; put a system message in {key}"))

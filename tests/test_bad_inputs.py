@@ -224,6 +224,11 @@ def test_as_real_subprocesses(tmp_path: Path, regen_env: dict[str, str], tally: 
             "UTF-8",
         ),
         ("no usable row at all", b'{"id": "a", "messages": "hello"}\n', "no usable rows"),
+        (
+            "ShareGPT rows appended to an OpenAI file",
+            (rows("a", "b") + '{"conversations": [{"from": "human", "value": "hi"}]}\n').encode(),
+            "line 3: a sharegpt row in a file of messages rows (from line 1",
+        ),
     ],
 )
 def test_prompts_file_mistake(

@@ -56,10 +56,6 @@ REJECTS = {
         {"messages": _msgs(("user", "q"), ("assistant", "a"), ("user", " "), ("assistant", "b"))},
         "empty prompt",
     ),
-    "sharegpt row among messages": (
-        {"conversations": [{"from": "human", "value": "x"}]},
-        "a sharegpt row in a file of messages rows",
-    ),
     "duplicate id": ({"id": "good", "messages": _msgs(("user", "other"))}, "duplicate id"),
     "empty prompt": ({"messages": _msgs(("user", "  \n"))}, "empty prompt"),
     "too big": ({"messages": _msgs(("user", "x" * 2000))}, "prompt is 2000 bytes, over the limit"),
@@ -68,7 +64,6 @@ REJECTS = {
     "id empty": ({"id": "", "messages": _msgs(("user", "x"))}, "id is empty"),
     "neither": ({"id": "n", "text": "x"}, "has neither messages nor prompt"),
     "both": ({"messages": _msgs(("user", "x")), "prompt": "y"}, "has both messages and prompt"),
-    "other format": ({"prompt": "y"}, "a prompt row in a file of messages rows"),
     "system beside messages": (
         {"messages": _msgs(("user", "x")), "system": "s"},
         "system is for prompt rows",
@@ -132,8 +127,6 @@ def test_sharegpt_rows_are_normalised_to_chat_roles(tmp_path: Path) -> None:
 
 
 SHAREGPT_REJECTS = {
-    "messages row": ({"messages": _msgs(("user", "x"))}, "a messages row in a file of sharegpt"),
-    "prompt row": ({"prompt": "x"}, "a prompt row in a file of sharegpt rows"),
     "bad from": (
         {"conversations": _turns(("human", "q"), ("user", "x"))},
         "message 1: from user is not human/gpt/system",
@@ -169,6 +162,58 @@ def test_sharegpt_reject_reasons_name_their_line(
     assert ps.valid.get_column("id").to_list() == ["a", "b"]
     assert ps.rejects.get_column("line").to_list() == [2]
     assert reason in ps.rejects.get_column("reason")[0]
+
+
+MIXED = {
+    "sharegpt among messages": (
+        [GOOD, {"conversations": _turns(("human", "x"))}],
+        "line 2: a sharegpt row in a file of messages rows (from line 1; 1 row(s)",
+    ),
+    "prompt among messages": (
+        [GOOD, {"messages": _msgs(("user", "y"))}, {"prompt": "y"}, {"prompt": "z"}],
+        "line 3: a prompt row in a file of messages rows (from line 1; 2 row(s)",
+    ),
+    "messages among sharegpt, after a bad line": (
+        ["{not json", {"conversations": _turns(("human", "q"))}, GOOD],
+        "line 3: a messages row in a file of sharegpt rows (from line 2; 1 row(s)",
+    ),
+    "prompt among sharegpt": (
+        [{"conversations": _turns(("human", "q"))}, {"prompt": "x", "system": "s"}],
+        "line 2: a prompt row in a file of sharegpt rows (from line 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("lines, message", MIXED.values(), ids=MIXED.keys())
+def test_a_file_mixing_formats_is_refused_naming_the_line(
+    tmp_path: Path, lines: list[str | dict], message: str
+) -> None:
+    path = _jsonl(tmp_path, *lines)
+    for read in (load_prompts, preview):
+        with pytest.raises(UserError) as err:
+            read(str(path))
+        text = str(err.value)
+        assert text.startswith(f"{path}: ") and message in text and "\n" not in text
+        assert "holds one format" in text
+
+
+def test_a_parquet_file_mixing_formats_names_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "p.parquet"
+    pl.DataFrame(
+        {"messages": [_msgs(("user", "a")), None], "prompt": [None, "b"]},
+        schema={"messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
+                "prompt": pl.String},
+    ).write_parquet(path)  # fmt: skip
+    with pytest.raises(
+        UserError, match=r"row 2: a prompt row in a file of messages rows \(from row 1"
+    ):
+        load_prompts(str(path))
+
+
+def test_a_row_with_two_formats_is_one_rejected_row(tmp_path: Path) -> None:
+    both = {"messages": _msgs(("user", "x")), "conversations": _turns(("human", "x"))}
+    ps = load_prompts(str(_jsonl(tmp_path, GOOD, both)))
+    assert ps.rejects.get_column("reason").to_list() == ["has both conversations and messages"]
 
 
 def test_conversation_may_end_with_the_assistant(tmp_path: Path) -> None:
