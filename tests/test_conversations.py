@@ -19,6 +19,7 @@ from regen.client import Dispatcher, DispatchTuning
 from regen.client.effort import pick_effort
 from regen.client.request import chat_request_body
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
+from regen.emulator import history_digest
 from regen.fleet.endpoint import Endpoint
 from regen.schema import MESSAGE, row_schema
 
@@ -110,8 +111,13 @@ def test_all_turns_regenerate_the_whole_conversation(endpoint: Endpoint) -> None
         assert all(a["reasoning_content"] for a in answers)
         assert [m["reasoning_content"] for m in messages if m["role"] != "assistant"] == [None] * 4
         assert [t["turn"] for t in turns] == [1, 2, 3]
+        # The emulator tags each answer with a digest of the history it was asked on: each
+        # turn saw the regenerated conversation so far (no original answer, no reasoning).
+        for at, message in enumerate(messages):
+            if message["role"] == "assistant":
+                seen = [{"role": m["role"], "content": m["content"]} for m in messages[:at]]
+                assert message["content"].startswith(f"[history:{history_digest(seen)}]")
         prompts = [t["prompt_tokens"] for t in turns]
-        # Each turn is sent on the history so far: the prompt grows by the answer before it.
         assert prompts[0] < prompts[1] < prompts[2]
         assert row["content"] == answers[-1]["content"]
         assert row["reasoning_content"] == answers[-1]["reasoning_content"]

@@ -113,14 +113,14 @@ def message_text(content: Any) -> str:
 
 
 def history_digest(messages: list[dict[str, Any]]) -> str:
-    """First 8 hex of sha256 over the canonical JSON of [{role, content}, ...].
+    """First 8 hex of sha256 over the canonical JSON of the messages as sent, every key kept.
 
     Canonical JSON: `json.dumps(..., sort_keys=True, ensure_ascii=False,
-    separators=(",", ":"))` of the messages reduced to their role and content, so a test
-    can recompute which history a turn was answered from.
+    separators=(",", ":"))`, so a test can recompute which history a turn was answered from,
+    and a history that carried more than {role, content} (an earlier turn's
+    `reasoning_content`, say) does not match one that did not.
     """
-    reduced = [{"role": m.get("role"), "content": m.get("content")} for m in messages]
-    canonical = json.dumps(reduced, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    canonical = json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:8]
 
 
