@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 import yaml
 
+from regen.emulator import history_digest
 from regen.shards import Manifest
 from regen.storage import LocalStorage
 from tests._chaos_helpers import (
@@ -97,3 +98,9 @@ def test_kill9_mid_conversation_then_rerun_regenerates_each_once(tmp_path: Path)
         .struct.field("content")
     )
     assert answers.explode().is_in(["OK."]).sum() == 0
+    # Each answer was generated on the regenerated history before it (the emulator tags an
+    # answer with the digest of the messages it was sent).
+    for messages in rows["messages"].to_list():
+        for at in (1, 3, 5):
+            seen = [{"role": m["role"], "content": m["content"]} for m in messages[:at]]
+            assert messages[at]["content"].startswith(f"[history:{history_digest(seen)}]")
