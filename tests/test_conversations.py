@@ -183,3 +183,14 @@ def test_no_shares_send_no_effort(endpoint: Endpoint) -> None:
     )
     body = chat_request_body(MODEL, [{"role": "user", "content": "q"}], SamplingConfig())
     assert "reasoning_effort" not in body
+
+
+@pytest.mark.parametrize(("thinking", "sent"), [("save", True), ("drop", True), ("off", False)])
+def test_thinking_mode_sets_enable_thinking_in_the_request(thinking: str, sent: bool) -> None:
+    regeneration = RegenerationConfig.model_validate({"thinking": thinking})
+    body = chat_request_body(
+        MODEL, [{"role": "user", "content": "q"}], SamplingConfig(), regeneration=regeneration
+    )
+    # drop still thinks (and separates the reasoning so it can be dropped); off asks for none.
+    assert body["chat_template_kwargs"] == {"enable_thinking": sent}
+    assert body["separate_reasoning"] is True
