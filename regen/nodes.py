@@ -88,6 +88,12 @@ class NodeAssignment(BaseModel):
 
 def check_nodes(run: RegenConfig, nodes: list[NodeConfig]) -> dict[str, RegenConfig]:
     """Each node's parsed config, so a bad node setting fails before any node starts."""
+    if run.generation.retry_errors:
+        # The children claim only shards without a manifest, so the flag would be ignored.
+        raise ConfigError(
+            "generation.retry_errors: not supported by a multi-node run; retry the error rows "
+            "with a single-node run (the `regenerate` flow) on the same output"
+        )
     if not nodes:
         raise ConfigError("nodes: a multi-node run needs at least one node")
     names = [n.name for n in nodes]
