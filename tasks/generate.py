@@ -39,6 +39,7 @@ from regen.nodes import NodeAssignment
 from regen.progress import ProgressSnapshot, ProgressWriter, progress_key
 from regen.prompts import load_prompts, write_rejects
 from regen.shards import (
+    Manifest,
     cache_prompts,
     commit_shard,
     committed_shards,
@@ -130,7 +131,9 @@ def plan_run(config: RegenConfig) -> RunPlan:
     selection = parse_shard_range(config.generation.shards, plan.num_shards)
     pending = pending_shards(plan, committed, selection)
     if config.generation.retry_errors:
-        pending = sorted({*pending, *(k for k, m in committed.items() if m.failed)})
+        pending = sorted(
+            {*pending, *(k for k, m in committed.items() if m.failed and k in selection)}
+        )
     logger.info(
         "%d prompts (%d rejected) in %d shards of %d; %d committed, %d to generate",
         plan.num_rows,
@@ -146,9 +149,16 @@ def plan_run(config: RegenConfig) -> RunPlan:
         num_shards=plan.num_shards,
         rejected=prompts.num_rejected,
         pending=pending,
-        committed_rows=sum(m.rows for m in committed.values()),
+        committed_rows=_rows_kept(committed, pending),
         prompt_cache=cache,
     )
+
+
+def _rows_kept(committed: dict[int, Manifest], pending: list[int]) -> int:
+    """Rows this run will not generate: whole shards done, and the ok rows of shards whose
+    error rows it retries, so progress ends at the total rather than past it."""
+    retried = set(pending)
+    return sum(m.ok if k in retried else m.rows for k, m in committed.items())
 
 
 @dataclass(frozen=True)
@@ -227,11 +237,12 @@ def generate_shard(
         manifest.ok,
         manifest.failed,
     )
-    return ShardOutcome(
+    failed = int(out["error"].is_not_null().sum())
+    return ShardOutcome(  # what this run generated: a retried shard's error rows only
         shard=shard,
-        rows=manifest.rows,
-        ok=manifest.ok,
-        failed=manifest.failed,
+        rows=out.height,
+        ok=out.height - failed,
+        failed=failed,
         completion_tokens=int(out["completion_tokens"].sum() or 0),
         seconds=time.monotonic() - start,
     )

@@ -25,6 +25,7 @@ import polars as pl
 import pytest
 import yaml
 
+from regen.progress import progress_key
 from regen.rehearsal import bundled, rehearsal_config
 from regen.shards import Manifest, manifest_key, read_manifest
 from regen.storage import Storage, open_storage
@@ -131,3 +132,8 @@ def test_retry_errors_regenerates_only_the_error_rows(tmp_path: Path) -> None:
     assert {i: ok_after[i] for i in ok_before} == ok_before
     # Each parquet under shards/ is the one its manifest names: no orphan generations left.
     assert {k for k in listed if k.endswith(".parquet")} == {m.data for _, m in after.values()}
+    # Progress counts a retried shard's error rows once, when regenerated: it ends at the total.
+    progress = json.loads(storage.read_bytes(progress_key()))
+    retried = sum(m.failed for _, m in before.values())
+    assert progress["already_done"] == 240 - retried
+    assert progress["done"] == progress["rows_committed"] == progress["total"] == 240
