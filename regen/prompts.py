@@ -34,18 +34,33 @@ from regen.schema import MESSAGE
 from regen.storage import Storage, open_storage
 
 ROLES = ("system", "user", "assistant")
-# ShareGPT speaker names and the chat roles they stand for.
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+# ShareGPT speaker names and the chat roles they stand for: ShareGPT dumps name the assistant
+# chatgpt, bing or bard in places, and some converters write user/assistant.
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 # Format name -> the key (column) that carries it.
 FORMAT_KEYS = {"messages": "messages", "prompt": "prompt", "sharegpt": "conversations"}
 REJECTS_KEY = "rejects/rejects.parquet"
 
 _TURN = pl.Struct({"from": pl.String, "value": pl.String})
+# A `conversations` turn as read: ShareGPT's {from, value}, or {role, content} as SpecForge's
+# prepare_data writes it (those rows are OpenAI messages under another key).
+_ANY_TURN = pl.Struct(
+    {"from": pl.String, "value": pl.String, "role": pl.String, "content": pl.String}
+)
 _RECORD = pl.Struct(
     {
         "id": pl.String,
         "messages": pl.List(MESSAGE),
-        "conversations": pl.List(_TURN),
+        "conversations": pl.List(_ANY_TURN),
         "prompt": pl.String,
         "system": pl.String,
     }
@@ -274,14 +289,33 @@ def _jsonl_fields(path: Path, name: str, utf8: bool, n_rows: int | None) -> pl.D
         .when(pl.col("raw").str.contains(_BAD_ID))
         .then(pl.lit("id must be a string or an integer"))
     )
+    record = pl.col("rec").struct
     return frame.select(
         "line",
-        pl.coalesce(pl.col("rec").struct.field("id"), "read_id").alias("given_id"),
-        pl.col("rec").struct.field("messages"),
-        pl.col("rec").struct.field("conversations"),
-        pl.col("rec").struct.field("prompt"),
+        pl.coalesce(record.field("id"), "read_id").alias("given_id"),
+        *_split_conversations(record.field("messages"), record.field("conversations")),
+        record.field("prompt"),
         pl.col("rec").struct.field("system"),
         reason.alias("reason"),
+    )
+
+
+def _split_conversations(messages: pl.Expr, turns: pl.Expr) -> tuple[pl.Expr, pl.Expr]:
+    """(messages, conversations): `conversations` of {role, content} turns become `messages`
+    (unless the row has those too); ShareGPT turns stay `conversations` as {from, value}."""
+    turn = pl.element().struct
+    as_roles = (
+        messages.is_null()
+        & turns.list.eval(turn.field("role").is_not_null()).list.any()
+        & ~turns.list.eval(
+            turn.field("from").is_not_null() | turn.field("value").is_not_null()
+        ).list.any()
+    )
+    chat = turns.list.eval(pl.struct(turn.field("role"), turn.field("content")))
+    sharegpt = turns.list.eval(pl.struct(turn.field("from"), turn.field("value")))
+    return (
+        pl.when(as_roles).then(chat).otherwise(messages).alias("messages"),
+        pl.when(as_roles).then(None).otherwise(sharegpt).alias("conversations"),
     )
 
 
@@ -341,11 +375,13 @@ def _explain_object(row: dict[str, Any]) -> str:
         return "messages must be a list of {role, content} objects"
     turns = row.get("conversations")
     if turns is not None and not isinstance(turns, list):
-        return "conversations must be a list of {from, value} objects"
+        return "conversations must be a list of {from, value} or {role, content} objects"
     for i, turn in enumerate(turns or []):
         if not isinstance(turn, dict):
-            return f"message {i}: not a {{from, value}} object"
-        for key in ("from", "value"):
+            return f"message {i}: not a {{from, value}} or {{role, content}} object"
+        if isinstance(turn.get("content"), list):
+            return f"message {i}: content must be a string (content parts are not supported)"
+        for key in ("from", "value", "role", "content"):
             if turn.get(key) is not None and not isinstance(turn[key], str):
                 return f"message {i}: {key} must be a string"
     for i, message in enumerate(messages or []):
@@ -372,12 +408,21 @@ def _parquet_fields(path: Path, name: str, n_rows: int | None) -> pl.DataFrame:
         raise UserError(f"{name}: not a readable Parquet file: {_first_line(err)}") from None
     columns: list[pl.Expr] = [pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("line")]
     columns.append(_parquet_id(schema, name))
-    if "messages" in schema:
-        columns.append(_parquet_messages(schema["messages"], name))
+    # A conversations column of {role, content} turns (SpecForge's layout) is messages.
+    chat = {"messages": schema.get("messages")}
+    conversations = schema.get("conversations")
+    if conversations is not None and "role" in _struct_fields(conversations):
+        if chat["messages"] is not None:
+            raise UserError(f"{name}: has both a messages and a conversations column")
+        chat = {"conversations": conversations}
+        conversations = None
+    source, dtype = next(iter(chat.items()))
+    if dtype is not None:
+        columns.append(_parquet_messages(dtype, name, source))
     else:
         columns.append(pl.lit(None, dtype=pl.List(MESSAGE)).alias("messages"))
-    if "conversations" in schema:
-        columns.append(_parquet_conversations(schema["conversations"], name))
+    if conversations is not None:
+        columns.append(_parquet_conversations(conversations, name))
     else:
         columns.append(pl.lit(None, dtype=pl.List(_TURN)).alias("conversations"))
     for key in ("prompt", "system"):
@@ -405,8 +450,13 @@ def _parquet_id(schema: pl.Schema, name: str) -> pl.Expr:
     raise UserError(f"{name}: column id has type {dtype}, expected a string or an integer")
 
 
-def _parquet_messages(dtype: pl.DataType, name: str) -> pl.Expr:
-    return _parquet_chat(dtype, name, "messages", ("role", "content"))
+def _struct_fields(dtype: pl.DataType) -> dict[str, pl.DataType]:
+    inner = getattr(dtype, "inner", None)
+    return {f.name: f.dtype for f in getattr(inner, "fields", [])}
+
+
+def _parquet_messages(dtype: pl.DataType, name: str, column: str = "messages") -> pl.Expr:
+    return _parquet_chat(dtype, name, column, ("role", "content")).alias("messages")
 
 
 def _parquet_conversations(dtype: pl.DataType, name: str) -> pl.Expr:
@@ -416,8 +466,7 @@ def _parquet_conversations(dtype: pl.DataType, name: str) -> pl.Expr:
 def _parquet_chat(dtype: pl.DataType, name: str, column: str, keys: tuple[str, str]) -> pl.Expr:
     """A list-of-struct chat column, its text cast to String (an all-null one reads as Null)."""
     who, text = keys
-    inner = getattr(dtype, "inner", None)
-    fields = {f.name: f.dtype for f in getattr(inner, "fields", [])}
+    fields = _struct_fields(dtype)
     if (
         not isinstance(dtype, pl.List)
         or fields.get(who) != pl.String
@@ -496,8 +545,13 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
     reason = (
         pl.when(pl.col("reason").is_not_null())
         .then(pl.col("reason"))
-        .when(pl.col("has_messages") & pl.col("has_prompt"))
-        .then(pl.lit("has both messages and prompt"))
+        # UltraChat rows carry their first user message again as `prompt`: that is no conflict.
+        .when(
+            pl.col("has_messages")
+            & pl.col("has_prompt")
+            & pl.col("prompt").ne_missing(pl.col("first_user"))
+        )
+        .then(pl.lit("has both messages and prompt (and prompt is not its first user message)"))
         .when(pl.col("has_conversations") & pl.col("has_messages"))
         .then(pl.lit("has both conversations and messages"))
         .when(pl.col("has_conversations") & pl.col("has_prompt"))
@@ -506,8 +560,14 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
         .then(pl.lit("has neither messages nor prompt nor conversations"))
     )
     reason = (
-        reason.when(pl.col("system").is_not_null() & (pl.lit(fmt) != "prompt"))
-        .then(pl.lit(f"system is for prompt rows; put a system message in {key}"))
+        reason.when(pl.col("system").is_not_null() & pl.lit(fmt == "messages"))
+        .then(pl.lit("system is for prompt and sharegpt rows; put a system message first"))
+        .when(
+            pl.col("system").is_not_null()
+            & pl.lit(fmt == "sharegpt")
+            & turns.list.eval(speaker == "system").list.any()
+        )
+        .then(pl.lit("system given twice: the system key and a system turn"))
         .when(pl.col("given_id").is_not_null() & (pl.col("given_id").str.len_bytes() == 0))
         .then(pl.lit("id is empty"))
         .when(msgs.list.len() == 0)
@@ -517,7 +577,8 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
         .when(pl.lit(fmt == "sharegpt") & turns.list.eval(bad_from).list.any())
         .then(
             pl.format(
-                "message {}: from {} is not human/gpt/system",
+                "message {}: from {} is not human, gpt or system "
+                "(nor user, assistant, chatgpt, bing, bard)",
                 bad_from_at,
                 turns.list.get(bad_from_at, null_on_oob=True).struct.field("from").str.slice(0, 20),
             )
@@ -541,8 +602,10 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
         .when(size > max_prompt_bytes)
         .then(pl.format("prompt is {} bytes, over the limit of {} bytes", size, max_prompt_bytes))
     )
+    first_user = pl.col("messages").list.eval(content.filter(role == "user")).list.first()
     normalised = fields.with_columns(
-        **{f"has_{k}": pl.col(k).is_not_null() for k in FORMAT_KEYS.values()}
+        first_user=first_user,
+        **{f"has_{k}": pl.col(k).is_not_null() for k in FORMAT_KEYS.values()},
     ).with_columns(messages=_normalised_messages(fmt))
     checked = normalised.with_columns(reason=reason)
     checked = checked.with_columns(id=_ids(checked))
@@ -556,12 +619,14 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
 
 
 def _normalised_messages(fmt: str) -> pl.Expr:
-    """prompt + system become [system?, user]; ShareGPT turns become {role, content}."""
+    """prompt + system become [system?, user]; ShareGPT turns become {role, content}, after
+    the row's `system` if it has one (LLaMA-Factory's layout)."""
+    system = pl.struct(role=pl.lit("system"), content=pl.col("system"))
     if fmt == "messages":
         return pl.col("messages")
     if fmt == "sharegpt":
         turn = pl.element().struct
-        return pl.col("conversations").list.eval(
+        turns = pl.col("conversations").list.eval(
             pl.struct(
                 role=turn.field("from").replace_strict(
                     SHAREGPT_ROLES, default=None, return_dtype=pl.String
@@ -569,8 +634,12 @@ def _normalised_messages(fmt: str) -> pl.Expr:
                 content=turn.field("value"),
             )
         )
+        return (
+            pl.when(pl.col("system").is_null())
+            .then(turns)
+            .otherwise(pl.concat_list(pl.concat_list(system), turns))
+        )
     user = pl.struct(role=pl.lit("user"), content=pl.col("prompt"))
-    system = pl.struct(role=pl.lit("system"), content=pl.col("system"))
     return (
         pl.when(pl.col("prompt").is_null())
         .then(pl.col("messages"))

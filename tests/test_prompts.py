@@ -66,7 +66,7 @@ REJECTS = {
     "both": ({"messages": _msgs(("user", "x")), "prompt": "y"}, "has both messages and prompt"),
     "system beside messages": (
         {"messages": _msgs(("user", "x")), "system": "s"},
-        "system is for prompt rows",
+        "system is for prompt and sharegpt rows",
     ),
 }
 
@@ -128,14 +128,17 @@ def test_sharegpt_rows_are_normalised_to_chat_roles(tmp_path: Path) -> None:
 
 SHAREGPT_REJECTS = {
     "bad from": (
-        {"conversations": _turns(("human", "q"), ("user", "x"))},
-        "message 1: from user is not human/gpt/system",
+        {"conversations": _turns(("human", "q"), ("tool", "x"))},
+        "message 1: from tool is not human, gpt or system (nor user, assistant, chatgpt, bing",
     ),
     "missing from": ({"conversations": [{"value": "x"}]}, "message 0: from is missing"),
     "from a number": ({"conversations": [{"from": 3, "value": "x"}]}, "from must be a string"),
     "value a number": ({"conversations": _turns(("human", 3))}, "value must be a string"),
     "null value": ({"conversations": _turns(("human", None))}, "message 0: value is missing"),
-    "turn not an object": ({"conversations": ["hi"]}, "message 0: not a {from, value} object"),
+    "turn not an object": (
+        {"conversations": ["hi"]},
+        "message 0: not a {from, value} or {role, content} object",
+    ),
     "not a list": ({"conversations": "hi"}, "conversations must be a list"),
     "empty": ({"conversations": []}, "conversations is empty"),
     "no human turn": ({"conversations": _turns(("system", "s"), ("gpt", "a"))}, "no user message"),
@@ -144,9 +147,9 @@ SHAREGPT_REJECTS = {
         {"conversations": _turns(("human", "x")), "messages": _msgs(("user", "x"))},
         "has both conversations and messages",
     ),
-    "system key": (
-        {"conversations": _turns(("human", "x")), "system": "s"},
-        "system is for prompt rows; put a system message in conversations",
+    "system key and a system turn": (
+        {"conversations": _turns(("system", "a"), ("human", "x")), "system": "s"},
+        "system given twice: the system key and a system turn",
     ),
 }
 
@@ -216,6 +219,67 @@ def test_a_row_with_two_formats_is_one_rejected_row(tmp_path: Path) -> None:
     assert ps.rejects.get_column("reason").to_list() == ["has both conversations and messages"]
 
 
+def test_sharegpt_speaker_aliases_and_system_key(tmp_path: Path) -> None:
+    """ShareGPT dumps name the assistant chatgpt/bing/bard; LLaMA-Factory keeps `system` apart."""
+    path = _jsonl(
+        tmp_path,
+        {"conversations": _turns(("human", "Q"), ("chatgpt", "A"), ("user", "Q2"), ("bing", "B"))},
+        {"conversations": _turns(("human", "Q"), ("bard", "A"), ("human", "Q3"))},
+        {"conversations": _turns(("human", "Q"), ("assistant", "A")), "system": "Be brief"},
+    )
+    ps = load_prompts(str(path))
+    assert (ps.format, ps.num_rejected) == ("sharegpt", 0)
+    assert ps.valid.get_column("messages").to_list() == [
+        _msgs(("user", "Q"), ("assistant", "A"), ("user", "Q2"), ("assistant", "B")),
+        _msgs(("user", "Q"), ("assistant", "A"), ("user", "Q3")),
+        _msgs(("system", "Be brief"), ("user", "Q"), ("assistant", "A")),
+    ]
+
+
+SPECFORGE_ROWS = [
+    {"id": "s1", "conversations": _msgs(("system", "S"), ("user", "Q"), ("assistant", "A"))},
+    {"id": "s2", "conversations": _msgs(("user", "Hi"))},
+    {"id": "s3", "conversations": _msgs(("user", "Q"), ("tool", "x"))},
+]
+
+
+def test_role_content_conversations_read_as_messages(tmp_path: Path) -> None:
+    """SpecForge's prepare_data writes OpenAI {role, content} turns under `conversations`."""
+    for path in (_jsonl(tmp_path, *SPECFORGE_ROWS), tmp_path / "specforge.parquet"):
+        if path.suffix == ".parquet":
+            pl.DataFrame(SPECFORGE_ROWS).write_parquet(path)
+        ps = load_prompts(str(path))
+        assert ps.format == "messages"
+        assert ps.valid.get_column("id").to_list() == ["s1", "s2"]
+        assert ps.valid.get_column("messages").to_list() == [
+            SPECFORGE_ROWS[0]["conversations"],
+            SPECFORGE_ROWS[1]["conversations"],
+        ]
+        assert ps.rejects.rows() == [(3, "s3", "message 1: role tool is not user/system/assistant")]
+    # The same chat as a messages row hashes to the same id.
+    plain = _jsonl(tmp_path, {"messages": _msgs(("user", "Hi"))}, name="m.jsonl")
+    as_turns = _jsonl(tmp_path, {"conversations": _msgs(("user", "Hi"))}, name="c.jsonl")
+    assert load_prompts(str(plain)).valid["id"][0] == load_prompts(str(as_turns)).valid["id"][0]
+
+
+def test_ultrachat_prompt_beside_messages(tmp_path: Path) -> None:
+    """UltraChat repeats the first user message as `prompt`: that row is its messages."""
+    chat = _msgs(("user", "Q"), ("assistant", "A"), ("user", "Q2"))
+    rows = {
+        "prompt": ["Q", "Q", "other"],
+        "prompt_id": ["p1", "p2", "p3"],
+        "messages": [chat, _msgs(("user", "Q")), chat],
+    }
+    path = tmp_path / "ultrachat.parquet"
+    pl.DataFrame(rows).write_parquet(path)
+    ps = load_prompts(str(path))
+    assert ps.format == "messages"
+    assert ps.valid.get_column("messages").to_list() == [chat, _msgs(("user", "Q"))]
+    assert ps.rejects.rows() == [
+        (3, None, "has both messages and prompt (and prompt is not its first user message)")
+    ]
+
+
 def test_conversation_may_end_with_the_assistant(tmp_path: Path) -> None:
     row = {"messages": _msgs(("user", "q"), ("assistant", "old answer"))}
     ps = load_prompts(str(_jsonl(tmp_path, row)))
@@ -232,7 +296,11 @@ def test_parquet_conversations_column(tmp_path: Path) -> None:
     assert ps.format == "sharegpt"
     assert ps.valid.get_column("messages").to_list() == [_msgs(("user", "q"), ("assistant", "a"))]
     assert ps.rejects.select("line", "reason").rows() == [
-        (2, "message 0: from bot is not human/gpt/system")
+        (
+            2,
+            "message 0: from bot is not human, gpt or system "
+            "(nor user, assistant, chatgpt, bing, bard)",
+        )
     ]
     pl.DataFrame({"conversations": [["a"]]}).write_parquet(path)
     with pytest.raises(UserError, match="column conversations has type"):
