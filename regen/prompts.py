@@ -2,8 +2,11 @@
 set aside with its line number and reason, so one bad line never stops a million-row run.
 
 Three row formats, detected per file from its first readable row: OpenAI `messages`, `prompt`
-(+ `system`), and ShareGPT `conversations` ({from: human/gpt/system, value}), which is
-normalised to messages. A file that mixes formats is refused, naming the first stray line.
+(+ `system`), and ShareGPT `conversations` ({from: human/gpt/system, value}, + `system`), which
+is normalised to messages. A file that mixes formats is refused, naming the first stray line.
+The layouts training sets come in are read as they are: `conversations` of {role, content}
+turns (SpecForge's prepare_data) are messages, and UltraChat's `prompt` beside `messages` is
+its first user message again.
 
 JSONL is read as one polars String column per line (a CSV read with a NUL separator and no
 quoting: a raw NUL byte cannot occur in JSON text, so a file that has one is refused as binary),
