@@ -234,6 +234,7 @@ def _load(
         fields = _jsonl_fields(path, name, facts.utf8, n_rows)
     if fields.height == 0:
         raise UserError(f"{name}: no prompts (only blank lines)")
+    fields = fields.with_columns(row_format=_row_format())
     fmt = _detect_format(fields)
     _refuse_mixed_formats(fields, fmt, name, "row" if facts.is_parquet else "line")
     checked = _check_rows(fields, fmt, max_prompt_bytes)
@@ -303,9 +304,10 @@ def _jsonl_fields(path: Path, name: str, utf8: bool, n_rows: int | None) -> pl.D
     )
 
 
-def _split_conversations(messages: pl.Expr, turns: pl.Expr) -> tuple[pl.Expr, pl.Expr]:
-    """(messages, conversations): `conversations` of {role, content} turns become `messages`
-    (unless the row has those too); ShareGPT turns stay `conversations` as {from, value}."""
+def _split_conversations(messages: pl.Expr, turns: pl.Expr) -> tuple[pl.Expr, pl.Expr, pl.Expr]:
+    """(messages, conversations, turns_as_roles): `conversations` of {role, content} turns
+    become `messages` (unless the row has those too); ShareGPT turns stay `conversations` as
+    {from, value}. An empty list is left as `conversations`, which says it is empty."""
     turn = pl.element().struct
     as_roles = (
         messages.is_null()
@@ -319,6 +321,7 @@ def _split_conversations(messages: pl.Expr, turns: pl.Expr) -> tuple[pl.Expr, pl
     return (
         pl.when(as_roles).then(chat).otherwise(messages).alias("messages"),
         pl.when(as_roles).then(None).otherwise(sharegpt).alias("conversations"),
+        as_roles.fill_null(False).alias("turns_as_roles"),
     )
 
 
@@ -414,7 +417,9 @@ def _parquet_fields(path: Path, name: str, n_rows: int | None) -> pl.DataFrame:
     # A conversations column of {role, content} turns (SpecForge's layout) is messages.
     chat = {"messages": schema.get("messages")}
     conversations = schema.get("conversations")
-    if conversations is not None and "role" in _struct_fields(conversations):
+    turn_fields = _struct_fields(conversations) if conversations is not None else {}
+    as_roles = "role" in turn_fields and "from" not in turn_fields
+    if as_roles:
         if chat["messages"] is not None:
             raise UserError(f"{name}: has both a messages and a conversations column")
         chat = {"conversations": conversations}
@@ -428,6 +433,7 @@ def _parquet_fields(path: Path, name: str, n_rows: int | None) -> pl.DataFrame:
         columns.append(_parquet_conversations(conversations, name))
     else:
         columns.append(pl.lit(None, dtype=pl.List(_TURN)).alias("conversations"))
+    columns.append(pl.lit(as_roles).alias("turns_as_roles"))
     for key in ("prompt", "system"):
         if key not in schema:
             columns.append(pl.lit(None, dtype=pl.String).alias(key))
@@ -493,14 +499,39 @@ def _first_line(err: Exception) -> str:
 # --- row checks, shared by both formats --------------------------------------------------------
 
 
+def _row_format() -> pl.Expr:
+    """A row's own format, or null where it has none to tell: unreadable, no format key, an
+    empty list, or the keys of two formats (UltraChat's `prompt` repeating the first user
+    message beside `messages` is a messages row)."""
+    has = {key: pl.col(key).is_not_null() for key in FORMAT_KEYS.values()}
+    message = pl.element().struct
+    first_user = (
+        pl.col("messages")
+        .list.eval(message.field("content").filter(message.field("role") == "user"))
+        .list.first()
+    )
+    repeats_first_user = (pl.col("prompt") == first_user).fill_null(False)
+    return (
+        pl.when(pl.col("reason").is_not_null())
+        .then(pl.lit(None, dtype=pl.String))
+        .when(has["messages"] & ~has["conversations"] & (~has["prompt"] | repeats_first_user))
+        .then(pl.lit("messages"))
+        .when(
+            has["conversations"]
+            & ~has["messages"]
+            & ~has["prompt"]
+            & (pl.col("conversations").list.len() > 0)
+        )
+        .then(pl.lit("sharegpt"))
+        .when(has["prompt"] & ~has["messages"] & ~has["conversations"])
+        .then(pl.lit("prompt"))
+    )
+
+
 def _detect_format(fields: pl.DataFrame) -> str:
-    """The format of the first row that has one; rows of the other formats are rejected."""
-    present = [pl.col(key).is_not_null() for key in FORMAT_KEYS.values()]
-    has = fields.filter(pl.col("reason").is_null() & pl.any_horizontal(present)).head(1)
-    for fmt, key in FORMAT_KEYS.items():
-        if has.height and has.get_column(key)[0] is not None:
-            return fmt
-    return "messages"
+    """The format of the first row that has one (a file of other rows is refused)."""
+    found = fields.get_column("row_format").drop_nulls()
+    return str(found[0]) if len(found) else "messages"
 
 
 def _refuse_mixed_formats(fields: pl.DataFrame, fmt: str, name: str, where: str) -> None:
@@ -509,21 +540,18 @@ def _refuse_mixed_formats(fields: pl.DataFrame, fmt: str, name: str, where: str)
     Rows of the other format are not single bad rows to set aside: dropping them would lose
     a whole part of the data set quietly, found only when the training set comes out short.
     """
-    own = pl.col(FORMAT_KEYS[fmt]).is_not_null()
-    others = {other: key for other, key in FORMAT_KEYS.items() if other != fmt}
-    readable = fields.filter(pl.col("reason").is_null())
-    # A row with two format keys is one bad row (rejected as "has both"), not another format.
-    keys = pl.sum_horizontal(pl.col(k).is_not_null() for k in FORMAT_KEYS.values())
-    stray = readable.filter(~own & (keys == 1))
+    # A row with no format of its own (two formats' keys, an empty list) is one bad row.
+    row_format = pl.col("row_format")
+    stray = fields.filter(row_format.is_not_null() & (row_format != fmt))
     if stray.height == 0:
         return
     row = stray.row(0, named=True)
-    other = next(f for f, key in others.items() if row[key] is not None)
-    first = readable.filter(own).get_column("line")[0]
+    first = fields.filter(row_format == fmt).get_column("line")[0]
     raise UserError(
-        f"{name}: {where} {row['line']}: a {other} row in a file of {fmt} rows (from {where} "
-        f"{first}; {stray.height} row(s) of another format in all); a prompt file holds one "
-        "format: convert it to one, or run each format as its own run"
+        f"{name}: {where} {row['line']}: a {row['row_format']} row in a file of {fmt} rows "
+        f"({where} {first} set the file's format; {stray.height} row(s) of another format in "
+        "all); a prompt file holds one format: convert it to one, or run each format as its "
+        "own run"
     )
 
 
@@ -549,11 +577,7 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
         pl.when(pl.col("reason").is_not_null())
         .then(pl.col("reason"))
         # UltraChat rows carry their first user message again as `prompt`: that is no conflict.
-        .when(
-            pl.col("has_messages")
-            & pl.col("has_prompt")
-            & pl.col("prompt").ne_missing(pl.col("first_user"))
-        )
+        .when(pl.col("has_messages") & pl.col("has_prompt") & pl.col("row_format").is_null())
         .then(pl.lit("has both messages and prompt (and prompt is not its first user message)"))
         .when(pl.col("has_conversations") & pl.col("has_messages"))
         .then(pl.lit("has both conversations and messages"))
@@ -561,20 +585,30 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
         .then(pl.lit("has both conversations and prompt"))
         .when(~pl.col("has_messages") & ~pl.col("has_prompt") & ~pl.col("has_conversations"))
         .then(pl.lit("has neither messages nor prompt nor conversations"))
+        .when(pl.col("row_format").is_null() & (turns.list.len() == 0))
+        .then(pl.lit("conversations is empty"))
     )
     reason = (
-        reason.when(pl.col("system").is_not_null() & pl.lit(fmt == "messages"))
-        .then(pl.lit("system is for prompt and sharegpt rows; put a system message first"))
+        reason.when(
+            pl.col("system").is_not_null() & pl.lit(fmt == "messages") & ~pl.col("turns_as_roles")
+        )
+        .then(pl.lit("system is for prompt and conversations rows; put a system message first"))
         .when(
-            pl.col("system").is_not_null()
-            & pl.lit(fmt == "sharegpt")
-            & turns.list.eval(speaker == "system").list.any()
+            _system_given()
+            & (
+                (pl.lit(fmt == "sharegpt") & turns.list.eval(speaker == "system").list.any())
+                | (pl.col("turns_as_roles") & pl.col("raw_roles").list.contains("system"))
+            )
         )
         .then(pl.lit("system given twice: the system key and a system turn"))
         .when(pl.col("given_id").is_not_null() & (pl.col("given_id").str.len_bytes() == 0))
         .then(pl.lit("id is empty"))
-        .when(msgs.list.len() == 0)
-        .then(pl.lit(f"{key} is empty"))
+        .when(pl.col("raw_roles").list.len() == 0)
+        .then(
+            pl.when(pl.col("turns_as_roles") | pl.lit(fmt == "sharegpt"))
+            .then(pl.lit("conversations is empty"))
+            .otherwise(pl.lit(f"{key} is empty"))
+        )
         .when(pl.lit(fmt == "sharegpt") & turns.list.eval(speaker.is_null()).list.any())
         .then(pl.format("message {}: from is missing", bad_from_at))
         .when(pl.lit(fmt == "sharegpt") & turns.list.eval(bad_from).list.any())
@@ -605,9 +639,8 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
         .when(size > max_prompt_bytes)
         .then(pl.format("prompt is {} bytes, over the limit of {} bytes", size, max_prompt_bytes))
     )
-    first_user = pl.col("messages").list.eval(content.filter(role == "user")).list.first()
     normalised = fields.with_columns(
-        first_user=first_user,
+        raw_roles=msgs.list.eval(role),
         **{f"has_{k}": pl.col(k).is_not_null() for k in FORMAT_KEYS.values()},
     ).with_columns(messages=_normalised_messages(fmt))
     checked = normalised.with_columns(reason=reason)
@@ -625,8 +658,12 @@ def _normalised_messages(fmt: str) -> pl.Expr:
     """prompt + system become [system?, user]; ShareGPT turns become {role, content}, after
     the row's `system` if it has one (LLaMA-Factory's layout)."""
     system = pl.struct(role=pl.lit("system"), content=pl.col("system"))
-    if fmt == "messages":
-        return pl.col("messages")
+    if fmt == "messages":  # {role, content} conversations may have a system key beside them
+        return (
+            pl.when(pl.col("turns_as_roles") & _system_given())
+            .then(pl.concat_list(pl.concat_list(system), pl.col("messages")))
+            .otherwise(pl.col("messages"))
+        )
     if fmt == "sharegpt":
         turn = pl.element().struct
         turns = pl.col("conversations").list.eval(
@@ -638,9 +675,9 @@ def _normalised_messages(fmt: str) -> pl.Expr:
             )
         )
         return (
-            pl.when(pl.col("system").is_null())
-            .then(turns)
-            .otherwise(pl.concat_list(pl.concat_list(system), turns))
+            pl.when(_system_given())
+            .then(pl.concat_list(pl.concat_list(system), turns))
+            .otherwise(turns)
         )
     user = pl.struct(role=pl.lit("user"), content=pl.col("prompt"))
     return (
@@ -650,6 +687,12 @@ def _normalised_messages(fmt: str) -> pl.Expr:
         .then(pl.concat_list(user))
         .otherwise(pl.concat_list(system, user))
     )
+
+
+def _system_given() -> pl.Expr:
+    """A `system` key beside conversation turns; a blank one is no system prompt (it would
+    replace the chat template's default with nothing)."""
+    return pl.col("system").str.strip_chars().str.len_bytes().fill_null(0) > 0
 
 
 def _ids(checked: pl.DataFrame) -> pl.Series:

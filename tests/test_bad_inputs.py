@@ -227,7 +227,7 @@ def test_as_real_subprocesses(tmp_path: Path, regen_env: dict[str, str], tally: 
         (
             "ShareGPT rows appended to an OpenAI file",
             (rows("a", "b") + '{"conversations": [{"from": "human", "value": "hi"}]}\n').encode(),
-            "line 3: a sharegpt row in a file of messages rows (from line 1",
+            "line 3: a sharegpt row in a file of messages rows (line 1 set the file's format",
         ),
     ],
 )

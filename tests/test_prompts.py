@@ -66,7 +66,7 @@ REJECTS = {
     "both": ({"messages": _msgs(("user", "x")), "prompt": "y"}, "has both messages and prompt"),
     "system beside messages": (
         {"messages": _msgs(("user", "x")), "system": "s"},
-        "system is for prompt and sharegpt rows",
+        "system is for prompt and conversations rows",
     ),
 }
 
@@ -170,19 +170,19 @@ def test_sharegpt_reject_reasons_name_their_line(
 MIXED = {
     "sharegpt among messages": (
         [GOOD, {"conversations": _turns(("human", "x"))}],
-        "line 2: a sharegpt row in a file of messages rows (from line 1; 1 row(s)",
+        "line 2: a sharegpt row in a file of messages rows (line 1 set the file's format; 1 row(s)",
     ),
     "prompt among messages": (
         [GOOD, {"messages": _msgs(("user", "y"))}, {"prompt": "y"}, {"prompt": "z"}],
-        "line 3: a prompt row in a file of messages rows (from line 1; 2 row(s)",
+        "line 3: a prompt row in a file of messages rows (line 1 set the file's format; 2 row(s)",
     ),
     "messages among sharegpt, after a bad line": (
         ["{not json", {"conversations": _turns(("human", "q"))}, GOOD],
-        "line 3: a messages row in a file of sharegpt rows (from line 2; 1 row(s)",
+        "line 3: a messages row in a file of sharegpt rows (line 2 set the file's format; 1 row(s)",
     ),
     "prompt among sharegpt": (
         [{"conversations": _turns(("human", "q"))}, {"prompt": "x", "system": "s"}],
-        "line 2: a prompt row in a file of sharegpt rows (from line 1",
+        "line 2: a prompt row in a file of sharegpt rows (line 1 set the file's format",
     ),
 }
 
@@ -200,6 +200,39 @@ def test_a_file_mixing_formats_is_refused_naming_the_line(
         assert "holds one format" in text
 
 
+ULTRACHAT_ROW = {"prompt": "q", "messages": _msgs(("user", "q"), ("assistant", "a"))}
+
+
+@pytest.mark.parametrize(
+    "first",
+    [{"conversations": _turns(("human", "hi"))}, {"prompt": "hi"}],
+    ids=["sharegpt", "prompt"],
+)
+def test_an_ultrachat_row_is_a_messages_row_in_any_file(tmp_path: Path, first: dict) -> None:
+    """Its prompt repeats its first user message: it is a messages row, so in a file of
+    another format it is refused as one, never read as an empty or shortened chat."""
+    path = _jsonl(tmp_path, first, ULTRACHAT_ROW)
+    with pytest.raises(UserError, match="line 2: a messages row in a file of"):
+        load_prompts(str(path))
+
+
+def test_an_empty_conversation_is_one_rejected_row(tmp_path: Path) -> None:
+    """`conversations: []` has no turns to tell its layout by: one bad row, wherever it is."""
+    empty = {"id": "e", "conversations": []}
+    specforge = {"id": "a", "conversations": _msgs(("user", "hi"))}
+    sharegpt = {"id": "s", "conversations": _turns(("human", "hi"))}
+    for rows, fmt in (([specforge, empty], "messages"), ([empty, specforge], "messages"),
+                      ([empty, sharegpt], "sharegpt")):  # fmt: skip
+        ps = load_prompts(str(_jsonl(tmp_path, *rows)))
+        assert ps.format == fmt
+        assert ps.rejects.select("id", "reason").rows() == [("e", "conversations is empty")]
+    parquet = tmp_path / "p.parquet"
+    pl.DataFrame([specforge, empty]).write_parquet(parquet)
+    assert load_prompts(str(parquet)).rejects.select("id", "reason").rows() == [
+        ("e", "conversations is empty")
+    ]
+
+
 def test_a_parquet_file_mixing_formats_names_the_row(tmp_path: Path) -> None:
     path = tmp_path / "p.parquet"
     pl.DataFrame(
@@ -208,7 +241,7 @@ def test_a_parquet_file_mixing_formats_names_the_row(tmp_path: Path) -> None:
                 "prompt": pl.String},
     ).write_parquet(path)  # fmt: skip
     with pytest.raises(
-        UserError, match=r"row 2: a prompt row in a file of messages rows \(from row 1"
+        UserError, match=r"row 2: a prompt row in a file of messages rows \(row 1 set"
     ):
         load_prompts(str(path))
 
@@ -241,6 +274,30 @@ SPECFORGE_ROWS = [
     {"id": "s2", "conversations": _msgs(("user", "Hi"))},
     {"id": "s3", "conversations": _msgs(("user", "Q"), ("tool", "x"))},
 ]
+
+
+def test_system_key_beside_conversations(tmp_path: Path) -> None:
+    """LLaMA-Factory keeps the system prompt apart, with either turn layout; a blank one is
+    none (it would replace the template's default system prompt with nothing)."""
+    rows = [
+        {"id": "r", "conversations": _msgs(("user", "q")), "system": "S"},
+        {"id": "b", "conversations": _msgs(("user", "q")), "system": "  "},
+        {"id": "t", "conversations": _msgs(("system", "T"), ("user", "q")), "system": "S"},
+    ]
+    for path in (_jsonl(tmp_path, *rows), tmp_path / "p.parquet"):
+        if path.suffix == ".parquet":
+            pl.DataFrame(rows).write_parquet(path)
+        ps = load_prompts(str(path))
+        assert ps.valid.select("id", "messages").rows() == [
+            ("r", _msgs(("system", "S"), ("user", "q"))),
+            ("b", _msgs(("user", "q"))),
+        ]
+        assert ps.rejects.get_column("reason").to_list() == [
+            "system given twice: the system key and a system turn"
+        ]
+    blank = {"conversations": _turns(("human", "q")), "system": ""}
+    ps = load_prompts(str(_jsonl(tmp_path, blank, name="blank.jsonl")))
+    assert ps.valid.get_column("messages").to_list() == [_msgs(("user", "q"))]
 
 
 def test_role_content_conversations_read_as_messages(tmp_path: Path) -> None:
