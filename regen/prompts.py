@@ -605,7 +605,7 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
         .then(pl.lit("id is empty"))
         .when(pl.col("raw_roles").list.len() == 0)
         .then(
-            pl.when(pl.col("turns_as_roles") | pl.lit(fmt == "sharegpt"))
+            pl.when(pl.col("turns_as_roles"))
             .then(pl.lit("conversations is empty"))
             .otherwise(pl.lit(f"{key} is empty"))
         )
