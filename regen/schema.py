@@ -31,9 +31,16 @@ TURN = pl.Struct(
         "server": pl.String,
         "attempts": pl.Int64,
         "latency_s": pl.Float64,
+        "prompt_token_ids": pl.List(pl.Int32),
+        "response_token_ids": pl.List(pl.Int32),
     }
 )
-"""One generated assistant turn; `turn` counts user turns from 1."""
+"""One generated assistant turn; `turn` counts user turns from 1.
+
+`prompt_token_ids` and `response_token_ids` are the server's own tokens (SGLang's
+`return_token_ids`): the prompt as its chat template rendered it and the tokens it generated,
+end-of-turn token included. Null where the server returned none (an error, an older dataset,
+a server that does not support it); a trainer's `input_ids` and `loss_mask` come from them."""
 
 
 def row_schema() -> pl.Schema:

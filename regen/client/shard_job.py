@@ -181,6 +181,8 @@ class ShardJob:
                     "server": server,
                     "attempts": attempts,
                     "latency_s": latency_s,
+                    "prompt_token_ids": None,
+                    "response_token_ids": None,
                 }
             )
             self._history[pos].append(
@@ -300,6 +302,8 @@ class ShardJob:
             "server",
             "attempts",
             "latency_s",
+            pl.lit(None, pl.List(pl.Int32)).alias("prompt_token_ids"),
+            pl.lit(None, pl.List(pl.Int32)).alias("response_token_ids"),
         )
         out = pl.concat([frame, results], how="horizontal")
         return (
