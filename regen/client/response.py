@@ -28,6 +28,8 @@ class Completion:
     completion_tokens: int | None
     reasoning_tokens: int | None
     model: str | None
+    prompt_token_ids: list[int] | None = None  # the server's own, when it was asked and has them
+    response_token_ids: list[int] | None = None
 
 
 def verdict(status: int) -> Verdict:
@@ -61,7 +63,16 @@ def parse_completion(raw: bytes) -> Completion:
         completion_tokens=usage.get("completion_tokens"),
         reasoning_tokens=reasoning_tokens,
         model=data.get("model"),
+        prompt_token_ids=_ids(choice.get("prompt_token_ids")),
+        response_token_ids=_ids(choice.get("response_token_ids")),
     )
+
+
+def _ids(value: Any) -> list[int] | None:
+    """The ids as sent, or None where there are none: SGLang omits the key when not asked,
+    other servers behind the same API never send it. Elements are checked once per shard,
+    in polars, not here per request (see ShardJob)."""
+    return value if isinstance(value, list) else None
 
 
 def error_message(status: int, raw: bytes, limit: int = 500) -> str:
