@@ -21,10 +21,9 @@ import aiohttp
 import httpx
 import openai
 import pytest
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
 
 from regen.emulator import history_digest, main
+from tests._ids_helpers import IM_END, ids, rendered
 
 KEY = "emu-test-key"
 MODEL = "emu-model"
@@ -33,23 +32,6 @@ MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-m
 THINK = {"chat_template_kwargs": {"enable_thinking": True}}
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 IDS = {"return_token_ids": True}
-IM_END = 248046
-# What a trainer uses: the model directory's own tokenizer.json and chat template, rendered
-# the way Hugging Face renders it; the emulator must agree with both.
-TOKENIZER = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
-TEMPLATE = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
-    json.loads((MODEL_DIR / "tokenizer_config.json").read_text())["chat_template"]
-)
-
-
-def ids(text: str) -> list[int]:
-    return list(TOKENIZER.encode(text, add_special_tokens=False).ids)
-
-
-def rendered(messages: Any, generation_prompt: bool, **kwargs: Any) -> list[int]:
-    return ids(
-        TEMPLATE.render(messages=messages, add_generation_prompt=generation_prompt, **kwargs)
-    )
 
 
 def _free_port() -> int:
