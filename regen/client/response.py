@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+import orjson
+
 
 class Verdict(Enum):
     """What the dispatcher does with an HTTP answer (SGLANG_API.md, error table)."""
@@ -45,10 +47,11 @@ def verdict(status: int) -> Verdict:
 def parse_completion(raw: bytes) -> Completion:
     """Raise ValueError when a 200 body is not a chat completion (treated as retryable)."""
     try:
-        data = json.loads(raw)
+        # orjson: a completion carries ~1,000s of token ids, which json parses 3x slower.
+        data = orjson.loads(raw)
         choice = data["choices"][0]
         message = choice["message"]
-    except (ValueError, KeyError, IndexError, TypeError) as err:
+    except (ValueError, KeyError, IndexError, TypeError) as err:  # orjson's error is a ValueError
         raise ValueError(f"unreadable completion: {type(err).__name__}") from None
     usage: dict[str, Any] = data.get("usage") or {}
     reasoning_tokens = usage.get("reasoning_tokens")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import orjson
 from aiohttp import web
 
 from regen.emulator.args import DEFAULT_CONTEXT_LENGTH, EmuArgs
@@ -355,7 +356,8 @@ class EmulatorServer:
         if body.get("stream"):
             return await self._stream(request, rid, out, parsed, prompt, body)
         answer = self._completion(rid, out, parsed, prompt_ids, latency, body)
-        response = web.json_response(answer)
+        # orjson, as SGLang's ORJSONResponse: thousands of token ids per answer.
+        response = web.Response(body=orjson.dumps(answer), content_type="application/json")
         await response.prepare(request)
         await response.write_eof()
         self._after_answer()
