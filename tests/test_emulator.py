@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -554,3 +555,23 @@ def test_256_concurrent_requests_are_not_serialised(start: Starter) -> None:
     # several test runs. Each request takes >= 0.95 s, so finishing 256 of them in 6 s means
     # at least 40 ran at once (serialised would take 256 s).
     assert elapsed < 6, elapsed
+
+
+def test_the_template_and_tokenizer_come_from_the_model_directory(tmp_path: Path) -> None:
+    """As SGLang: the served template is the model directory's own (a planted mismatch must be
+    served as planted); a directory without a usable tokenizer gets the bundled stand-in."""
+    from regen.emulator.tokenizer import BUNDLED, ChatTokenizer
+
+    assert ChatTokenizer.load(tmp_path).source == BUNDLED
+    own = tmp_path / "own"
+    shutil.copytree(MODEL_DIR, own)
+    config = json.loads((own / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    )
+    (own / "tokenizer_config.json").write_text(json.dumps(config))
+    served = ChatTokenizer.load(own)
+    assert served.source == own
+    assert served.render([{"role": "user", "content": "a"}], {}) == "user: a\n"
+    (own / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert ChatTokenizer.load(own).render([{"role": "user", "content": "b"}], {}) == "b"
