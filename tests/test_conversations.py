@@ -175,6 +175,8 @@ def test_token_ids_false_asks_for_none_and_stores_null(endpoint: Endpoint) -> No
     )
     on = chat_request_body(MODEL, [], SamplingConfig(), regeneration=RegenerationConfig())
     assert on["return_token_ids"] is True
+    # Probes and fleet benches pass no regeneration: they store nothing and ask for no ids.
+    assert "return_token_ids" not in chat_request_body(MODEL, [], SamplingConfig())
     for turns in ("all", "last"):
         out = regenerate(endpoint, conversations(2), turns=turns, token_ids=False)
         assert out["error"].null_count() == out.height

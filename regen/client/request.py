@@ -19,8 +19,7 @@ def chat_request_body(
     """`rid` is the sample id, so a request can be found in server logs and aborted by id.
 
     `reasoning_effort` is sent only when set: a model that takes none is not asked for one."""
-    regeneration = regeneration or RegenerationConfig()
-    thinking = regeneration.enable_thinking
+    thinking = (regeneration or RegenerationConfig()).enable_thinking
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -32,8 +31,9 @@ def chat_request_body(
         "separate_reasoning": True,
         "stream": False,
     }
-    if regeneration.token_ids:
+    if regeneration is not None and regeneration.token_ids:
         # SGLang adds prompt_token_ids and response_token_ids to the choice (not on a stream).
+        # Only rows store them: probes and fleet benches, which pass no regeneration, ask none.
         body["return_token_ids"] = True
     if sampling.min_p:
         body["min_p"] = sampling.min_p
