@@ -2,6 +2,7 @@
 structure (system, last-query index, earlier reasoning dropped, enable_thinking scaffold,
 tools), a tiny tokenizer, and the stop tokens a Qwen model directory declares."""
 
+# ruff: noqa: E501 (the template is kept as Qwen3 ships it, one statement per line)
 from __future__ import annotations
 
 import json

@@ -7,11 +7,22 @@ from pathlib import Path
 import polars as pl
 
 from regen.audit.completeness import completeness_check, error_rows_check
-from regen.audit.dataset import answer_snippets, open_dataset, per_turn, scan_rows
+from regen.audit.dataset import (
+    answer_snippets,
+    open_dataset,
+    per_turn,
+    scan_rows,
+    thinking_enabled,
+)
 from regen.audit.dataset import thinking_requested as run_thinking
 from regen.audit.features import collect_features
 from regen.audit.lengths import histograms, length_columns, quantiles, tiny_length_check
-from regen.audit.loss_mask import load_counter, loss_mask_check
+from regen.audit.loss_mask import (
+    load_model_template,
+    loss_mask_check,
+    measure_loss_mask,
+    with_loss_tokens,
+)
 from regen.audit.quality import (
     answer_collapse_check,
     completions,
@@ -23,6 +34,7 @@ from regen.audit.quality import (
 )
 from regen.audit.result import AuditResult, verdict_of
 from regen.audit.servers import server_breakdown, server_check, server_rates
+from regen.audit.template_parity import template_parity_check
 from regen.audit.thresholds import AuditConfig
 from regen.storage import Storage
 
@@ -36,27 +48,33 @@ def run_audit(
 ) -> AuditResult:
     """Audit the committed shards under `storage`; nothing is written (see `write_report`).
 
-    `thinking_requested` defaults to run.json's `regeneration.thinking` being `save`;
-    without `tokenizer_path` the loss-mask check is `skipped`, never passed.
+    `thinking_requested` defaults to run.json's `regeneration.thinking` being `save`.
+    `tokenizer_path` is the model directory (or its tokenizer.json) whose chat template
+    rebuilds the loss mask of turns stored without token ids and is checked against the
+    stored prompts; without it and without ids, those checks are `skipped`, never passed.
     """
     view = open_dataset(storage)
     thinking = run_thinking(storage) if thinking_requested is None else thinking_requested
-    counter, skipped = load_counter(Path(tokenizer_path) if tokenizer_path else None)
+    path = Path(tokenizer_path) if tokenizer_path else None
+    model = load_model_template(path, enable_thinking=thinking_enabled(storage))
     conversations = scan_rows(storage, view)
-    features = collect_features(conversations, config, counter)
+    features = collect_features(conversations, config)
     # Completeness and errors count conversations; the answer checks count every turn. The
     # text features are the audit's costly part: computed again only where turns were split.
     multi_turn = (pl.col("turns").list.len().fill_null(0) > 1).any()
     if conversations.select(multi_turn).collect().item():
         rows = per_turn(conversations)
-        ok = completions(collect_features(rows, config, counter))
+        ok = completions(collect_features(rows, config))
     else:
         rows, ok = conversations, completions(features)
+    loss = measure_loss_mask(conversations, model, config.batch_rows)
+    if loss.tokens.height:
+        ok = with_loss_tokens(ok, loss)
 
     def snippets(ids: list[str]) -> dict[str, str]:
         return answer_snippets(rows, ids)
 
-    columns = length_columns(thinking, with_loss=counter is not None)
+    columns = length_columns(thinking, with_loss=loss.tokens.height > 0)
     lengths = quantiles(ok, columns)
     counts = server_rates(features, config, thinking)
     checks = [
@@ -70,7 +88,8 @@ def run_audit(
         answer_collapse_check(ok, config, snippets),
         tiny_length_check(ok, config, columns, lengths),
         server_check(features, counts, config, thinking),
-        loss_mask_check(ok if counter is not None else None, config, skipped),
+        loss_mask_check(loss, config, model.missing),
+        template_parity_check(conversations, model, config),
     ]
     finish = features.group_by("finish_reason").len().sort("finish_reason")
     return AuditResult(

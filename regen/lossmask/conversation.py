@@ -23,8 +23,14 @@ class TurnInput:
     answer: dict[str, Any]
     finish_reason: str | None
     reasoning_effort: str | None
-    has_ids: bool
-    """Whether the server's own ids are stored: then the template path is not needed."""
+    prompt_token_ids: list[int] | None
+    response_token_ids: list[int] | None
+    """The server's own tokens where stored (null from errors and servers that return none)."""
+
+    @property
+    def has_ids(self) -> bool:
+        """Both ids stored: the template path is not needed for this turn."""
+        return self.prompt_token_ids is not None and self.response_token_ids is not None
 
 
 def turn_inputs(row: dict[str, Any], only_last: bool = False) -> list[TurnInput]:
@@ -61,8 +67,8 @@ def turn_inputs(row: dict[str, Any], only_last: bool = False) -> list[TurnInput]
             answer=_answer(messages[j]),
             finish_reason=record.get("finish_reason"),
             reasoning_effort=record.get("reasoning_effort"),
-            has_ids=record.get("prompt_token_ids") is not None
-            and record.get("response_token_ids") is not None,
+            prompt_token_ids=record.get("prompt_token_ids"),
+            response_token_ids=record.get("response_token_ids"),
         )
         for j, record in pairs
     ]

@@ -10,7 +10,7 @@ Turns = Literal["last", "each"]
 """Which assistant turns of a conversation become samples: the final one, or every one."""
 
 TURN_IDS = pl.Schema(
-    {
+    {  # type: ignore[arg-type]  # polars' stubs reject a dict literal of mixed dtypes
         "_row": pl.UInt32,
         "id": pl.String,
         "turn": pl.Int64,

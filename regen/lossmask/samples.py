@@ -16,9 +16,10 @@ ROW_COLUMNS = ["id", "messages", "content", "reasoning_content", "finish_reason"
 def lacks_ids(turns: Turns = "each") -> pl.Expr:
     """Rows the ids path leaves a turn of unsampled: a turn record without ids, or (a row
     written before turn records existed) an answer without any record."""
-    missing = pl.element().struct.field("prompt_token_ids").is_null() | pl.element().struct.field(
-        "response_token_ids"
-    ).is_null()
+    missing = (
+        pl.element().struct.field("prompt_token_ids").is_null()
+        | pl.element().struct.field("response_token_ids").is_null()
+    )
     records = pl.col("turns")
     if turns == "last":
         gap = records.list.eval(missing).list.last().fill_null(False)

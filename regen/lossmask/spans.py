@@ -11,7 +11,6 @@ not trained on; a turn cut off by max_tokens (finish_reason "length") has no sto
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from regen.lossmask.conversation import TurnInput
@@ -31,9 +30,7 @@ def render_prompts(
 ) -> list[str]:
     """Each turn's prompt text, as the server rendered it."""
     return [
-        template.render(
-            t.prompt, add_generation_prompt=True, **template_kwargs(t, enable_thinking)
-        )
+        template.render(t.prompt, add_generation_prompt=True, **template_kwargs(t, enable_thinking))
         for t in turns
     ]
 
@@ -53,7 +50,7 @@ def token_ids_from_template(
         )
         # A generation prompt that the full render does not extend (a think scaffold the
         # template drops once the answer is there): the answer starts where they part.
-        cut = len(prompt) if full.startswith(prompt) else len(os.path.commonprefix([prompt, full]))
+        cut = len(prompt) if full.startswith(prompt) else _common_prefix(prompt, full)
         heads.append(full[:cut] if cut < len(prompt) else prompt)
         tails.append(full[cut:])
     prompt_ids = template.encode(heads)
@@ -62,6 +59,12 @@ def token_ids_from_template(
         (p, _generated(r, template.stop_ids, t.finish_reason))
         for p, r, t in zip(prompt_ids, response_ids, turns, strict=True)
     ]
+
+
+def _common_prefix(a: str, b: str) -> int:
+    return next(
+        (k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def _generated(ids: list[int], stops: frozenset[int], finish_reason: str | None) -> list[int]:

@@ -31,7 +31,7 @@ class _Generation(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}` renders its body: templates written for
     transformers' assistant masks must still compile (the spans come from prefixes here)."""
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 (jinja's own declaration of the attribute)
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
