@@ -137,4 +137,4 @@ def test_parity_checks_an_even_sample(tmp_path: Path, model: Path) -> None:
     check = run_audit(storage, config, tokenizer_path=model).check("template_parity")
     assert check.status == "pass"
     assert "0 of 10 stored prompts differ" in check.detail
-    assert "(10 of 100 rows checked)" in check.detail
+    assert "(10 rows of 1 of 1 shards checked)" in check.detail

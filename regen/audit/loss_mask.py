@@ -15,7 +15,8 @@ import polars as pl
 
 from regen.audit.result import Check, Example, grade
 from regen.audit.thresholds import AuditConfig
-from regen.lossmask import ROW_COLUMNS, ChatTemplate, load_template, samples
+from regen.lossmask import ROW_COLUMNS, ChatTemplate, lacks_ids, load_template, samples
+from regen.lossmask.ids import sample_sizes
 
 
 @dataclass(frozen=True)
@@ -42,52 +43,63 @@ class LossMask:
 
     tokens: pl.DataFrame
     """Columns id (as the per-turn checks name it: `<id>#t<turn>` in a multi-turn row),
-    loss_tokens."""
+    loss_tokens: one row per measured sample."""
     turns: int
     """Answered turns: each should be a sample."""
     from_ids: int
     from_template: int
 
 
-def measure_loss_mask(rows: pl.LazyFrame, model: ModelTemplate, batch_rows: int) -> LossMask:
-    """Every answered turn's loss-mask size, in bounded batches (texts only where no ids)."""
+@dataclass(frozen=True)
+class StoredIds:
+    """What one streaming pass over the stored ids found (regen.lossmask.sample_sizes)."""
+
+    sizes: pl.DataFrame
+    """id, turn, turns (records of the row), loss_tokens (null without ids)."""
+
+    @property
+    def multi_turn(self) -> bool:
+        return bool(self.sizes.height) and int(self.sizes["turns"].max() or 0) > 1  # type: ignore[arg-type]
+
+
+def stored_ids(rows: pl.LazyFrame) -> StoredIds:
+    """Every turn record's loss-mask size from its ids, reading only ids and turns: the
+    lists are counted, never built, and the streaming engine keeps memory bounded."""
+    sizes = sample_sizes(rows.select("id", "turns")).select("id", "turn", "turns", "loss_tokens")
+    return StoredIds(sizes.collect(engine="streaming"))
+
+
+def measure_loss_mask(
+    rows: pl.LazyFrame, stored: StoredIds, model: ModelTemplate, answers: int, batch_rows: int
+) -> LossMask:
+    """Each of the `answers` answered turns' loss-mask size: from the stored ids, and for
+    the rows where some turn lacks them, `samples` with the model's template."""
+    sizes = stored.sizes
+    from_ids = int(sizes["loss_tokens"].is_not_null().sum())
+    measured = sizes.filter(pl.col("loss_tokens").is_not_null())
+    if model.template is None or answers <= from_ids:
+        return LossMask(_named(measured), answers, from_ids, 0)
     parts: list[pl.DataFrame] = []
-    turns = from_ids = 0
-    records = pl.col("turns").list
-    # A row without turn records (an older dataset) answered once unless it is an error.
-    answered = (
-        pl.when(records.len().fill_null(0) > 0)
-        .then(records.len())
-        .otherwise(pl.col("error").is_null().cast(pl.UInt32))
-    )
-    with_ids = records.eval(
-        pl.element().struct.field("prompt_token_ids").is_not_null()
-        & pl.element().struct.field("response_token_ids").is_not_null()
-    ).list.sum()
-    for batch in rows.select(ROW_COLUMNS).collect_batches(chunk_size=batch_rows):
-        counts = batch.select(answered.sum().alias("n"), with_ids.sum().alias("ids")).row(0)
-        turns += int(counts[0] or 0)
-        from_ids += int(counts[1] or 0)
-        multi = batch.filter(records.len() > 1)["id"]
+    redone: list[pl.Series] = []
+    lacking = rows.filter(lacks_ids("each")).select(ROW_COLUMNS)
+    for batch in lacking.collect_batches(chunk_size=batch_rows):
         found = samples(batch, "each", model.template, enable_thinking=model.enable_thinking)
-        parts.append(
-            found.select(
-                pl.when(pl.col("id").is_in(multi.implode()))
-                .then(pl.format("{}#t{}", "id", "turn"))
-                .otherwise("id")
-                .alias("id"),
-                "loss_tokens",
-            ).collect()
-        )
-    empty = pl.DataFrame(schema={"id": pl.String, "loss_tokens": pl.Int64})
-    tokens = pl.concat(parts) if parts else empty
-    return LossMask(tokens, turns, from_ids, tokens.height - from_ids)
+        n = batch.select("id", pl.col("turns").list.len().fill_null(0).alias("turns"))
+        parts.append(found.select("id", "turn", "loss_tokens").join(n.lazy(), on="id").collect())
+        redone.append(batch["id"])
+    if redone:
+        measured = measured.filter(~pl.col("id").is_in(pl.concat(redone).implode()))
+    both = pl.concat([measured, *parts], how="diagonal_relaxed")
+    return LossMask(_named(both), answers, from_ids, both.height - from_ids)
 
 
-def with_loss_tokens(ok: pl.DataFrame, found: LossMask) -> pl.DataFrame:
-    """`ok` with each sample's loss_tokens (null where no sample), for the length tables."""
-    first = found.tokens.unique("id", keep="first", maintain_order=True)
-    return ok.join(first, on="id", how="left", maintain_order="left")
+def _named(sizes: pl.DataFrame) -> pl.DataFrame:
+    """Samples named as the per-turn checks name them (regen.audit.dataset.per_turn)."""
+    multi = pl.col("turns") > 1
+    return sizes.select(
+        pl.when(multi).then(pl.format("{}#t{}", "id", "turn")).otherwise("id").alias("id"),
+        pl.col("loss_tokens").cast(pl.Int64),
+    )
 
 
 def loss_mask_check(found: LossMask, config: AuditConfig, missing: str) -> Check:

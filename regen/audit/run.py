@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import polars as pl
-
 from regen.audit.completeness import completeness_check, error_rows_check
 from regen.audit.dataset import (
     answer_snippets,
@@ -21,7 +19,7 @@ from regen.audit.loss_mask import (
     load_model_template,
     loss_mask_check,
     measure_loss_mask,
-    with_loss_tokens,
+    stored_ids,
 )
 from regen.audit.quality import (
     answer_collapse_check,
@@ -58,24 +56,28 @@ def run_audit(
     path = Path(tokenizer_path) if tokenizer_path else None
     model = load_model_template(path, enable_thinking=thinking_enabled(storage))
     conversations = scan_rows(storage, view)
+    stored = stored_ids(conversations)
     features = collect_features(conversations, config)
     # Completeness and errors count conversations; the answer checks count every turn. The
     # text features are the audit's costly part: computed again only where turns were split.
-    multi_turn = (pl.col("turns").list.len().fill_null(0) > 1).any()
-    if conversations.select(multi_turn).collect().item():
+    if stored.multi_turn:
         rows = per_turn(conversations)
         ok = completions(collect_features(rows, config))
     else:
         rows, ok = conversations, completions(features)
-    loss = measure_loss_mask(conversations, model, config.batch_rows)
-    if loss.tokens.height:
-        ok = with_loss_tokens(ok, loss)
+    loss = measure_loss_mask(conversations, stored, model, ok.height, config.batch_rows)
 
     def snippets(ids: list[str]) -> dict[str, str]:
         return answer_snippets(rows, ids)
 
-    columns = length_columns(thinking, with_loss=loss.tokens.height > 0)
+    columns = length_columns(thinking)
     lengths = quantiles(ok, columns)
+    plots = histograms(ok, columns)
+    if loss.tokens.height:
+        # Per sample, not per row: measured apart from the other lengths, shown with them.
+        columns.append("loss_tokens")
+        lengths |= quantiles(loss.tokens, ["loss_tokens"])
+        plots |= histograms(loss.tokens, ["loss_tokens"])
     counts = server_rates(features, config, thinking)
     checks = [
         completeness_check(features, view, config),
@@ -89,7 +91,7 @@ def run_audit(
         tiny_length_check(ok, config, columns, lengths),
         server_check(features, counts, config, thinking),
         loss_mask_check(loss, config, model.missing),
-        template_parity_check(conversations, model, config),
+        template_parity_check(storage, view, model, config),
     ]
     finish = features.group_by("finish_reason").len().sort("finish_reason")
     return AuditResult(
@@ -99,7 +101,7 @@ def run_audit(
         verdict=verdict_of(checks),
         checks=checks,
         lengths=lengths,
-        histograms=histograms(ok, columns),
+        histograms=plots,
         finish_reasons={r: int(n) for r, n in finish.iter_rows()},
         servers=server_breakdown(counts),
     )

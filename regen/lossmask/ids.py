@@ -21,8 +21,9 @@ TURN_IDS = pl.Schema(
 """One turn's tokens, `_row` its row's position in the batch: what both paths produce."""
 
 
-def turn_ids(rows: pl.LazyFrame, turns: Turns = "each") -> pl.LazyFrame:
-    """Each turn record's stored ids (null where the server returned none), in row order."""
+def _records(rows: pl.LazyFrame, turns: Turns) -> pl.LazyFrame:
+    """One row per turn record: `turns` the record, `_row` its row's position, `_n` the
+    number of records of its row."""
     exploded = (
         rows.select(
             "id",
@@ -36,8 +37,13 @@ def turn_ids(rows: pl.LazyFrame, turns: Turns = "each") -> pl.LazyFrame:
     )
     if turns == "last":
         exploded = exploded.filter(pl.col("_i") == pl.col("_n") - 1)
+    return exploded
+
+
+def turn_ids(rows: pl.LazyFrame, turns: Turns = "each") -> pl.LazyFrame:
+    """Each turn record's stored ids (null where the server returned none), in row order."""
     turn = pl.col("turns").struct
-    return exploded.select(
+    return _records(rows, turns).select(
         "_row",
         "id",
         turn.field("turn").alias("turn"),
@@ -46,11 +52,36 @@ def turn_ids(rows: pl.LazyFrame, turns: Turns = "each") -> pl.LazyFrame:
     )
 
 
+def sample_sizes(rows: pl.LazyFrame) -> pl.LazyFrame:
+    """`seq_len` and `loss_tokens` of every turn record as `samples_from_ids` gives them
+    (null where the turn stores no ids), with `turns`, its row's record count: one
+    streaming pass that never builds the lists, for a million-row audit."""
+    turn = pl.col("turns").struct
+    prompt, response = turn.field("prompt_token_ids"), turn.field("response_token_ids")
+    both = prompt.is_not_null() & response.is_not_null()
+    return _records(rows, "each").select(
+        "id",
+        turn.field("turn").alias("turn"),
+        pl.col("_n").cast(pl.Int64).alias("turns"),
+        pl.when(both).then(_seq_len(prompt, response)).alias("seq_len"),
+        pl.when(both).then(_loss_tokens(response)).alias("loss_tokens"),
+    )
+
+
+def _seq_len(prompt: pl.Expr, response: pl.Expr) -> pl.Expr:
+    return (prompt.list.len() + response.list.len()).cast(pl.Int64)
+
+
+def _loss_tokens(response: pl.Expr) -> pl.Expr:
+    """Every response token is trained on: the mask's sum is the response's length."""
+    return response.list.len().cast(pl.Int64)
+
+
 def build_samples(turn_frame: pl.LazyFrame) -> pl.LazyFrame:
     """Samples from TURN_IDS rows that have both ids: prompt tokens 0, response tokens 1.
 
     `seq_len` and `loss_tokens` come from the lengths, so a reader that selects only them
-    (the audit) never builds the lists: polars prunes the unused columns.
+    never builds the lists: polars prunes the unused columns.
     """
     prompt = pl.col("prompt_token_ids")
     response = pl.col("response_token_ids")
@@ -63,8 +94,8 @@ def build_samples(turn_frame: pl.LazyFrame) -> pl.LazyFrame:
             prompt.list.eval(pl.element().is_null().cast(pl.Int8)),
             response.list.eval(pl.element().is_not_null().cast(pl.Int8)),
         ).alias("loss_mask"),
-        (prompt.list.len() + response.list.len()).cast(pl.Int64).alias("seq_len"),
-        response.list.len().cast(pl.Int64).alias("loss_tokens"),
+        _seq_len(prompt, response).alias("seq_len"),
+        _loss_tokens(response).alias("loss_tokens"),
     )
 
 
