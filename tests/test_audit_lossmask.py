@@ -138,3 +138,24 @@ def test_parity_checks_an_even_sample(tmp_path: Path, model: Path) -> None:
     assert check.status == "pass"
     assert "0 of 10 stored prompts differ" in check.detail
     assert "(10 rows of 1 of 1 shards checked)" in check.detail
+
+
+def test_cli_audit_takes_the_model_directory(
+    tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`regen audit DATASET --tokenizer MODEL_DIR`: the mismatch fails the gate (exit 1)."""
+    from regen.cli import main
+
+    monkeypatch.setenv("COLUMNS", "300")  # the table on one line per check
+
+    served = write_chat_template(
+        qwen3_model_dir(tmp_path / "served", WORDS), SYSTEM_DEFAULT + QWEN3_TEMPLATE
+    )
+    storage, _ = _dataset(tmp_path / "ds", _server(served), 20)
+    assert main(["audit", str(storage.root), "--tokenizer", str(model)]) == 1
+    out = capsys.readouterr().out
+    parity = next(line for line in out.splitlines() if "11 template parity" in line)
+    assert "│ fail " in parity and "20 of 20 stored prompts differ" in parity
+    assert out.rstrip().endswith("verdict: fail")
+    assert main(["audit", str(storage.root), "--tokenizer", str(tmp_path / "none")]) == 1
+    assert "tokenizer.json not found" in capsys.readouterr().err
