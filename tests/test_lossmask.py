@@ -38,7 +38,7 @@ def _turn(n: int, finish: str = "stop", ids: tuple[list[int], list[int]] | None 
 
 
 def _row(ident: str, messages: list[dict], turns: list[dict], **answer: Any) -> dict:
-    last = next((m for m in reversed(messages) if m["role"] == "assistant"), {})
+    last: dict[str, Any] = next((m for m in reversed(messages) if m["role"] == "assistant"), {})
     return {
         "id": ident, "shard": 0,
         "messages": [{"reasoning_content": None, **m} for m in messages],
