@@ -4,12 +4,19 @@ the emulator's model directory, rebuilds the very same input_ids and loss_mask."
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from regen.audit import AuditConfig, run_audit
 from regen.fleet.endpoint import Endpoint
 from regen.lossmask import Turns, load_template, samples
+from regen.shards import commit_shard
+from regen.storage import LocalStorage
 from tests.test_conversations import MODEL_DIR, conversations, endpoint, regenerate
 
 __all__ = ["endpoint"]  # the module-scoped emulator fixture, shared with its own tests
@@ -55,3 +62,42 @@ def test_thinking_off_prompt_is_the_servers(endpoint: Endpoint) -> None:
         assert sample["input_ids"][:n] == prompt
         assert sample["loss_mask"] == [0] * n + [1] * (sample["seq_len"] - n)
         assert template.token_text(sample["input_ids"][-1]) == "<|im_end|>"
+
+
+def test_planted_template_mismatch_fails_parity(endpoint: Endpoint, tmp_path: Path) -> None:
+    """The emulator serves its model directory's template; the audit is given a copy whose
+    template opens <think> in the generation prompt (as newer Qwen templates do): every
+    stored prompt differs at its end. The directory the server used passes."""
+    out = regenerate(endpoint, conversations(6), turns="all")
+    storage = LocalStorage(tmp_path / "ds")
+    commit_shard(storage, 3, out, fingerprint="f", timings={})
+    run = {"fingerprint": "f", "regeneration": {"thinking": "save", "turns": "all"}}
+    storage.write_bytes("run.json", json.dumps(run).encode())
+    other = tmp_path / "other-model"
+    shutil.copytree(MODEL_DIR, other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    served = "{{- '<|im_start|>assistant\\n' }}\n{%- if enable_thinking"
+    assert served in config["chat_template"]
+    config["chat_template"] = config["chat_template"].replace(
+        served, "{{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- if enable_thinking"
+    )
+    (other / "tokenizer_config.json").write_text(json.dumps(config))
+
+    mismatch = run_audit(storage, AuditConfig(), tokenizer_path=other)
+    parity = mismatch.check("template_parity")
+    assert parity.status == "fail" and parity.figure == 1.0
+    assert parity.detail.startswith("18 of 18 stored prompts differ")
+    stored = out["turns"].list.first().struct.field("prompt_token_ids").list.len()[0]
+    assert parity.examples[0].id == "c-0#t1"
+    assert parity.examples[0].reason.startswith(
+        f"first difference at token {stored} (stored {stored}, template {stored + 2} tokens): "
+        "stored end of prompt, template id "
+    )
+    assert mismatch.verdict == "fail"
+    # Check 10 does not need the template: every turn has the server's ids.
+    assert "from stored token ids: 18, from the chat template: 0" in (
+        mismatch.check("loss_mask").detail
+    )
+    same = run_audit(storage, AuditConfig(), tokenizer_path=MODEL_DIR).check("template_parity")
+    assert same.status == "pass" and same.figure == 0.0
+    assert same.detail.startswith("0 of 18 stored prompts differ")
