@@ -97,11 +97,17 @@ def test_turns_without_ids_use_the_template_and_say_so(tmp_path: Path, model: Pa
     """A server that returned ids for only some turns: the rest come from the template, and
     the check says how many; both paths count the incident's answer as 6 tokens."""
     storage, hit = _dataset(tmp_path, _server(model), 100, incident=0.5, ids=0.3)
-    with_template = run_audit(storage, AuditConfig(), tokenizer_path=model).check("loss_mask")
+    audited = run_audit(storage, AuditConfig(), tokenizer_path=model)
+    with_template = audited.check("loss_mask")
     assert with_template.figure == pytest.approx(0.5)
     assert {e.id for e in with_template.examples} <= hit
     assert "from stored token ids: 30, from the chat template: 70" in with_template.detail
     assert "70 answers without token ids" in with_template.detail
+    parity = audited.check("template_parity")
+    assert parity.status == "pass"
+    assert parity.detail.endswith(
+        "(30 rows of 1 of 1 shards checked; 70 rows there store no prompt ids)"
+    )
     ids_only = run_audit(storage, AuditConfig()).check("loss_mask")
     assert ids_only.figure == 1.0  # the 30 rows with ids are all incident rows
     assert "from stored token ids: 30, from the chat template: 0" in ids_only.detail

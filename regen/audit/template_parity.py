@@ -9,8 +9,8 @@ Up to `template_parity_rows` rows are compared (0: every row), from shards evenl
 over the dataset and evenly within each, so only those shards are read. A template mismatch
 is systematic — one template renders every row — so it shows on a large share of rows, or
 on a class of them (system prompts, later turns, odd characters); 5,000
-rows catch a class of 0.06 % of rows with 95 % probability, in a second or two, where
-rendering a million rows in Python would take minutes.
+rows catch a class of 0.06 % of rows with 95 % probability, in seconds (4.6 s on a busy
+2-core machine), where rendering a million rows in Python would take minutes.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ def template_parity_check(
     if model.template is None:
         return Check(name=name, title=title, status="skipped", figure=None, detail=model.missing)
     template = model.template
-    rows = compared = shards = 0
+    rows = compared = shards = without = 0
     diffs: list[PromptDifference] = []
     multi: set[str] = set()
-    for part in _sample(storage, view, config.template_parity_rows):
+    for part, none in _sample(storage, view, config.template_parity_rows):
+        without += none
         turns = [t for row in part.iter_rows(named=True) for t in turn_inputs(row)]
         compared += sum(t.prompt_token_ids is not None for t in turns)
         diffs += prompt_differences(template, turns, model.enable_thinking)
@@ -67,32 +68,35 @@ def template_parity_check(
         ],
         detail=f"{len(diffs)} of {compared} stored prompts differ from the template in "
         f"{template.path.name} ({rows} rows of {shards} of "
-        f"{len(view.committed)} shards checked)",
+        f"{len(view.committed)} shards checked"
+        + (f"; {without} rows there store no prompt ids)" if without else ")"),
     )
 
 
-def _sample(storage: Storage, view: DatasetView, limit: int) -> Iterator[pl.DataFrame]:
+def _sample(storage: Storage, view: DatasetView, limit: int) -> Iterator[tuple[pl.DataFrame, int]]:
     """About `limit` rows with stored prompt ids, shard by shard, from shards evenly spaced
-    over the dataset and evenly within each (every shard and row when `limit` is 0)."""
+    over the dataset and evenly within each (every shard and row when `limit` is 0); with
+    each part, how many rows of its shard stored none."""
     stored = pl.element().struct.field("prompt_token_ids").is_not_null()
     keys = list(view.committed.items())
 
-    def read(position: int) -> pl.DataFrame:
+    def read(position: int) -> tuple[pl.DataFrame, int]:
         one = DatasetView(dict([keys[position]]), [], [], None)
-        rows = scan_rows(storage, one).filter(pl.col("turns").list.eval(stored).list.any())
-        return rows.select(ROW_COLUMNS).collect()
+        rows = scan_rows(storage, one).select(ROW_COLUMNS).collect()
+        with_ids = rows.filter(pl.col("turns").list.eval(stored).list.any().fill_null(False))
+        return with_ids, rows.height - with_ids.height
 
     if not keys:
         return
     first = read(0)
-    wanted = min(len(keys), math.ceil(limit / max(first.height, 1))) if limit else len(keys)
+    wanted = min(len(keys), math.ceil(limit / max(first[0].height, 1))) if limit else len(keys)
     positions = sorted({i * len(keys) // wanted for i in range(wanted)})
     quota = math.ceil(limit / len(positions)) if limit else None
     for position in positions:
-        part = first if position == 0 else read(position)
+        part, without = first if position == 0 else read(position)
         if quota is not None and part.height > quota:
             part = part.gather_every(part.height // quota).head(quota)
-        yield part
+        yield part, without
 
 
 def _reason(d: PromptDifference, template: ChatTemplate) -> str:
