@@ -59,7 +59,7 @@ class StoredIds:
 
     @property
     def multi_turn(self) -> bool:
-        return bool(self.sizes.height) and int(self.sizes["turns"].max() or 0) > 1  # type: ignore[arg-type]
+        return self.sizes.height > 0 and self.sizes.select(pl.col("turns").max() > 1).item()
 
 
 def stored_ids(rows: pl.LazyFrame) -> StoredIds:
@@ -85,6 +85,7 @@ def measure_loss_mask(
     for batch in lacking.collect_batches(chunk_size=batch_rows):
         found = samples(batch, "each", model.template, enable_thinking=model.enable_thinking)
         n = batch.select("id", pl.col("turns").list.len().fill_null(0).alias("turns"))
+        n = n.unique("id", keep="first")  # a duplicated row must not count its samples twice
         parts.append(found.select("id", "turn", "loss_tokens").join(n.lazy(), on="id").collect())
         redone.append(batch["id"])
     if redone:

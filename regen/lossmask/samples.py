@@ -41,8 +41,9 @@ def samples(
     Columns `id`, `turn`, `input_ids`, `loss_mask`, `seq_len`, `loss_tokens`, one row per
     assistant turn (`each`) or per conversation's last turn (`last`), in row order. A turn
     gets the ids path when it has both ids; otherwise, with a `template`, the template path
-    (regen.lossmask.spans); with neither, no sample. `enable_thinking` is run.json's
-    (regeneration.thinking != off): it changes the generation prompt Qwen3 renders.
+    (regen.lossmask.spans); with neither, no sample. `rows` has the ROW_COLUMNS of
+    row_schema (`id` and `turns` are enough without a template). `enable_thinking` is
+    run.json's (regeneration.thinking != off): it changes the generation prompt Qwen3 renders.
     """
     stored = turn_ids(rows.lazy(), turns)
     if template is None:
