@@ -202,6 +202,9 @@ class GenerationConfig(_Section):
     shards: str | None = Field(default=None, pattern=r"^\d*:\d*$", description="e.g. 100:200")
     shard_retries: int = Field(default=2, ge=0)
     progress_interval_s: float = Field(default=2.0, gt=0)
+    live_interval_s: float = Field(
+        default=30.0, gt=0, description="Fleet figures from /metrics: a log line and an artifact."
+    )
     new_output: bool = Field(
         default=False, description="Allow a changed fingerprint: start a fresh dataset."
     )

@@ -7,6 +7,7 @@ from prefect.artifacts import create_table_artifact
 
 from regen.config import RegenConfig
 from regen.errors import UserError
+from regen.naming import artifact_key, dataset_name
 from regen.preflight import PreflightReport, run_checks
 
 
@@ -20,9 +21,10 @@ def provision(config: RegenConfig) -> PreflightReport:
     logger = get_run_logger()
     report = run_checks(config)
     create_table_artifact(
-        key="provisioning-checks",
+        key=artifact_key("provisioning-checks", config.output),
         table=[r.model_dump() for r in report.rows],
-        description="regen provisioning checks: every row must be ok, warn or skip.",
+        description=f"{dataset_name(config.output)}: provisioning "
+        + ("PASS" if report.ok else f"FAIL {report.summary()}"),
     )
     for row in report.rows:
         log = logger.error if row.status == "fail" else logger.info
