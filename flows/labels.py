@@ -30,11 +30,17 @@ def regenerate_name() -> str:
 
 
 def label_flow_run(name: str, tags: list[str]) -> None:
-    """Rename the current flow run and add `tags` to the ones it has."""
+    """Rename the current flow run and add `tags` to the ones it has.
+
+    A `kind:value` tag replaces the run's tags of the same kind: a deployment's
+    `dataset:rehearsal-nightly` is only a default when a run is given another output.
+    """
     flow_run = get_run_context().flow_run  # type: ignore[union-attr]
     if flow_run is None:
         return
-    merged = [*flow_run.tags, *(t for t in tags if t not in flow_run.tags)]
+    kinds = {t.partition(":")[0] for t in tags if ":" in t}
+    kept = [t for t in flow_run.tags if t.partition(":")[0] not in kinds or ":" not in t]
+    merged = [*kept, *(t for t in tags if t not in kept)]
     with get_client(sync_client=True) as client:
         client.update_flow_run(flow_run.id, name=name, tags=merged)
     flow_run.name, flow_run.tags = name, merged

@@ -69,6 +69,9 @@ class EmulatorConfig(_Section):
 
     load_s: float = Field(default=0.5, ge=0)
     tokens_per_s: float = Field(default=250.0, gt=0)
+    accept_length: float = Field(
+        default=3.6, gt=0, description="MTP accept length the emulator reports on /metrics."
+    )
     time_scale: float = Field(default=0.01, gt=0, description="Wall seconds per simulated second.")
     seed: int = 0
     reasoning_tokens: str = Field(default="200:4000", pattern=r"^\d+:\d+$")

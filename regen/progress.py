@@ -289,8 +289,9 @@ class LiveReport:
                 parts.append(f"{s.name} metrics missing")
                 continue
             parts.append(
-                f"{s.name} {sig(s.tokens_per_s)} tok/s, {sig(m.running)} running, "
-                f"{sig(m.queued)} queued, KV {pct(m.token_usage)}, accept {sig(m.accept_length)}"
+                f"{s.name} {sig(s.tokens_per_s)} tok/s, {_count(m.running)} running, "
+                f"{_count(m.queued)} queued, KV {pct(m.token_usage)}, "
+                f"accept {sig(m.accept_length)}"
             )
         return "; ".join(parts)
 
@@ -315,13 +316,18 @@ class LiveReport:
                 )
                 continue
             lines.append(
-                f"| {s.name} | {sig(s.tokens_per_s)} | {sig(m.running)} | {sig(m.queued)} | "
+                f"| {s.name} | {sig(s.tokens_per_s)} | {_count(m.running)} | {_count(m.queued)} | "
                 f"{pct(m.token_usage)} | {sig(m.accept_length)} |"
             )
         if missing:
             lines += ["", "No `/metrics` answer (not counted as zero):", ""]
             lines += [f"- {s.name}: `{s.url}/metrics`" for s in missing]
         return "\n".join(lines) + "\n"
+
+
+def _count(value: float | None) -> str:
+    """Requests are whole; a missing gauge is `–`, not 0."""
+    return NONE if value is None else f"{value:,.0f}"
 
 
 class LiveWatch:

@@ -171,7 +171,8 @@ def test_emulator_gets_the_same_flags_plus_emu_flags(tmp_path: Path) -> None:
         config.model_copy(update={"engine": as_emulator}), STAGED, KEY, tmp_path
     )
     emu_common = [
-        "--emu-load-s", "2.0", "--emu-tokens-per-s", "100.0", "--emu-time-scale", "0.5",
+        "--emu-load-s", "2.0", "--emu-tokens-per-s", "100.0", "--emu-accept-length", "3.6",
+        "--emu-time-scale", "0.5",
         "--emu-seed", "7", "--emu-reasoning-tokens", "10:20", "--emu-answer-tokens", "1:2",
         "--emu-fault", "http500=0.1",
     ]  # fmt: skip

@@ -113,6 +113,7 @@ def _emulator_flags(emu: EmulatorConfig, index: int) -> list[str]:
     flags = [
         "--emu-load-s", str(emu.load_s),
         "--emu-tokens-per-s", str(emu.tokens_per_s),
+        "--emu-accept-length", str(emu.accept_length),
         "--emu-time-scale", str(emu.time_scale),
         "--emu-seed", str(emu.seed),
         "--emu-reasoning-tokens", emu.reasoning_tokens,
