@@ -20,5 +20,5 @@ def audit_dataset(
     label_flow_run(f"audit-{dataset_slug(output)}", ["audit", f"dataset:{dataset_name(output)}"])
     result = audit(output, config or AuditConfig(), tokenizer_path=tokenizer_path)
     if result.verdict == "fail":
-        return Failed(message=result.failure_message(output))
+        return Failed(message=result.failure_message())
     return result.verdict

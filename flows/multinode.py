@@ -96,7 +96,7 @@ def regenerate_multinode(
             ", ".join(failed),
         )
     if result.verdict == "fail":
-        return Failed(message=result.failure_message(shared.output))
+        return Failed(message=result.failure_message())
     errors = round((result.check("error_rows").figure or 0.0) * result.rows)
     return MultinodeSummary(
         output=shared.output,

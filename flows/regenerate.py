@@ -98,7 +98,7 @@ def regenerate_completions(
         tokenizer_path=str(config.model.tokenizer_path or model_path),
     )
     if report.verdict == "fail":
-        return Failed(message=report.failure_message(config.output))
+        return Failed(message=report.failure_message())
     failed = round((report.check("error_rows").figure or 0.0) * report.rows)
     return RunSummary(
         output=config.output,

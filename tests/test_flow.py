@@ -195,7 +195,7 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run
     message = state.message or ""
     assert message.startswith("FAIL: "), message
     assert re.search(r"empty_answer \d+(\.\d+)? % \(fail at [\d.]+ %\)", message), message
-    assert f"kept at {out}" in message
+    assert f"The data was kept: 240 rows at {out}" in message
     assert (out / "report" / "audit.md").read_text().startswith("# Audit: **FAIL**")
     checks = {
         c["name"]: c for c in json.loads((out / "report" / "audit.json").read_text())["checks"]

@@ -93,14 +93,15 @@ class AuditResult(BaseModel):
         more = f" (+{len(worst) - 2} more)" if len(worst) > 2 else ""
         return f"{self.verdict.upper()} {figures}{more}"
 
-    def failure_message(self, where: str) -> str:
+    def failure_message(self) -> str:
         """A failed gate's state message: verdict, each failing figure against its threshold,
         and where the data was kept (nothing is deleted; the next run can retry the errors)."""
         failing = [c for c in self.ordered_checks() if c.status == "fail"]
         figures = "; ".join(f"{c.name} {pct(c.figure)} (fail at {pct(c.fail)})" for c in failing)
+        root = self.dataset.rstrip("/")
         return (
-            f"{self.verdict.upper()}: audit failed on {figures}. {self.rows:,} rows kept at "
-            f"{where}; report at {where.rstrip('/')}/report/audit.md"
+            f"{self.verdict.upper()}: audit failed on {figures}. The data was kept: "
+            f"{self.rows:,} rows at {root}, report at {root}/report/audit.md"
         )
 
     def to_markdown(self) -> str:
