@@ -76,8 +76,14 @@ class ProgressSnapshot:
         )
 
     def to_markdown(self) -> str:
+        """The end of generation: the headline's rates are the last minute's, so the whole
+        run's mean follows it (a short run has no minute-long window to speak of)."""
+        mean = self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else None
         lines = [
             f"**{self.headline()}**",
+            "",
+            f"This run: {self.output_tokens:,} output tokens in {duration(self.elapsed_s)}, "
+            f"{sig(mean)} tok/s on average; {self.retries:,} retries.",
             "",
             "| server | state | in flight | tok/s |",
             "|---|---|---|---|",

@@ -80,9 +80,9 @@ def fleet_markdown(rows: list[FleetRow]) -> str:
         "|---|--:|--:|---|--:|--:|--:|--:|",
     ]
     for r in rows:
-        status = r.status if r.status == "healthy" else f"❌ **{r.status}**"
+        status = r.status if r.status == "healthy" else f"**{r.status.upper()}**"
         if r.flagged:
-            status = f"⚠️ **slow** ({r.status})"
+            status = f"**SLOW** ({r.status})"
         lines.append(
             f"| {r.server} | {_cell(r.gpu)} | {_cell(r.port)} | {status} | {_secs(r.startup_s)} | "
             f"{_secs(r.probe_latency_s)} | {sig(r.tok_s)} | {sig(r.accept_length)} |"
