@@ -10,6 +10,8 @@ from regen.errors import UserError
 from regen.naming import artifact_key, dataset_name
 from regen.preflight import PreflightReport, run_checks
 
+_LOUD = {"fail": 0, "warn": 1}
+
 
 class ProvisioningFailed(UserError):
     """A check failed: nothing was staged or launched."""
@@ -22,7 +24,11 @@ def provision(config: RegenConfig) -> PreflightReport:
     report = run_checks(config)
     create_table_artifact(
         key=artifact_key("provisioning-checks", config.output),
-        table=[r.model_dump() for r in report.rows],
+        # Failures and warnings first, in capitals: they are what the reader came for.
+        table=[
+            {**r.model_dump(), "status": r.status.upper() if r.status in _LOUD else r.status}
+            for r in sorted(report.rows, key=lambda r: _LOUD.get(r.status, len(_LOUD)))
+        ],
         description=f"{dataset_name(config.output)}: provisioning "
         + ("PASS" if report.ok else f"FAIL {report.summary()}"),
     )
