@@ -15,7 +15,8 @@ from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from prefect import get_client, get_run_logger, task, unmapped
 from prefect.artifacts import (
@@ -271,15 +272,22 @@ def _feeding(
     """The one dispatcher every shard task feeds, and the progress it is measured by."""
     storage = open_storage(config.output)
     name = dataset_name(config.output)
-    artifact_id = create_progress_artifact(
-        progress=0.0,
-        key=artifact_key("generation-progress", config.output),
-        description=f"{name}: share of prompts done",
+    # From sync code these return the id, not the coroutine their dispatch type also admits.
+    artifact_id = cast(
+        UUID,
+        create_progress_artifact(
+            progress=0.0,
+            key=artifact_key("generation-progress", config.output),
+            description=f"{name}: share of prompts done",
+        ),
     )
-    live_id = create_markdown_artifact(
-        key=artifact_key("fleet-live", config.output),
-        markdown="Waiting for the first scrape of the servers' `/metrics`.",
-        description=f"{name}: live fleet figures, every {config.generation.live_interval_s:g} s",
+    live_id = cast(
+        UUID,
+        create_markdown_artifact(
+            key=artifact_key("fleet-live", config.output),
+            markdown="Waiting for the first scrape of the servers' `/metrics`.",
+            description=f"{name}: live fleet figures every {config.generation.live_interval_s:g} s",
+        ),
     )
     logger = get_run_logger()
 
