@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install rehearse test lint bench clean
+.PHONY: install contract-env rehearse test lint bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# The real sglang 0.5.23 (CPU torch) in its own venv, for tests/contract/; cached by its pins.
+contract-env:
+	@tests/contract/build_env.sh
 
 rehearse: install
 	@$(VENV)/bin/regen rehearse $(ARGS)
@@ -29,4 +33,4 @@ bench: install
 	@for b in benches/*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) out .regen .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-sglang out .regen .pytest_cache .ruff_cache
