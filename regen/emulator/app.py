@@ -29,10 +29,19 @@ log = logging.getLogger("regen.emulator")
 VERSION = "0.5.23"
 # Paths SGLang leaves open with --api-key (sglang/srt/utils/auth.py, prefix match).
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+# http_server.py HEALTH_CHECK_TIMEOUT: /health gives up on its 1-token generation after this.
+HEALTH_CHECK_TIMEOUT_S = 20.0
+# 0.5.23's error `type` strings: a request the pydantic model refuses (FastAPI's validation
+# handler: HTTPStatus.BAD_REQUEST.phrase), a ValueError while serving it (context length,
+# duplicate rid), and a check of the serving layer itself (empty messages).
+INVALID = "Bad Request"
+VALUE_ERROR = "BadRequest"
+REFUSED = "BadRequestError"
+EFFORT_TIERS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def error_response(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+def error_response(status: int, message: str, kind: str = REFUSED) -> web.Response:
     """The OpenAI-style error body SGLang's OpenAI endpoints answer with."""
     body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
     return web.json_response(body, status=status)
@@ -41,7 +50,7 @@ def error_response(status: int, message: str, kind: str = "BadRequestError") -> 
 class RequestError(Exception):
     """A request SGLang would refuse; becomes an error body with `status`."""
 
-    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+    def __init__(self, message: str, status: int = 400, kind: str = REFUSED) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
@@ -122,15 +131,22 @@ class EmulatorServer:
     # -- probes and info ---------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
-        """200 after a 1-token generation; the real one polls once a second, so it waits too.
+        """0.5.23's /health: a 1-token generation, polled once a second, 200 once it answers.
 
-        A hung scheduler still answers 200 here, as in sglang#6624: only a real chat with
-        its own deadline tells a stuck server from a healthy one.
+        A hung scheduler (the hang fault) never answers it: 503 after HEALTH_CHECK_TIMEOUT_S
+        simulated seconds, as the real server logs "Health check failed" and gives up.
         """
         if not self.ready:
             return web.Response(status=503)
-        if not self._hung:
-            await asyncio.sleep(min(1.0, self.args.time_scale))
+        if self._hung:
+            await asyncio.sleep(HEALTH_CHECK_TIMEOUT_S * self.args.time_scale)
+            log.error(
+                "Health check failed. Server couldn't get a response from detokenizer for last "
+                "%d seconds.",
+                HEALTH_CHECK_TIMEOUT_S,
+            )
+            return web.Response(status=503)
+        await asyncio.sleep(min(1.0, self.args.time_scale))
         return web.Response(status=200)
 
     async def liveness(self, request: web.Request) -> web.Response:
@@ -282,19 +298,23 @@ class EmulatorServer:
         if prompt >= ctx:
             raise RequestError(
                 f"The input ({prompt} tokens) is longer than the model's context length "
-                f"({ctx} tokens)."
+                f"({ctx} tokens).",
+                kind=VALUE_ERROR,
             )
         if max_tokens is None:
             return ctx - prompt
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
-            raise RequestError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
+            raise RequestError(
+                f"max_tokens must be a non-negative integer, got {max_tokens!r}", kind=INVALID
+            )
         if prompt + max_tokens > ctx:
             raise RequestError(
                 f"Requested token count exceeds the model's maximum context length of {ctx} "
                 f"tokens. You requested a total of {prompt + max_tokens} tokens: {prompt} "
                 f"tokens from the input messages and {max_tokens} tokens for the completion. "
                 "Please reduce the number of tokens in the input messages or the completion "
-                "to fit within the limit."
+                "to fit within the limit.",
+                kind=VALUE_ERROR,
             )
         return max_tokens
 
@@ -313,11 +333,10 @@ class EmulatorServer:
             budget = self._budget(prompt, max_tokens)
             min_tokens = body.get("min_tokens") or 0
             if not isinstance(min_tokens, int):
-                raise RequestError(f"min_tokens must be an integer, got {min_tokens!r}")
-            effort = body.get("reasoning_effort")
-            if effort is not None and effort not in ("low", "medium", "high"):
-                # SGLang's ChatCompletionRequest types it Literal["low", "medium", "high"].
-                raise RequestError(f"reasoning_effort must be low, medium or high, got {effort!r}")
+                raise RequestError(
+                    f"min_tokens must be an integer, got {min_tokens!r}", kind=INVALID
+                )
+            _check_effort(body.get("reasoning_effort"))
         except RequestError as err:
             return error_response(err.status, str(err), err.kind)
         arrival = self._chat_arrivals
@@ -329,6 +348,8 @@ class EmulatorServer:
         if http500 and self._http500.random() < http500:
             return error_response(500, "Internal server error (emulated).", "InternalServerError")
         rid = str(body.get("rid") or uuid.uuid4().hex)
+        if rid in self._aborts:  # tokenizer_manager: a rid still in flight is a ValueError
+            return error_response(400, f"Duplicate request ID detected: {rid}", VALUE_ERROR)
         plan = self.model.plan(messages, min_tokens)
         try:
             out = await self._run(rid, plan, budget, prompt, thinking=thinking, separate=separate)
@@ -374,8 +395,7 @@ class EmulatorServer:
                 "role": "assistant",
                 "content": out.content,
                 "reasoning_content": out.reasoning,
-                "tool_calls": None,
-            },
+            },  # 0.5.23 drops a null tool_calls from the message
             "logprobs": None,
             "finish_reason": out.finish_reason,
             "matched_stop": EOS_TOKEN_ID if out.finish_reason == "stop" else None,
@@ -394,6 +414,10 @@ class EmulatorServer:
                 "total_tokens": prompt + out.completion_tokens,
                 "prompt_tokens_details": None,
                 "reasoning_tokens": out.reasoning_tokens,
+                # The OpenAI place of the same count; 0.5.23 sets it only when there is some.
+                "completion_tokens_details": (
+                    {"reasoning_tokens": out.reasoning_tokens} if out.reasoning_tokens else None
+                ),
             },
             "metadata": {"weight_version": "default"},
         }
@@ -514,17 +538,33 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except ValueError as err:
-        raise RequestError(f"JSON decode error: {err}") from None
+        raise RequestError(f"JSON decode error: {err}", kind=INVALID) from None
     if not isinstance(body, dict):
-        raise RequestError("The request body must be a JSON object.")
+        raise RequestError("The request body must be a JSON object.", kind=INVALID)
     return body
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages: Field required (a non-empty list of messages)")
+    if not isinstance(messages, list):
+        raise RequestError("messages: Field required (a list of messages)", kind=INVALID)
+    if not messages:
+        raise RequestError("Messages cannot be empty.")  # serving_chat's own check
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(f"messages[{i}]: each message needs a string 'role'")
+            raise RequestError(f"messages[{i}]: each message needs a string 'role'", kind=INVALID)
     return messages
+
+
+def _check_effort(effort: Any) -> None:
+    """0.5.23's ReasoningEffortType: a named tier, or a float in [0, 0.99]; never a bool."""
+    if effort is None or effort in EFFORT_TIERS:
+        return
+    number = isinstance(effort, (int, float)) and not isinstance(effort, bool)
+    if number and 0.0 <= effort <= 0.99:
+        return
+    raise RequestError(
+        f"reasoning_effort: Input should be {', '.join(map(repr, EFFORT_TIERS))} "
+        f"or a number in [0, 0.99], got {effort!r}",
+        kind=INVALID,
+    )
