@@ -109,7 +109,7 @@ def test_removed_flag_is_rejected_naming_its_replacement(tmp_path: Path, flag: s
     with pytest.raises(ConfigError) as err:
         _build(tmp_path, servers=1, extra_args=[flag, "32"] if "=" not in flag else [flag])
     message = str(err.value)
-    assert "engine.extra_args" in message
+    assert "engine.extra_args[0]: --cuda-graph-max-bs" in message
     assert "--cuda-graph-max-bs-decode" in message
     assert "\n" not in message
 

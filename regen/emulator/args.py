@@ -31,8 +31,40 @@ SPECULATIVE_MAX_RUNNING = 48  # what 0.5.23 forces with speculative decoding and
 FLAGS_FILE = Path(__file__).with_name("sglang_flags.json")
 # SGLang's own defaults of the flags the emulator reads; the vendored list keeps only shapes.
 _DEFAULTS = {"host": "127.0.0.1", "port": 30000, "log_level": "info"}
-_TYPES: dict[str | None, Any] = {"int": int, "float": float, "str": str, "json": json.loads}
 _RANGE = re.compile(r"^(\d+):(\d+)$")
+_HUMAN_INT = re.compile(r"^(?:(\d+(?:\.\d+)?)([kMGT])|(\d+)(Ki|Mi|Gi|Ti)?)$")
+_SCALE = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20}
+_SCALE |= {"Gi": 2**30, "Ti": 2**40}
+
+
+def human_readable_int(value: str) -> int:
+    """sglang's own type of --max-total-tokens and kin: 1k, 25.6k, 1Mi, same words on error."""
+    found = _HUMAN_INT.match(value.strip())
+    if not found:
+        raise argparse.ArgumentTypeError(
+            f"Invalid integer value: {value!r}. Use a plain integer, SI suffixes (1k, 1M), "
+            "or IEC suffixes (1Ki, 1Mi). Suffixes are case-sensitive."
+        )
+    number, si, whole, iec = found.groups()
+    if si:
+        return int(float(number) * _SCALE[si])
+    return int(whole) * _SCALE.get(iec or "", 1)
+
+
+def json_list_type(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"Invalid JSON list: {value}. Please provide a valid JSON list."
+        ) from None
+
+
+# The vendored type names; sglang's other custom types take any string argparse gives them.
+_TYPES: dict[str | None, Any] = {
+    "int": int, "float": float, "str": str, "json": json.loads,
+    "human_readable_int": human_readable_int, "json_list_type": json_list_type,
+}  # fmt: skip
 
 
 @cache
@@ -104,7 +136,7 @@ def _add_sglang_flag(p: argparse.ArgumentParser, flag: dict[str, Any]) -> None:
         p.add_argument(
             *options,
             action=action,
-            type=_TYPES.get(flag["type"]),
+            type=_TYPES.get(flag["type"], str if flag["type"] else None),
             required=flag["required"],
             **common,
         )

@@ -47,6 +47,12 @@ def _kind(action: argparse.Action) -> str:
     return type(action).__name__
 
 
+def _type_name(kind: Any) -> str | None:
+    if kind is None:
+        return None
+    return _TYPES.get(kind) or getattr(kind, "__name__", "str")
+
+
 def flags() -> list[dict[str, Any]]:
     """Every option of `sglang serve`: names, dest, kind, type, nargs, choices, required.
 
@@ -64,10 +70,13 @@ def flags() -> list[dict[str, Any]]:
                 "options": list(action.option_strings),
                 "dest": action.dest,
                 "kind": _kind(action),
-                "type": _TYPES.get(action.type, "str") if action.type else None,
+                "type": _type_name(action.type),
                 "nargs": action.nargs,
                 "const": _jsonable(action.const),
-                "choices": _jsonable(list(action.choices)) if action.choices else None,
+                # Sorted: sglang builds some choice lists from sets, in no fixed order.
+                "choices": sorted(_jsonable(list(action.choices)), key=str)
+                if action.choices
+                else None,
                 "required": bool(action.required),
             }
         )

@@ -32,7 +32,7 @@ class Sglang:
     """The driver process; `ask` sends one check and returns sglang's verdict."""
 
     def __init__(self) -> None:
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
         self._proc = subprocess.Popen(
             [str(SGLANG_PYTHON), str(DRIVER)],
             stdin=subprocess.PIPE,
