@@ -150,7 +150,8 @@ class SamplingConfig(_Section):
     min_p: float = Field(default=0.0, ge=0, le=1)
 
 
-ReasoningEffort = Literal["low", "medium", "high"]
+# sglang 0.5.23's named tiers (it also takes a float in [0, 0.99], which a share table cannot key).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]
 
 
 class RegenerationConfig(_Section):
