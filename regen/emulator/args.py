@@ -132,14 +132,10 @@ def _add_sglang_flag(p: argparse.ArgumentParser, flag: dict[str, Any]) -> None:
             common["nargs"] = nargs
         if flag["choices"]:
             common["choices"] = flag["choices"]
+        if flag["type"]:
+            common["type"] = _TYPES.get(flag["type"], str)
         action = "append" if kind == "append" else "store"
-        p.add_argument(
-            *options,
-            action=action,
-            type=_TYPES.get(flag["type"], str if flag["type"] else None),
-            required=flag["required"],
-            **common,
-        )
+        p.add_argument(*options, action=action, required=flag["required"], **common)
 
 
 def _parser() -> argparse.ArgumentParser:
