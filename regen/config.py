@@ -157,7 +157,8 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "
 class RegenerationConfig(_Section):
     """What is regenerated: which assistant turns, and what becomes of the model's thinking.
 
-    Part of the run's fingerprint: each setting changes what a stored row holds.
+    Part of the run's fingerprint: each setting changes what a stored row holds, except
+    `token_ids`, which only adds the server's ids beside the same text (see regen.fingerprint).
     """
 
     turns: Literal["last", "all"] = Field(
@@ -174,6 +175,12 @@ class RegenerationConfig(_Section):
         default_factory=dict,
         description="Share of requests per reasoning_effort, e.g. {low: 0.4, medium: 0.4, "
         "high: 0.2}; empty sends none (for models that take no effort).",
+    )
+    token_ids: bool = Field(
+        default=True,
+        description="Ask the server for the exact prompt and response token ids "
+        "(return_token_ids) and store them per turn, what trainers' input_ids and loss "
+        "masks come from; false stores null.",
     )
 
     @field_validator("reasoning_effort")

@@ -19,7 +19,8 @@ def chat_request_body(
     """`rid` is the sample id, so a request can be found in server logs and aborted by id.
 
     `reasoning_effort` is sent only when set: a model that takes none is not asked for one."""
-    thinking = (regeneration or RegenerationConfig()).enable_thinking
+    regeneration = regeneration or RegenerationConfig()
+    thinking = regeneration.enable_thinking
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -32,6 +33,9 @@ def chat_request_body(
         "separate_reasoning": True,
         "stream": False,
     }
+    if regeneration.token_ids:
+        # SGLang adds prompt_token_ids and response_token_ids to the choice (not on a stream).
+        body["return_token_ids"] = True
     if sampling.min_p:
         body["min_p"] = sampling.min_p
     if rid is not None:

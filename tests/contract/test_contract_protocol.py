@@ -64,8 +64,10 @@ def _bodies() -> dict[str, dict[str, Any]]:
     bodies["bench"] = chat_request_body(
         SERVED, BENCH_MESSAGES, sampling, rid="regen-bench-x", max_tokens=256
     )
-    # Token ids (the `ids` work): the flag sglang 0.5.23 takes to return them.
-    bodies["token ids"] = {**bodies["thinking save"], "return_token_ids": True}
+    no_ids = RegenerationConfig(token_ids=False)
+    bodies["no token ids"] = chat_request_body(SERVED, USER, sampling, regeneration=no_ids)
+    bodies["no token ids"]["rid"] = "r-n"
+    assert bodies["thinking save"]["return_token_ids"] is True  # the default asks for them
     return bodies
 
 
@@ -158,8 +160,12 @@ def emus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Emu]]:
             emu.stop()
 
 
-def _body(**extra: Any) -> dict[str, Any]:
-    return chat_request_body(SERVED, USER, SamplingConfig(max_tokens=400)) | extra
+def _body(ids: bool = True, **extra: Any) -> dict[str, Any]:
+    regeneration = RegenerationConfig(token_ids=ids)
+    return (
+        chat_request_body(SERVED, USER, SamplingConfig(max_tokens=400), regeneration=regeneration)
+        | extra
+    )
 
 
 def _check(sglang: Sglang, kind: str, body: Any) -> dict[str, Any]:
@@ -194,7 +200,7 @@ def test_chat_answer_is_a_chat_completion_response(
 
 
 def test_stream_chunks_are_stream_responses(sglang: Sglang, emus: dict[str, Emu]) -> None:
-    body = _body(stream=True, stream_options={"include_usage": True})
+    body = _body(ids=False, stream=True, stream_options={"include_usage": True})
     resp = emus["plain"].post(body)
     assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n"), resp.text
     events = [line.removeprefix("data: ") for line in resp.text.split("\n\n") if line]
@@ -213,9 +219,18 @@ def test_stream_chunks_are_stream_responses(sglang: Sglang, emus: dict[str, Emu]
         ("plain", _body(reasoning_effort="extreme"), 400, "Bad Request"),
         ("plain", _body(reasoning_effort=1.5), 400, "Bad Request"),
         ("plain", _body(max_completion_tokens=100_000), 400, "BadRequest"),
+        ("plain", _body(stream=True), 400, "BadRequest"),  # token ids on a stream
         ("http500", _body(), 500, "InternalServerError"),
     ],
-    ids=["bad json", "no messages", "effort word", "effort number", "over context", "http500"],
+    ids=[
+        "bad json",
+        "no messages",
+        "effort word",
+        "effort number",
+        "over context",
+        "ids on a stream",
+        "http500",
+    ],
 )
 def test_errors_are_error_responses(
     sglang: Sglang, emus: dict[str, Emu], server: str, body: Any, status: int, kind: str
