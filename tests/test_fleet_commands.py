@@ -123,6 +123,9 @@ def test_removed_flag_is_rejected_naming_its_replacement(tmp_path: Path, flag: s
         (["--api-key", "x"], "--api-key"),
         (["--config", "x.yaml"], "--config"),
         (["--enable-metrics"], "--enable-metrics"),
+        # argparse takes a unique prefix for the whole flag, overriding regen's value.
+        (["--mem-fraction", "0.5"], "--mem-fraction abbreviates --mem-fraction-static"),
+        (["--context-len=8"], "--context-len abbreviates --context-length"),
     ],
 )
 def test_flag_the_builder_sets_is_rejected(tmp_path: Path, extra: list[str], named: str) -> None:
