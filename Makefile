@@ -27,7 +27,7 @@ lint: install
 	@$(VENV)/bin/ruff check --quiet .
 
 test: lint
-	@$(VENV)/bin/python -m pytest -q -n 2 $(ARGS)
+	@$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup $(ARGS)
 
 bench: install
 	@for b in benches/*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done

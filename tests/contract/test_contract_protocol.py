@@ -31,6 +31,9 @@ from regen.fleet.probes import PROBE_MESSAGES, ProbeSettings
 from tests._fleet_helpers import MODEL_DIR, SERVED
 from tests.contract._sglang import Sglang
 
+# One worker runs them all: one driver process, so sglang is imported once per test run.
+pytestmark = pytest.mark.xdist_group("sglang")
+
 KEY = "contract-emu-key"
 USER = [{"role": "user", "content": "Explain how a queue works, step by step."}]
 MULTI_TURN = [
