@@ -19,6 +19,9 @@ from regen.preflight import check_flags
 from tests._fleet_helpers import MODEL_DIR, SERVED, fleet_config
 from tests.contract._sglang import SGLANG_PYTHON, Sglang
 
+# One worker runs them all: one driver process, so sglang is imported once per test run.
+pytestmark = pytest.mark.xdist_group("sglang")
+
 KEY = SecretStr("contract-key-0c4e")
 
 # Held out from the code that judges them: typos, a removed flag, flags that never existed
