@@ -153,13 +153,15 @@ class SamplingConfig(_Section):
     min_p: float = Field(default=0.0, ge=0, le=1)
 
 
-ReasoningEffort = Literal["low", "medium", "high"]
+# sglang 0.5.23's named tiers (it also takes a float in [0, 0.99], which a share table cannot key).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]
 
 
 class RegenerationConfig(_Section):
     """What is regenerated: which assistant turns, and what becomes of the model's thinking.
 
-    Part of the run's fingerprint: each setting changes what a stored row holds.
+    Part of the run's fingerprint: each setting changes what a stored row holds, except
+    `token_ids`, which only adds the server's ids beside the same text (see regen.fingerprint).
     """
 
     turns: Literal["last", "all"] = Field(
@@ -176,6 +178,12 @@ class RegenerationConfig(_Section):
         default_factory=dict,
         description="Share of requests per reasoning_effort, e.g. {low: 0.4, medium: 0.4, "
         "high: 0.2}; empty sends none (for models that take no effort).",
+    )
+    token_ids: bool = Field(
+        default=True,
+        description="Ask the server for the exact prompt and response token ids "
+        "(return_token_ids) and store them per turn, what trainers' input_ids and loss "
+        "masks come from; false stores null.",
     )
 
     @field_validator("reasoning_effort")

@@ -109,7 +109,7 @@ def test_removed_flag_is_rejected_naming_its_replacement(tmp_path: Path, flag: s
     with pytest.raises(ConfigError) as err:
         _build(tmp_path, servers=1, extra_args=[flag, "32"] if "=" not in flag else [flag])
     message = str(err.value)
-    assert "engine.extra_args" in message
+    assert "engine.extra_args[0]: --cuda-graph-max-bs" in message
     assert "--cuda-graph-max-bs-decode" in message
     assert "\n" not in message
 
@@ -123,6 +123,9 @@ def test_removed_flag_is_rejected_naming_its_replacement(tmp_path: Path, flag: s
         (["--api-key", "x"], "--api-key"),
         (["--config", "x.yaml"], "--config"),
         (["--enable-metrics"], "--enable-metrics"),
+        # argparse takes a unique prefix for the whole flag, overriding regen's value.
+        (["--mem-fraction", "0.5"], "--mem-fraction abbreviates --mem-fraction-static"),
+        (["--context-len=8"], "--context-len abbreviates --context-length"),
     ],
 )
 def test_flag_the_builder_sets_is_rejected(tmp_path: Path, extra: list[str], named: str) -> None:
