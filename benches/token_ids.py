@@ -94,7 +94,7 @@ def main() -> None:
             proc.wait()
     n = rows.height
     turns = frames[True]["turns"].explode().struct.unnest()
-    result = {
+    result: dict[str, object] = {
         "rows": n,
         "reasoning_tokens": reasoning,
         "answer_tokens": answer,
@@ -105,9 +105,7 @@ def main() -> None:
         "memory_bytes_per_row_without_ids": frames[False].estimated_size() / n,
         "memory_bytes_per_row_with_ids": frames[True].estimated_size() / n,
     }
-    result["parquet_ratio"] = (
-        result["parquet_bytes_per_row_with_ids"] / result["parquet_bytes_per_row_without_ids"]
-    )
+    result["parquet_ratio"] = _parquet_bytes(frames[True]) / _parquet_bytes(frames[False])
     name = "token_ids-smoke.json" if a.smoke else "token_ids.json"
     (ROOT / "benches" / "results" / name).write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'figure':36} {'value':>12}")
