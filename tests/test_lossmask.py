@@ -161,6 +161,23 @@ def test_stored_ids_win_and_rows_keep_their_order(qwen3: ChatTemplate) -> None:
     assert out.schema["loss_mask"] == pl.List(pl.Int8)
 
 
+def test_error_row_keeps_the_turns_that_succeeded(qwen3: ChatTemplate) -> None:
+    """turns: all, turn 3 failed: `messages` ends at its user message; turns 1 and 2 are
+    samples, each prompt the history before it."""
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Because.", "reasoning_content": "hmm"},
+        {"role": "user", "content": "Why?"},
+        {"role": "assistant", "content": "Sure.", "reasoning_content": "ok"},
+        {"role": "user", "content": "More?"},
+    ]
+    row = _row("e", messages, [_turn(1), _turn(2)]) | {"error": "turn 3: http 400"}
+    out = samples(_frame(row), "each", qwen3).collect().to_dicts()
+    assert [s["turn"] for s in out] == [1, 2]
+    assert _split(qwen3, out[1])[1][-2:] == ["Sure.", "<|im_end|>"]
+    assert "More?" not in _split(qwen3, out[1])[0]
+
+
 def test_error_rows_give_samples_only_for_answered_turns(qwen3: ChatTemplate) -> None:
     failed = _row("e", [{"role": "user", "content": "Hi"}], []) | {
         "error": "http 500",
