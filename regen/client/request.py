@@ -23,7 +23,8 @@ def chat_request_body(
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
-        "max_tokens": max_tokens if max_tokens is not None else sampling.max_tokens,
+        # 0.5.23 deprecates max_tokens in favour of this; both set the same limit.
+        "max_completion_tokens": max_tokens if max_tokens is not None else sampling.max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,

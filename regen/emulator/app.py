@@ -39,10 +39,19 @@ log = logging.getLogger("regen.emulator")
 VERSION = "0.5.23"
 # Paths SGLang leaves open with --api-key (sglang/srt/utils/auth.py, prefix match).
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+# http_server.py HEALTH_CHECK_TIMEOUT: /health gives up on its 1-token generation after this.
+HEALTH_CHECK_TIMEOUT_S = 20.0
+# 0.5.23's error `type` strings: a request the pydantic model refuses (FastAPI's validation
+# handler: HTTPStatus.BAD_REQUEST.phrase), a ValueError while serving it (context length,
+# duplicate rid), and a check of the serving layer itself (empty messages).
+INVALID = "Bad Request"
+VALUE_ERROR = "BadRequest"
+REFUSED = "BadRequestError"
+EFFORT_TIERS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def error_response(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+def error_response(status: int, message: str, kind: str = REFUSED) -> web.Response:
     """The OpenAI-style error body SGLang's OpenAI endpoints answer with."""
     body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
     return web.json_response(body, status=status)
@@ -51,7 +60,7 @@ def error_response(status: int, message: str, kind: str = "BadRequestError") -> 
 class RequestError(Exception):
     """A request SGLang would refuse; becomes an error body with `status`."""
 
-    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+    def __init__(self, message: str, status: int = 400, kind: str = REFUSED) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
@@ -131,15 +140,22 @@ class EmulatorServer:
     # -- probes and info ---------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
-        """200 after a 1-token generation; the real one polls once a second, so it waits too.
+        """0.5.23's /health: a 1-token generation, polled once a second, 200 once it answers.
 
-        A hung scheduler still answers 200 here, as in sglang#6624: only a real chat with
-        its own deadline tells a stuck server from a healthy one.
+        A hung scheduler (the hang fault) never answers it: 503 after HEALTH_CHECK_TIMEOUT_S
+        simulated seconds, as the real server logs "Health check failed" and gives up.
         """
         if not self.ready:
             return web.Response(status=503)
-        if not self._hung:
-            await asyncio.sleep(min(1.0, self.args.time_scale))
+        if self._hung:
+            await asyncio.sleep(HEALTH_CHECK_TIMEOUT_S * self.args.time_scale)
+            log.error(
+                "Health check failed. Server couldn't get a response from detokenizer for last "
+                "%d seconds.",
+                HEALTH_CHECK_TIMEOUT_S,
+            )
+            return web.Response(status=503)
+        await asyncio.sleep(min(1.0, self.args.time_scale))
         return web.Response(status=200)
 
     async def liveness(self, request: web.Request) -> web.Response:
@@ -290,19 +306,23 @@ class EmulatorServer:
         if prompt >= ctx:
             raise RequestError(
                 f"The input ({prompt} tokens) is longer than the model's context length "
-                f"({ctx} tokens)."
+                f"({ctx} tokens).",
+                kind=VALUE_ERROR,
             )
         if max_tokens is None:
             return ctx - prompt
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
-            raise RequestError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
+            raise RequestError(
+                f"max_tokens must be a non-negative integer, got {max_tokens!r}", kind=INVALID
+            )
         if prompt + max_tokens > ctx:
             raise RequestError(
                 f"Requested token count exceeds the model's maximum context length of {ctx} "
                 f"tokens. You requested a total of {prompt + max_tokens} tokens: {prompt} "
                 f"tokens from the input messages and {max_tokens} tokens for the completion. "
                 "Please reduce the number of tokens in the input messages or the completion "
-                "to fit within the limit."
+                "to fit within the limit.",
+                kind=VALUE_ERROR,
             )
         return max_tokens
 
@@ -322,11 +342,10 @@ class EmulatorServer:
             budget = self._budget(prompt, max_tokens)
             min_tokens = body.get("min_tokens") or 0
             if not isinstance(min_tokens, int):
-                raise RequestError(f"min_tokens must be an integer, got {min_tokens!r}")
-            effort = body.get("reasoning_effort")
-            if effort is not None and effort not in ("low", "medium", "high"):
-                # SGLang's ChatCompletionRequest types it Literal["low", "medium", "high"].
-                raise RequestError(f"reasoning_effort must be low, medium or high, got {effort!r}")
+                raise RequestError(
+                    f"min_tokens must be an integer, got {min_tokens!r}", kind=INVALID
+                )
+            _check_effort(body.get("reasoning_effort"))
             if body.get("stream"):
                 _no_ids_when_streaming(body)
         except RequestError as err:
@@ -340,6 +359,8 @@ class EmulatorServer:
         if http500 and self._http500.random() < http500:
             return error_response(500, "Internal server error (emulated).", "InternalServerError")
         rid = str(body.get("rid") or uuid.uuid4().hex)
+        if rid in self._aborts:  # tokenizer_manager: a rid still in flight is a ValueError
+            return error_response(400, f"Duplicate request ID detected: {rid}", VALUE_ERROR)
         plan = self.model.plan(messages, min_tokens)
         try:
             out = await self._run(rid, plan, budget, prompt, thinking)
@@ -390,7 +411,7 @@ class EmulatorServer:
         try:
             text = self.tokenizer.render(messages, kwargs if isinstance(kwargs, dict) else {})
         except jinja2.TemplateError as err:
-            raise RequestError(f"chat template: {err}", kind="BadRequest") from None
+            raise RequestError(f"chat template: {err}", kind=VALUE_ERROR) from None
         return self.tokenizer.encode(text)
 
     def _completion(
@@ -410,8 +431,7 @@ class EmulatorServer:
                 "role": "assistant",
                 "content": content,
                 "reasoning_content": reasoning,
-                "tool_calls": None,
-            },
+            },  # 0.5.23 drops a null tool_calls from the message
             "logprobs": None,
             "finish_reason": out.finish_reason,
             "matched_stop": self.model.eos_id if out.finish_reason == "stop" else None,
@@ -567,13 +587,13 @@ def _no_ids_when_streaming(body: dict[str, Any]) -> None:
         raise RequestError(
             "return_prompt_token_ids is not supported with streaming. "
             "Please set stream=false when using return_prompt_token_ids=true.",
-            kind="BadRequest",
+            kind=VALUE_ERROR,
         )
     if body.get("return_token_ids"):
         raise RequestError(
             "return_token_ids is not supported with streaming on /v1/chat/completions. "
             "Please set stream=false when using return_token_ids=true.",
-            kind="BadRequest",
+            kind=VALUE_ERROR,
         )
 
 
@@ -590,17 +610,33 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except ValueError as err:
-        raise RequestError(f"JSON decode error: {err}") from None
+        raise RequestError(f"JSON decode error: {err}", kind=INVALID) from None
     if not isinstance(body, dict):
-        raise RequestError("The request body must be a JSON object.")
+        raise RequestError("The request body must be a JSON object.", kind=INVALID)
     return body
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages: Field required (a non-empty list of messages)")
+    if not isinstance(messages, list):
+        raise RequestError("messages: Field required (a list of messages)", kind=INVALID)
+    if not messages:
+        raise RequestError("Messages cannot be empty.")  # serving_chat's own check
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(f"messages[{i}]: each message needs a string 'role'")
+            raise RequestError(f"messages[{i}]: each message needs a string 'role'", kind=INVALID)
     return messages
+
+
+def _check_effort(effort: Any) -> None:
+    """0.5.23's ReasoningEffortType: a named tier, or a float in [0, 0.99]; never a bool."""
+    if effort is None or effort in EFFORT_TIERS:
+        return
+    number = isinstance(effort, (int, float)) and not isinstance(effort, bool)
+    if number and 0.0 <= effort <= 0.99:
+        return
+    raise RequestError(
+        f"reasoning_effort: Input should be {', '.join(map(repr, EFFORT_TIERS))} "
+        f"or a number in [0, 0.99], got {effort!r}",
+        kind=INVALID,
+    )
