@@ -55,16 +55,28 @@ async def test_every_stage_and_shard_is_a_prefect_task_run(tmp_path: Path) -> No
 
     from flows.regenerate import regenerate_completions
 
-    config = _config(tmp_path, str(tmp_path / "out"))
+    exports = tmp_path / "exports"
+    config = _config(
+        tmp_path,
+        str(tmp_path / "out"),
+        export={"dest": str(exports), "formats": ["specforge", "tokenized"]},
+    )
     state = regenerate_completions(config, return_state=True)
     assert state.is_completed(), state.message
     summary = await state.result()
     assert summary.rows_ok == 240 and summary.verdict in {"pass", "warn"}
+    # Stage 6 after the passing audit: each format in its own directory, every row in it.
+    assert summary.exports == [str(exports / "specforge"), str(exports / "tokenized")]
+    specforge = json.loads((exports / "specforge" / "export.json").read_text())["counts"]
+    assert specforge["rows_exported"] == specforge["samples"] == 240
+    tokens = json.loads((exports / "tokenized" / "export.json").read_text())["counts"]
+    assert tokens["samples"] + tokens["dropped"]["no_token_ids"] == 240
     async with get_client() as client:
         flow_run = await client.read_flow_run(state.state_details.flow_run_id)
     assert flow_run.state.is_completed()
     names = await _task_run_names(flow_run.id)
-    for stage in ("provision", "stage-model", "plan-shards", "launch-fleet", "audit"):
+    stages = ("provision", "stage-model", "plan-shards", "launch-fleet", "audit")
+    for stage in (*stages, "export-specforge", "export-tokenized"):
         assert any(n.startswith(stage) for n in names), (stage, names)
     shards = sorted(n for n in names if n.startswith("generate-shard-"))
     assert shards == [f"generate-shard-{k:06d}" for k in range(3)]
@@ -109,10 +121,17 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path) -> None:
     from flows.regenerate import regenerate_completions
 
     out = tmp_path / "out"
-    config = _config(tmp_path, str(out), engine={"emulator": {"faults": ["empty-answer=0.87"]}})
+    exports = tmp_path / "exports"
+    config = _config(
+        tmp_path,
+        str(out),
+        engine={"emulator": {"faults": ["empty-answer=0.87"]}},
+        export={"dest": str(exports), "formats": ["specforge"]},
+    )
     state = regenerate_completions(config, return_state=True)
     assert state.is_failed()
     assert "audit failed" in (state.message or "")
+    assert not exports.exists(), "a dataset that fails the audit is never exported"
     assert (out / "report" / "audit.md").read_text().startswith("# Audit: **FAIL**")
     checks = {
         c["name"]: c for c in json.loads((out / "report" / "audit.json").read_text())["checks"]
