@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pytest
 
+from regen.audit.dataset import open_dataset, scan_rows
 from regen.cli import FORMATS_CHOICES, main
 from regen.export import FORMATS, ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset
@@ -300,3 +302,16 @@ def test_export_flow_writes_the_format_and_its_artifact(source: Storage, tmp_pat
     counts = export_dataset_flow(source.uri, str(tmp_path / "m"), format="messages")
     data = _read(tmp_path / "m", "messages")
     assert counts["samples"] == len(data) > 0
+
+
+def test_hf_shard_file_is_what_save_to_disk_writes(source: Storage) -> None:
+    from regen.export.formats import shard_export
+    from regen.export.run import _arrow_bytes, _save_to_disk
+
+    view = open_dataset(source)
+    part = shard_export(
+        scan_rows(source, replace(view, committed={0: view.committed[0]})),
+        ExportOptions(format="hf-dataset"),
+    )
+    assert part.frame.height > 0
+    assert _arrow_bytes(part.frame) == _save_to_disk(part.frame)["data-00000-of-00001.arrow"]

@@ -41,8 +41,15 @@ class ShardExport:
 
 
 def shard_export(rows: pl.LazyFrame, options: ExportOptions) -> ShardExport:
-    """The output of one shard: conversation lines or token samples, filtered."""
-    frame = rows.collect()
+    """The output of one shard: conversation lines or token samples, filtered.
+
+    Only the columns the format needs are read (the token ids are most of a shard's bytes)."""
+    if options.format in TOKEN_FORMATS:
+        columns = ["id", "error", "turns"]
+    else:
+        columns = ["id", "error", "messages", "content", "reasoning_content", "finish_reason"]
+        columns += ["completion_tokens"] + (["turns"] if options.exclude_truncated else [])
+    frame = rows.select(columns).collect()
     ok = frame.filter(pl.col("error").is_null())
     errors = frame.height - ok.height
     if options.format in TOKEN_FORMATS:
@@ -56,11 +63,13 @@ def _truncated_turn() -> pl.Expr:
 
 def _conversations(ok: pl.DataFrame, errors: int, options: ExportOptions) -> ShardExport:
     """A row is one line; it is truncated when any of its turns stopped at max_tokens."""
+    turn_truncated = (
+        pl.col("turns").list.eval(_truncated_turn()).list.any().fill_null(False)
+        if "turns" in ok.columns
+        else pl.lit(False)
+    )
     flagged = ok.with_columns(
-        _truncated=(
-            pl.col("turns").list.eval(_truncated_turn()).list.any().fill_null(False)
-            | (pl.col("finish_reason") == "length").fill_null(False)
-        ),
+        _truncated=turn_truncated | (pl.col("finish_reason") == "length").fill_null(False),
         # The trained tokens of a conversation: every answer it holds (the turns' sum).
         _loss=pl.col("completion_tokens").fill_null(0),
     )

@@ -182,13 +182,23 @@ def _jsonl_bytes(frame: pl.DataFrame) -> bytes:
 
 
 def _arrow_bytes(frame: pl.DataFrame) -> bytes:
-    """The shard as the Arrow file `datasets.Dataset.save_to_disk` writes."""
-    return _save_to_disk(frame)["data-00000-of-00001.arrow"]
+    """The shard as the Arrow file `Dataset.save_to_disk` writes, byte for byte: datasets' own
+    `ArrowWriter`, without save_to_disk's per-call cost (~100 ms a shard, 40x the write)."""
+    datasets = _datasets()
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from datasets.arrow_writer import ArrowWriter  # type: ignore[import-untyped]
+
+    table = frame.to_arrow()
+    stream = pa.BufferOutputStream()
+    writer = ArrowWriter(features=datasets.Features.from_arrow_schema(table.schema), stream=stream)
+    writer.write_table(table)
+    writer.finalize()
+    return bytes(stream.getvalue().to_pybytes())
 
 
-def _save_to_disk(frame: pl.DataFrame) -> dict[str, bytes]:
-    """Files of `Dataset.save_to_disk` for `frame`, by name (datasets is imported only here:
-    it is an optional extra, and the rehearsal never needs it)."""
+def _datasets() -> Any:
+    """Hugging Face datasets, imported only for hf-dataset: an optional extra that the
+    rehearsal never needs."""
     try:
         import datasets  # type: ignore[import-untyped]
     except ImportError:
@@ -196,6 +206,12 @@ def _save_to_disk(frame: pl.DataFrame) -> dict[str, bytes]:
             "format hf-dataset needs Hugging Face datasets: pip install 'regen[export]'"
         ) from None
     datasets.disable_progress_bars()
+    return datasets
+
+
+def _save_to_disk(frame: pl.DataFrame) -> dict[str, bytes]:
+    """The files `Dataset.save_to_disk` writes for `frame`, by name."""
+    datasets = _datasets()
     with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
         datasets.Dataset.from_polars(frame).save_to_disk(tmp)
         return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
