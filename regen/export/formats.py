@@ -129,22 +129,24 @@ def _token_samples(ok: pl.DataFrame, errors: int, options: ExportOptions) -> Sha
         ).item()
         or 0
     )
-    turn = pl.col("turns").struct
-    info = (
-        ok.select("id", "turns", _multi=n_turns > 1)
-        .explode("turns")
-        .select(
-            "id",
-            "_multi",
-            turn.field("turn").alias("turn"),
-            (turn.field("finish_reason") == "length").fill_null(False).alias("_truncated"),
+    samples = samples_from_ids(ok.lazy(), options.turns).collect()
+    multi = options.turns == "each" and bool(ok.select((n_turns > 1).any()).item())
+    if multi or options.exclude_truncated:
+        # Per-turn facts the samples lack; a shard is small, so the join is cheap.
+        turn = pl.col("turns").struct
+        info = (
+            ok.select("id", "turns", _multi=n_turns > 1)
+            .explode("turns")
+            .select(
+                "id",
+                "_multi",
+                turn.field("turn").alias("turn"),
+                (turn.field("finish_reason") == "length").fill_null(False).alias("_truncated"),
+            )
         )
-    )
-    samples = (
-        samples_from_ids(ok.lazy(), options.turns)
-        .collect()
-        .join(info, on=["id", "turn"], how="left", maintain_order="left")
-    )
+        samples = samples.join(info, on=["id", "turn"], how="left", maintain_order="left")
+    else:
+        samples = samples.with_columns(_multi=pl.lit(False), _truncated=pl.lit(False))
     dropped: Counter[str] = Counter({"no_token_ids": candidates - samples.height})
     if options.exclude_truncated:
         dropped["truncated"] = int(samples["_truncated"].sum())
