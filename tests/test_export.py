@@ -315,3 +315,21 @@ def test_hf_shard_file_is_what_save_to_disk_writes(source: Storage) -> None:
     )
     assert part.frame.height > 0
     assert _arrow_bytes(part.frame) == _save_to_disk(part.frame)["data-00000-of-00001.arrow"]
+
+
+def test_export_section_is_checked_and_names_one_directory_per_format() -> None:
+    from regen.config import parse_config
+    from regen.errors import ConfigError
+
+    base = {"model": {"source": "m", "served_name": "m"}, "prompts": "p.jsonl", "output": "o"}
+    section = {"dest": "s3://b/train/", "formats": ["specforge", "hf-dataset", "specforge"]}
+    config = parse_config({**base, "export": {**section, "turns": "last"}})
+    assert config.export is not None
+    targets = config.export.targets()
+    assert [d for d, _ in targets] == ["s3://b/train/specforge", "s3://b/train/hf-dataset"]
+    assert {o.turns for _, o in targets} == {"last"}
+    assert parse_config(base).export is None
+    with pytest.raises(ConfigError, match=r"export\.formats\.0: Input should be"):
+        parse_config({**base, "export": {"dest": "d", "formats": ["csv"]}})
+    with pytest.raises(ConfigError, match=r"export\.min_loss_tokens"):
+        parse_config({**base, "export": {**section, "min_loss_tokens": -1}})
