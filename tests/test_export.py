@@ -333,3 +333,15 @@ def test_export_section_is_checked_and_names_one_directory_per_format() -> None:
         parse_config({**base, "export": {"dest": "d", "formats": ["csv"]}})
     with pytest.raises(ConfigError, match=r"export\.min_loss_tokens"):
         parse_config({**base, "export": {**section, "min_loss_tokens": -1}})
+
+
+def test_another_format_in_the_same_place_replaces_the_old_files(
+    source: Storage, tmp_path: Path
+) -> None:
+    dest = tmp_path / "out"
+    export_dataset(source, LocalStorage(dest), ExportOptions(format="hf-dataset"))
+    (dest / "notes.txt").write_text("mine")
+    summary = export_dataset(source, LocalStorage(dest), ExportOptions(format="specforge"))
+    assert len(summary.deleted) == 3 + 2  # three shards, state.json, dataset_info.json
+    names = sorted(p.name for p in dest.iterdir())
+    assert names == [EXPORT_KEY, "notes.txt", *(f"shard-{k:06d}.jsonl" for k in range(3))]

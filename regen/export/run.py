@@ -63,7 +63,8 @@ def export_dataset(
         raise UserError(f"{source.uri}: no committed shards to export")
     fingerprint = _fingerprint(source)
     manifests = _manifests(source, view)
-    previous = _previous(dest, options, fingerprint)
+    old_record = _read_json(dest, EXPORT_KEY)
+    previous = _previous(old_record, options, fingerprint)
     present = set(dest.list()) if previous else set()
 
     todo: list[int] = []
@@ -88,11 +89,12 @@ def export_dataset(
     if options.format == "hf-dataset":
         _write_hf_index(dest, shards, changed=bool(todo) or set(previous) != set(entries))
     record = _record(source, options, fingerprint, shards)
-    old_record = _read_json(dest, EXPORT_KEY)
     if record != old_record:
         dest.write_bytes(EXPORT_KEY, json.dumps(record, indent=2).encode())
-    # Only files this export made before are ever deleted: a shard no longer committed.
-    stale = sorted(_files(previous.values()) - _files(shards))
+    # Only files an earlier export listed are ever deleted: a shard no longer committed, or
+    # every file of another format or options written to this destination before.
+    kept = _files(shards) | ({HF_STATE, HF_INFO} if options.format == "hf-dataset" else set())
+    stale = sorted(_files_of(old_record) - kept)
     for key in stale:
         dest.delete(key)
     return ExportSummary(dest.uri, sorted(todo), sorted(set(entries) - set(todo)), stale, record)
@@ -117,9 +119,10 @@ def _manifests(source: Storage, view: DatasetView) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _previous(dest: Storage, options: ExportOptions, fingerprint: str | None) -> dict[int, Any]:
+def _previous(
+    old: dict[str, Any] | None, options: ExportOptions, fingerprint: str | None
+) -> dict[int, Any]:
     """Shard entries of an earlier export with the same format, options and dataset run."""
-    old = _read_json(dest, EXPORT_KEY)
     if not old:
         return {}
     same = (
@@ -145,6 +148,14 @@ def _read_json(storage: Storage, key: str) -> dict[str, Any] | None:
 
 def _files(entries: Any) -> set[str]:
     return {e["file"] for e in entries if e.get("file")}
+
+
+def _files_of(record: dict[str, Any] | None) -> set[str]:
+    """Every file an export.json accounts for, its hf-dataset index included."""
+    if not record or not isinstance(record.get("shards"), list):
+        return set()
+    index = {HF_STATE, HF_INFO} if record.get("format") == "hf-dataset" else set()
+    return _files(e for e in record["shards"] if isinstance(e, dict)) | index
 
 
 def _write_shard(
