@@ -18,6 +18,11 @@ from regen.storage import LocalStorage, Storage
 FINGERPRINT = "export-synthetic"
 
 
+def user_text(row_id: str, turn: int) -> str:
+    """A user turn with quotes, non-ASCII and what a null reasoning encodes to, verbatim."""
+    return f'q{turn} é "{row_id}" ,"reasoning_content":null}}'
+
+
 def synthetic_shard(
     shard: int,
     start: int,
@@ -67,7 +72,7 @@ def synthetic_shard(
                 }
             )
             messages.append(
-                {"role": "user", "content": f'q{t} é "{ids[i]}"', "reasoning_content": None}
+                {"role": "user", "content": user_text(ids[i], t), "reasoning_content": None}
             )
             messages.append(
                 {

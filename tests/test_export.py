@@ -18,7 +18,7 @@ from regen.export import FORMATS, ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset
 from regen.shards import commit_shard, read_manifest, replace_shard
 from regen.storage import LocalStorage, Storage
-from tests._export_helpers import FINGERPRINT, make_export_dataset, synthetic_shard
+from tests._export_helpers import FINGERPRINT, make_export_dataset, synthetic_shard, user_text
 from tests._s3_helpers import MotoS3, moto_server
 
 datasets = pytest.importorskip("datasets")
@@ -123,6 +123,7 @@ def test_each_format_reads_back_with_its_consumers_reader(
             assert last["reasoning_content"].endswith("\n")
             assert all(m.get("reasoning_content") is None for m in conversation[:2])
             assert all(m["content"] for m in conversation)
+            assert conversation[1]["content"] == user_text(sample_id, 0)
         return
     turns = _turns(rows).filter(pl.col("response").is_not_null())
     expected = turns.select(

@@ -103,20 +103,18 @@ def conversation() -> pl.Expr:
 
 
 def _jsonl_line(key: str) -> pl.Expr:
-    """One JSON object per row, built by polars (no Python loop): `{"id", key: [...]}`.
+    """One JSON object per row, encoded by polars (no Python loop): `{"id", key: [...]}`.
 
-    Messages are encoded one by one so that `reasoning_content` is left out where it is null
-    (a polars list holds one struct type, which would write `null` for every user turn).
+    A polars list holds one struct type, so every message encodes a `reasoning_content`; where
+    it is null that is exactly `,"reasoning_content":null}` (the struct's last field), which
+    cannot occur inside an encoded string (its quotes are escaped), so removing it leaves the
+    key out of those messages only.
     """
-    msg = pl.element().struct
-    encoded = conversation().list.eval(
-        pl.when(msg.field("reasoning_content").is_null())
-        .then(pl.struct(msg.field("role"), msg.field("content")).struct.json_encode())
-        .otherwise(pl.element().struct.json_encode())
-    )
-    head = pl.struct("id").struct.json_encode().str.strip_suffix("}")
-    return pl.concat_str(head, pl.lit(f',"{key}":['), encoded.list.join(","), pl.lit("]}")).alias(
-        "line"
+    return (
+        pl.struct(pl.col("id"), conversation().alias(key))
+        .struct.json_encode()
+        .str.replace_all(',"reasoning_content":null}', "}", literal=True)
+        .alias("line")
     )
 
 
