@@ -8,7 +8,8 @@ on average (uniform from half to one and a half times). 0.5 % are error rows, 3 
 Shards of 500 rows, as a run writes them by default.
 
 Each export and the audit run in a child process, so each peak RSS (ru_maxrss) is its own;
-rows/s counts every committed row read. The machine is a shared 2-core box: figures vary.
+rows/s counts every committed row read (wall clock); rows per CPU second is the same work
+per second of the child's own CPU time, which load from other processes does not change.
 Usage: python benches/export.py [--rows N] [--smoke] [--prompt-tokens N] [--response-tokens N]
 """
 
@@ -157,6 +158,8 @@ def child(kind: str, root: Path, dest: Path) -> None:
         out = {"rows": counts["rows"] + counts["error_rows"], "samples": counts["samples"]}
         out["bytes"] = sum(p.stat().st_size for p in dest.iterdir())
     out["seconds"] = time.perf_counter() - start
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["cpu_s"] = usage.ru_utime + usage.ru_stime  # imports included: under a second
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
 
@@ -198,6 +201,7 @@ def main() -> None:
         f = figures[kind]
         table += [
             (f"{kind}: rows/s", f"{per_s[kind]:,.0f}"),
+            ("  rows per CPU second", f"{f['rows'] / f['cpu_s']:,.0f}"),
             (f"  {f['samples']:,} samples, output (MB)", f"{f['bytes'] / 1e6:,.0f}"),
             ("  peak RSS (MB)", f"{f['peak_rss_mb']:,.0f}"),
         ]
@@ -226,6 +230,11 @@ def main() -> None:
                 "peak_rss_mb_by_format": {
                     k: round(figures[k]["peak_rss_mb"], 1) for k in (*FORMATS, "audit")
                 },
+                # Wall rows/s depends on what else the shared machine runs; this does not.
+                "rows_per_cpu_s_by_format": {
+                    k: round(figures[k]["rows"] / figures[k]["cpu_s"]) for k in FORMATS
+                },
+                "audit_cpu_s": round(figures["audit"]["cpu_s"], 2),
                 "output_mb_by_format": {k: round(figures[k]["bytes"] / 1e6) for k in FORMATS},
                 "tokens_per_row": {"prompt": args.prompt_tokens, "response": args.response_tokens},
                 "shard_rows": SHARD,
