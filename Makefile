@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install rehearse test lint bench clean
+.PHONY: install contract-env rehearse test lint bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The real sglang 0.5.23 (CPU torch) in its own venv, for tests/contract/; cached by its pins.
+contract-env:
+	@tests/contract/build_env.sh
+
 rehearse: install
 	@$(VENV)/bin/regen rehearse $(ARGS)
 
@@ -23,10 +27,10 @@ lint: install
 	@$(VENV)/bin/ruff check --quiet .
 
 test: lint
-	@$(VENV)/bin/python -m pytest -q -n 2 $(ARGS)
+	@$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup $(ARGS)
 
 bench: install
 	@for b in benches/*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) out .regen .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-sglang out .regen .pytest_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""Stage 6 as a Prefect task: write one trainer format; a keyed artifact has the counts."""
+"""Stage 6 as a Prefect task: write one trainer format; the dataset's artifact has the counts."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from prefect.artifacts import create_table_artifact
 
 from regen.export import ExportOptions
 from regen.export.run import ExportSummary, export_dataset
+from regen.naming import artifact_key, dataset_name
 from regen.storage import open_storage
 
 
@@ -28,7 +29,7 @@ def export(dataset: str, dest: str, options: ExportOptions) -> ExportSummary:
         ", ".join(f"{k} {v}" for k, v in dropped.items()) or "none",
     )
     create_table_artifact(
-        key=f"export-{options.format}",
+        key=artifact_key(f"export-{options.format}", dataset),
         table=[
             {"figure": "destination", "value": summary.dest},
             {"figure": "rows (ok)", "value": counts["rows"]},
@@ -39,6 +40,7 @@ def export(dataset: str, dest: str, options: ExportOptions) -> ExportSummary:
             {"figure": "shards written", "value": len(summary.written)},
             {"figure": "shards unchanged", "value": len(summary.reused)},
         ],
-        description=f"regen export: {options.format}",
+        description=f"{dataset_name(dataset)}: export {options.format}, "
+        f"{counts['samples']} samples",
     )
     return summary

@@ -19,11 +19,13 @@ def chat_request_body(
     """`rid` is the sample id, so a request can be found in server logs and aborted by id.
 
     `reasoning_effort` is sent only when set: a model that takes none is not asked for one."""
-    thinking = (regeneration or RegenerationConfig()).enable_thinking
+    regeneration = regeneration or RegenerationConfig()
+    thinking = regeneration.enable_thinking
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
-        "max_tokens": max_tokens if max_tokens is not None else sampling.max_tokens,
+        # 0.5.23 deprecates max_tokens in favour of this; both set the same limit.
+        "max_completion_tokens": max_tokens if max_tokens is not None else sampling.max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
@@ -31,6 +33,9 @@ def chat_request_body(
         "separate_reasoning": True,
         "stream": False,
     }
+    if regeneration.token_ids:
+        # SGLang adds prompt_token_ids and response_token_ids to the choice (not on a stream).
+        body["return_token_ids"] = True
     if sampling.min_p:
         body["min_p"] = sampling.min_p
     if rid is not None:
