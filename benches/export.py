@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 
 from regen.schema import TURN, row_schema
 from regen.shards import commit_shard
@@ -125,12 +125,13 @@ def generate(root: Path, rows: int, prompt_tokens: int, response_tokens: int) ->
             .alias("turns"),
         )
         commit_shard(
-            storage, shard, rows_frame.cast(dict(row_schema())), fingerprint=FINGERPRINT, timings={}
+            storage, shard, rows_frame.cast(row_schema()), fingerprint=FINGERPRINT, timings={}
         )
 
 
 def child(kind: str, root: Path, dest: Path) -> None:
     start = time.perf_counter()
+    out: dict[str, object]
     if kind == "audit":
         from regen.audit import AuditConfig, run_audit
 
@@ -153,7 +154,8 @@ def child(kind: str, root: Path, dest: Path) -> None:
         from regen.export import ExportOptions
         from regen.export.run import export_dataset
 
-        summary = export_dataset(LocalStorage(root), LocalStorage(dest), ExportOptions(format=kind))
+        options = ExportOptions.model_validate({"format": kind})
+        summary = export_dataset(LocalStorage(root), LocalStorage(dest), options)
         counts = summary.counts
         out = {"rows": counts["rows"] + counts["error_rows"], "samples": counts["samples"]}
         out["bytes"] = sum(p.stat().st_size for p in dest.iterdir())
