@@ -80,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("audit", help="Audit an existing dataset; exit 1 when the gate fails.")
     p.add_argument("dataset", help="Dataset root, a directory or s3://bucket/prefix.")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="Model directory (or its tokenizer.json) whose chat template measures the loss "
+        "mask of turns stored without token ids and is checked against the stored prompts; "
+        "default model.tokenizer_path of --config, else its staged model.",
+    )
     _add_config(p, required=False)
     p.set_defaults(func=_audit)
 
@@ -177,8 +184,13 @@ def _audit(args: argparse.Namespace) -> int:
     from regen.config import load_config
     from regen.storage import open_storage
 
-    audit_config = load_config(args.config).audit if args.config else AuditConfig()
-    result = run_audit(open_storage(args.dataset), audit_config)
+    config = load_config(args.config) if args.config else None
+    audit_config = config.audit if config else AuditConfig()
+    tokenizer = args.tokenizer
+    if tokenizer is None and config is not None:
+        staged = config.model.staged_path()
+        tokenizer = config.model.tokenizer_path or (staged if staged.is_dir() else None)
+    result = run_audit(open_storage(args.dataset), audit_config, tokenizer_path=tokenizer)
     Console().print(audit_table(result))
     print(f"verdict: {result.verdict}")
     return 1 if result.verdict == "fail" else 0

@@ -233,6 +233,14 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run
     for name in ("empty_answer", "empty_thinking", "answer_collapse"):
         assert checks[name]["status"] == "fail"
         assert checks[name]["figure"] == pytest.approx(0.87, abs=0.06), name
+    # Check 10 from the server's own ids: the incident's answer is 6 tokens to learn from.
+    loss = checks["loss_mask"]
+    assert loss["status"] == "fail"
+    assert loss["figure"] == pytest.approx(0.87, abs=0.06)
+    assert {e["reason"] for e in loss["examples"]} == {"6 loss tokens"}
+    rows = len(_sample_ids())
+    assert f"from stored token ids: {rows}, from the chat template: 0" in loss["detail"]
+    assert checks["template_parity"]["status"] == "pass"  # served and staged templates agree
     assert sorted(_ids(str(out))) == sorted(_sample_ids()), "the data must stay"
     # An expected outcome, not a crash: no traceback anywhere in the run's logs.
     flow_run_id = _flow_run(state).id
