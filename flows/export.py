@@ -17,12 +17,15 @@ def export_dataset_flow(
     turns: Turns = "each",
     exclude_truncated: bool = False,
     min_loss_tokens: int = 0,
+    tokenizer_path: str | None = None,
 ) -> dict[str, object]:
-    """Write `dataset`'s committed ok rows to `dest` as `format`; the counts of export.json."""
+    """Write `dataset`'s committed ok rows to `dest` as `format`; the counts of export.json.
+
+    `tokenizer_path` (the model directory) lets token formats render turns without stored ids."""
     options = ExportOptions(
         format=format,
         turns=turns,
         exclude_truncated=exclude_truncated,
         min_loss_tokens=min_loss_tokens,
     )
-    return export(dataset, dest, options).counts
+    return export(dataset, dest, options, tokenizer_path).counts

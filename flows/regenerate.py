@@ -106,7 +106,7 @@ def regenerate_completions(
     # A failed audit returned above: an unfit dataset is never exported.
     targets = config.export.targets() if config.export else []
     for dest, options in targets:
-        export(config.output, dest, options)
+        export(config.output, dest, options, str(config.model.tokenizer_path or model_path))
     return RunSummary(
         output=config.output,
         rows_ok=report.rows - failed,

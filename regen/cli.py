@@ -119,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Leave out samples with fewer than N trained (response) tokens.",
     )
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="Model directory (or its tokenizer.json): token formats render turns without "
+        "stored ids with its chat template; without it such turns are dropped and counted.",
+    )
     p.set_defaults(func=_export)
 
     p = verbs.add_parser(
@@ -208,7 +214,12 @@ def _export(args: argparse.Namespace) -> int:
         min_loss_tokens=args.min_loss_tokens,
     )
     try:
-        summary = export_dataset(open_storage(args.dataset), open_storage(args.out), options)
+        summary = export_dataset(
+            open_storage(args.dataset),
+            open_storage(args.out),
+            options,
+            tokenizer_path=args.tokenizer,
+        )
     except OSError as err:  # a local destination that cannot be written, a full disk
         where = err.filename or args.out
         raise UserError(f"{where}: cannot write the export ({err.strerror or err})") from None

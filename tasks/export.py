@@ -12,10 +12,14 @@ from regen.storage import open_storage
 
 
 @task(name="export", task_run_name="export-{options.format}", persist_result=False)
-def export(dataset: str, dest: str, options: ExportOptions) -> ExportSummary:
+def export(
+    dataset: str, dest: str, options: ExportOptions, tokenizer_path: str | None = None
+) -> ExportSummary:
     """Export `dataset` to `dest`; unchanged shards are not written again."""
     logger = get_run_logger()
-    summary = export_dataset(open_storage(dataset), open_storage(dest), options)
+    summary = export_dataset(
+        open_storage(dataset), open_storage(dest), options, tokenizer_path=tokenizer_path
+    )
     counts = summary.counts
     dropped = counts["dropped"]
     logger.info(

@@ -346,3 +346,25 @@ def test_another_format_in_the_same_place_replaces_the_old_files(
     assert len(summary.deleted) == 3 + 2  # three shards, state.json, dataset_info.json
     names = sorted(p.name for p in dest.iterdir())
     assert names == [EXPORT_KEY, "notes.txt", *(f"shard-{k:06d}.jsonl" for k in range(3))]
+
+
+def test_turns_without_ids_come_from_the_models_template_when_given(tmp_path: Path) -> None:
+    from regen.rehearsal import bundled
+
+    src = make_export_dataset(tmp_path / "ds", rows=ROWS, shard_size=SHARD, turns=2, no_ids_every=3)
+    options = ExportOptions(format="tokenized")
+    without = export_dataset(src, LocalStorage(tmp_path / "a"), options)
+    dropped = without.counts["dropped"]["no_token_ids"]
+    assert dropped > 0
+    model = bundled("emulator-model")
+    summary = export_dataset(src, LocalStorage(tmp_path / "b"), options, tokenizer_path=model)
+    assert summary.counts["dropped"] == {"no_token_ids": 0}
+    assert summary.counts["samples"] == without.counts["samples"] + dropped
+    assert summary.record["template"] is not None
+    data = _read(tmp_path / "b", "tokenized")
+    assert all(
+        len(i) == len(m) and 0 < sum(m) < len(m)
+        for i, m in zip(data["input_ids"], data["loss_mask"], strict=True)
+    )
+    # Another template (or none) is another export: a rerun with it writes every shard.
+    assert export_dataset(src, LocalStorage(tmp_path / "b"), options).reused == []

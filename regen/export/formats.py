@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from regen.export.options import TOKEN_FORMATS, ExportOptions
-from regen.lossmask import samples_from_ids
+from regen.lossmask import ROW_COLUMNS, ChatTemplate, samples
 
 JSONL_KEY = {"specforge": "conversations", "messages": "messages"}
 """The conversation key of each conversation format."""
@@ -40,12 +40,20 @@ class ShardExport:
     dropped: Counter[str] = field(default_factory=Counter)
 
 
-def shard_export(rows: pl.LazyFrame, options: ExportOptions) -> ShardExport:
+def shard_export(
+    rows: pl.LazyFrame,
+    options: ExportOptions,
+    template: ChatTemplate | None = None,
+    *,
+    enable_thinking: bool = True,
+) -> ShardExport:
     """The output of one shard: conversation lines or token samples, filtered.
 
-    Only the columns the format needs are read (the token ids are most of a shard's bytes)."""
+    Only the columns the format needs are read (the token ids are most of a shard's bytes).
+    Token formats take a turn without stored ids from `template` (the model's chat template and
+    tokenizer) when one is given, as the audit does; without one such a turn is dropped."""
     if options.format in TOKEN_FORMATS:
-        columns = ["id", "error", "turns"]
+        columns = ROW_COLUMNS if template is not None else ["id", "error", "turns"]
     else:
         columns = ["id", "error", "messages", "content", "reasoning_content", "finish_reason"]
         columns += ["completion_tokens"] + (["turns"] if options.exclude_truncated else [])
@@ -53,7 +61,8 @@ def shard_export(rows: pl.LazyFrame, options: ExportOptions) -> ShardExport:
     ok = frame.filter(pl.col("error").is_null())
     errors = frame.height - ok.height
     if options.format in TOKEN_FORMATS:
-        return _token_samples(ok, errors, options)
+        found = samples(ok, options.turns, template, enable_thinking=enable_thinking)
+        return _token_samples(ok, errors, options, found.collect())
     return _conversations(ok, errors, options)
 
 
@@ -118,8 +127,11 @@ def _jsonl_line(key: str) -> pl.Expr:
     )
 
 
-def _token_samples(ok: pl.DataFrame, errors: int, options: ExportOptions) -> ShardExport:
-    """Samples from the server's own token ids; a turn without ids gives none (counted)."""
+def _token_samples(
+    ok: pl.DataFrame, errors: int, options: ExportOptions, samples: pl.DataFrame
+) -> ShardExport:
+    """Filter and name the samples of `regen.lossmask.samples`; a turn it gave none (no ids,
+    no template) is counted as `no_token_ids`."""
     n_turns = pl.col("turns").list.len().fill_null(0)
     candidates = int(
         ok.select(
@@ -127,7 +139,6 @@ def _token_samples(ok: pl.DataFrame, errors: int, options: ExportOptions) -> Sha
         ).item()
         or 0
     )
-    samples = samples_from_ids(ok.lazy(), options.turns).collect()
     multi = options.turns == "each" and bool(ok.select((n_turns > 1).any()).item())
     if multi or options.exclude_truncated:
         # Per-turn facts the samples lack; a shard is small, so the join is cheap.

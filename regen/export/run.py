@@ -26,7 +26,8 @@ import polars as pl
 from regen.audit.dataset import DatasetView, open_dataset, scan_rows
 from regen.errors import UserError
 from regen.export.formats import ShardExport, shard_export
-from regen.export.options import ExportOptions
+from regen.export.options import TOKEN_FORMATS, ExportOptions
+from regen.lossmask import load_template
 from regen.shards import read_manifest
 from regen.storage import Storage
 
@@ -53,18 +54,34 @@ class ExportSummary:
 
 
 def export_dataset(
-    source: Storage, dest: Storage, options: ExportOptions, *, workers: int | None = None
+    source: Storage,
+    dest: Storage,
+    options: ExportOptions,
+    *,
+    tokenizer_path: Path | str | None = None,
+    workers: int | None = None,
 ) -> ExportSummary:
-    """Write (or bring up to date) the export of `source`'s committed ok rows under `dest`."""
+    """Write (or bring up to date) the export of `source`'s committed ok rows under `dest`.
+
+    `tokenizer_path` (a model directory or its tokenizer.json) lets the token formats render
+    turns that have no stored ids with the model's chat template (regen.lossmask)."""
     if source.uri.rstrip("/") == dest.uri.rstrip("/"):
         raise UserError(f"{dest.uri}: the export must not be written into the dataset root")
     view = open_dataset(source)
     if not view.committed:
         raise UserError(f"{source.uri}: no committed shards to export")
-    fingerprint = _fingerprint(source)
+    run = _read_json(source, "run.json") or {}
+    fingerprint = run.get("fingerprint") if isinstance(run.get("fingerprint"), str) else None
+    template = None
+    if tokenizer_path is not None and options.format in TOKEN_FORMATS:
+        template, why = load_template(Path(tokenizer_path))
+        if template is None:
+            raise UserError(why)
+    enable_thinking = _enable_thinking(run)
     manifests = _manifests(source, view)
     old_record = _read_json(dest, EXPORT_KEY)
-    previous = _previous(old_record, options, fingerprint)
+    used = str(template.path) if template is not None else None
+    previous = _previous(old_record, options, fingerprint, used)
     present = set(dest.list()) if previous else set()
 
     todo: list[int] = []
@@ -78,7 +95,9 @@ def export_dataset(
 
     def one(shard: int) -> dict[str, Any]:
         single = replace(view, committed={shard: view.committed[shard]})
-        part = shard_export(scan_rows(source, single), options)
+        part = shard_export(
+            scan_rows(source, single), options, template, enable_thinking=enable_thinking
+        )
         return _write_shard(dest, shard, part, options) | {"manifest": manifests[shard]}
 
     with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
@@ -88,7 +107,7 @@ def export_dataset(
     shards = [entries[s] for s in sorted(entries)]
     if options.format == "hf-dataset":
         _write_hf_index(dest, shards, changed=bool(todo) or set(previous) != set(entries))
-    record = _record(source, options, fingerprint, shards)
+    record = _record(source, options, fingerprint, used, shards)
     if record != old_record:
         dest.write_bytes(EXPORT_KEY, json.dumps(record, indent=2).encode())
     # Only files an earlier export listed are ever deleted: a shard no longer committed, or
@@ -100,10 +119,11 @@ def export_dataset(
     return ExportSummary(dest.uri, sorted(todo), sorted(set(entries) - set(todo)), stale, record)
 
 
-def _fingerprint(source: Storage) -> str | None:
-    run = _read_json(source, "run.json")
-    value = run.get("fingerprint") if run else None
-    return value if isinstance(value, str) else None
+def _enable_thinking(run: dict[str, Any]) -> bool:
+    """Whether the server rendered with thinking on: it changes Qwen3's generation prompt."""
+    regeneration = run.get("regeneration")
+    thinking = regeneration.get("thinking") if isinstance(regeneration, dict) else None
+    return thinking != "off"
 
 
 def _manifests(source: Storage, view: DatasetView) -> dict[int, dict[str, Any]]:
@@ -120,15 +140,20 @@ def _manifests(source: Storage, view: DatasetView) -> dict[int, dict[str, Any]]:
 
 
 def _previous(
-    old: dict[str, Any] | None, options: ExportOptions, fingerprint: str | None
+    old: dict[str, Any] | None,
+    options: ExportOptions,
+    fingerprint: str | None,
+    template: str | None,
 ) -> dict[int, Any]:
-    """Shard entries of an earlier export with the same format, options and dataset run."""
+    """Shard entries of an earlier export with the same format, options, dataset run and
+    chat template."""
     if not old:
         return {}
     same = (
         old.get("version") == VERSION
         and old.get("options") == options.model_dump()
         and old.get("source", {}).get("fingerprint") == fingerprint
+        and old.get("template") == template
     )
     shards = old.get("shards") if same else None
     if not isinstance(shards, list):
@@ -266,6 +291,7 @@ def _record(
     source: Storage,
     options: ExportOptions,
     fingerprint: str | None,
+    template: str | None,
     shards: list[dict[str, Any]],
 ) -> dict[str, Any]:
     dropped: Counter[str] = Counter()
@@ -277,6 +303,8 @@ def _record(
         "format": options.format,
         "options": options.model_dump(),
         "source": {"uri": source.uri, "fingerprint": fingerprint},
+        # The chat template that gave the samples of turns without stored ids (None: none).
+        "template": template,
         "counts": {
             "shards": len(shards),
             **total,
