@@ -1,4 +1,4 @@
-"""The run, top to bottom: check, stage, launch, generate, audit."""
+"""The run, top to bottom: check, stage, launch, generate, audit, export."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from regen.fleet import generate_api_key
 from regen.naming import run_name, run_tags
 from regen.nodes import NodeAssignment
 from tasks.audit import audit
+from tasks.export import export
 from tasks.fleet import reap_orphans, start_fleet
 from tasks.generate import GenerationSummary, generate, generate_claimed, plan_run
 from tasks.provision import provision
@@ -30,6 +31,8 @@ class RunSummary(BaseModel):
     completion_tokens: int
     tokens_per_s: float
     verdict: str
+    exports: list[str] = []
+    """Where the `export:` section's formats were written (after a passing audit)."""
 
 
 # Threads only wait on the dispatcher: 32 shards in flight keep up to 32 x shard_size
@@ -100,6 +103,10 @@ def regenerate_completions(
     if report.verdict == "fail":
         return Failed(message=report.failure_message())
     failed = round((report.check("error_rows").figure or 0.0) * report.rows)
+    # A failed audit returned above: an unfit dataset is never exported.
+    targets = config.export.targets() if config.export else []
+    for dest, options in targets:
+        export(config.output, dest, options, str(config.model.tokenizer_path or model_path))
     return RunSummary(
         output=config.output,
         rows_ok=report.rows - failed,
@@ -107,4 +114,5 @@ def regenerate_completions(
         completion_tokens=generation.completion_tokens,
         tokens_per_s=generation.tokens_per_s,
         verdict=report.verdict,
+        exports=[dest for dest, _ in targets],
     )

@@ -23,6 +23,7 @@ from pydantic import (
 
 from regen.audit.thresholds import AuditConfig
 from regen.errors import ConfigError
+from regen.export.options import ExportConfig
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 
@@ -237,6 +238,9 @@ class RegenConfig(_Section):
     )
     generation: GenerationConfig = GenerationConfig()
     audit: AuditConfig = AuditConfig()
+    export: ExportConfig | None = Field(
+        default=None, description="Trainer formats written after a passing audit (stage 6)."
+    )
 
     @field_validator("prompts", "output")
     @classmethod

@@ -71,7 +71,8 @@ def good_run(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) ->
     from flows.regenerate import regenerate_completions
 
     tmp_path = tmp_path_factory.mktemp("good")
-    config = _config(tmp_path, str(tmp_path / "out"))
+    exports = {"dest": str(tmp_path / "exports"), "formats": ["specforge", "tokenized"]}
+    config = _config(tmp_path, str(tmp_path / "out"), export=exports)
     return Run(config, regenerate_completions(config, return_state=True))
 
 
@@ -115,6 +116,8 @@ ARTIFACT_KINDS = (
     "fleet-live",
     "generation-summary",
     "audit-report",
+    "export-specforge",
+    "export-tokenized",
 )
 
 
@@ -129,11 +132,31 @@ async def test_every_stage_and_shard_is_a_prefect_task_run(good_run: Run) -> Non
         flow_run = await client.read_flow_run(state.state_details.flow_run_id)
     assert flow_run.state.is_completed()
     names = await _task_run_names(flow_run.id)
-    for stage in ("provision", "stage-model", "plan-shards", "launch-fleet", "audit"):
+    stages = ("provision", "stage-model", "plan-shards", "launch-fleet", "audit")
+    for stage in (*stages, "export-specforge", "export-tokenized"):
         assert any(n.startswith(stage) for n in names), (stage, names)
     shards = sorted(n for n in names if n.startswith("generate-shard-"))
     assert shards == [f"generate-shard-{k:06d}" for k in range(3)]
     assert sorted(_ids(config.output)) == sorted(_sample_ids())
+    # Stage 6 after the passing audit: each format in its own directory, every row in it, the
+    # tokens the emulator's own ids (mask sum = the turn's completion tokens).
+    assert config.export is not None
+    exports = Path(config.export.dest)
+    assert summary.exports == [str(exports / "specforge"), str(exports / "tokenized")]
+    specforge = json.loads((exports / "specforge" / "export.json").read_text())["counts"]
+    assert specforge["rows_exported"] == specforge["samples"] == 240
+    tokens = json.loads((exports / "tokenized" / "export.json").read_text())["counts"]
+    assert (tokens["samples"], tokens["dropped"]) == (240, {"no_token_ids": 0})
+    samples = pl.read_ndjson(sorted((exports / "tokenized").glob("shard-*.jsonl")))
+    stored = pl.concat(
+        pl.read_parquet(open_storage(config.output).read_bytes(k))
+        for k in open_storage(config.output).list("shards/")
+        if k.endswith(".parquet")
+    ).select("id", "completion_tokens")
+    joined = samples.join(stored, on="id", validate="1:1")
+    assert joined.height == 240
+    assert (joined["input_ids"].list.len() == joined["loss_mask"].list.len()).all()
+    assert (joined["loss_mask"].list.sum() == joined["completion_tokens"]).all()
 
 
 def test_a_run_is_named_and_tagged_for_what_it_does(good_run: Run) -> None:
@@ -187,10 +210,17 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run
     from flows.regenerate import regenerate_completions
 
     out = tmp_path / "out"
-    config = _config(tmp_path, str(out), engine={"emulator": {"faults": ["empty-answer=0.87"]}})
+    exports = tmp_path / "exports"
+    config = _config(
+        tmp_path,
+        str(out),
+        engine={"emulator": {"faults": ["empty-answer=0.87"]}},
+        export={"dest": str(exports), "formats": ["specforge"]},
+    )
     state = regenerate_completions(config, return_state=True)
     assert state.is_failed()
     assert "audit failed" in (state.message or "")
+    assert not exports.exists(), "a dataset that fails the audit is never exported"
     # The verdict leads, then the failing figures against their thresholds, then where the data is.
     message = state.message or ""
     assert message.startswith("FAIL: "), message
