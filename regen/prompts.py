@@ -1,12 +1,13 @@
 """Read the prompt set (JSONL or Parquet) into validated chat rows, with every unusable row
 set aside with its line number and reason, so one bad line never stops a million-row run.
 
-Three row formats, detected per file from its first readable row: OpenAI `messages`, `prompt`
-(+ `system`), and ShareGPT `conversations` ({from: human/gpt/system, value}, + `system`), which
-is normalised to messages. A file that mixes formats is refused, naming the first stray line.
-The layouts training sets come in are read as they are: `conversations` of {role, content}
-turns (SpecForge's prepare_data) are messages, and UltraChat's `prompt` beside `messages` is
-its first user message again.
+Three row formats, and each row describes itself: OpenAI `messages`, `prompt` (+ `system`), and
+ShareGPT `conversations` ({from: human/gpt/system, value}, + `system`), which is normalised to
+messages. One file may hold rows of all three; each row is read by its own format, and only a
+row whose own format is missing or ambiguous (the keys of two formats) is rejected. The layouts
+training sets come in are read as they are: `conversations` of {role, content} turns
+(SpecForge's prepare_data) are messages rows, and UltraChat's `prompt` beside `messages` is its
+first user message again.
 
 JSONL is read as one polars String column per line (a CSV read with a NUL separator and no
 quoting: a raw NUL byte cannot occur in JSON text, so a file that has one is refused as binary),
@@ -53,7 +54,6 @@ SHAREGPT_ROLES = {
 FORMAT_KEYS = {"messages": "messages", "prompt": "prompt", "sharegpt": "conversations"}
 REJECTS_KEY = "rejects/rejects.parquet"
 
-_TURN = pl.Struct({"from": pl.String, "value": pl.String})
 # A `conversations` turn as read: ShareGPT's {from, value}, or {role, content} as SpecForge's
 # prepare_data writes it (those rows are OpenAI messages under another key).
 _ANY_TURN = pl.Struct(
@@ -79,19 +79,37 @@ _JSON_TYPES = {str: "string", int: "number", float: "number", bool: "boolean", t
 REJECTS_SCHEMA = pl.Schema({"line": pl.Int64, "id": pl.String, "reason": pl.String})
 
 
+MIXED = "mixed"
+
+
+def format_name(formats: dict[str, int]) -> str:
+    """The one format of a file's valid rows, or `mixed` when they use several."""
+    return next(iter(formats)) if len(formats) == 1 else MIXED
+
+
+def format_counts(formats: dict[str, int]) -> str:
+    """`messages 600, prompt 400`: the per-format figure a user sees."""
+    return ", ".join(f"{fmt} {count}" for fmt, count in formats.items())
+
+
 @dataclass(frozen=True)
 class PromptSet:
     """Validated rows (`id`, `line`, `messages`) and the rejected ones (`line`, `id`, `reason`).
 
     `line` is the 1-based line of a JSONL file or the 1-based row of a Parquet file.
     `fingerprint` is the sha256 of the file's bytes: any edit of the input changes it.
+    `formats` counts the valid rows of each format present, in `FORMAT_KEYS` order.
     """
 
     path: str
-    format: str
+    formats: dict[str, int]
     fingerprint: str
     valid: pl.DataFrame
     rejects: pl.DataFrame
+
+    @property
+    def format(self) -> str:
+        return format_name(self.formats)
 
     @property
     def num_valid(self) -> int:
@@ -107,11 +125,15 @@ class PromptPreview:
     """What a quick look at the first rows found, for the provisioning check."""
 
     path: str
-    format: str
+    formats: dict[str, int]
     rows_checked: int
     valid: int
     rejected: int
     first_reason: str | None
+
+    @property
+    def format(self) -> str:
+        return format_name(self.formats)
 
 
 @dataclass(frozen=True)
@@ -138,8 +160,8 @@ def load_prompts_file(
     """Validate a local file; `name` is how messages name it (default: the path)."""
     name = name or str(path)
     facts = _inspect(path, name)
-    fmt, valid, rejects = _load(path, name, facts, max_prompt_bytes, n_rows=None)
-    return PromptSet(name, fmt, facts.fingerprint, valid, rejects)
+    formats, valid, rejects = _load(path, name, facts, max_prompt_bytes, n_rows=None)
+    return PromptSet(name, formats, facts.fingerprint, valid, rejects)
 
 
 def preview(path_or_uri: str, n: int = 1000, *, max_prompt_bytes: int = 1_000_000) -> PromptPreview:
@@ -158,10 +180,10 @@ def write_rejects(storage: Storage, prompt_set: PromptSet) -> None:
 
 def _preview(path: Path, name: str, n: int, max_prompt_bytes: int) -> PromptPreview:
     facts = _inspect(path, name, fingerprint=False)
-    fmt, valid, rejects = _load(path, name, facts, max_prompt_bytes, n_rows=n)
+    formats, valid, rejects = _load(path, name, facts, max_prompt_bytes, n_rows=n)
     first = rejects.sort("line").row(0, named=True)["reason"] if rejects.height else None
     return PromptPreview(
-        name, fmt, valid.height + rejects.height, valid.height, rejects.height, first
+        name, formats, valid.height + rejects.height, valid.height, rejects.height, first
     )
 
 
@@ -225,7 +247,7 @@ def _inspect(path: Path, name: str, *, fingerprint: bool = True) -> _FileFacts:
 
 def _load(
     path: Path, name: str, facts: _FileFacts, max_prompt_bytes: int, n_rows: int | None
-) -> tuple[str, pl.DataFrame, pl.DataFrame]:
+) -> tuple[dict[str, int], pl.DataFrame, pl.DataFrame]:
     if facts.is_parquet:
         fields = _parquet_fields(path, name, n_rows)
     elif path.suffix.lower() == ".parquet":
@@ -235,11 +257,12 @@ def _load(
     if fields.height == 0:
         raise UserError(f"{name}: no prompts (only blank lines)")
     fields = fields.with_columns(row_format=_row_format())
-    fmt = _detect_format(fields)
-    _refuse_mixed_formats(fields, fmt, name, "row" if facts.is_parquet else "line")
-    checked = _check_rows(fields, fmt, max_prompt_bytes)
-    valid = checked.filter(pl.col("reason").is_null()).select("id", "line", "messages")
+    checked = _check_rows(fields, max_prompt_bytes)
+    ok = checked.filter(pl.col("reason").is_null())
+    valid = ok.select("id", "line", "messages")
     rejects = checked.filter(pl.col("reason").is_not_null()).select("line", "id", "reason")
+    counted = dict(ok.get_column("row_format").value_counts().iter_rows())
+    formats = {fmt: counted[fmt] for fmt in FORMAT_KEYS if fmt in counted}
     if valid.height == 0:
         where = "row" if facts.is_parquet else "line"
         first = rejects.row(0, named=True)
@@ -247,7 +270,7 @@ def _load(
             f"{name}: {where} {first['line']}: {first['reason']}; "
             f"no usable rows ({rejects.height} rejected)"
         )
-    return fmt, valid, rejects.cast(REJECTS_SCHEMA)
+    return formats, valid, rejects.cast(REJECTS_SCHEMA)
 
 
 # --- JSONL -------------------------------------------------------------------------------------
@@ -414,26 +437,15 @@ def _parquet_fields(path: Path, name: str, n_rows: int | None) -> pl.DataFrame:
         raise UserError(f"{name}: not a readable Parquet file: {_first_line(err)}") from None
     columns: list[pl.Expr] = [pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("line")]
     columns.append(_parquet_id(schema, name))
-    # A conversations column of {role, content} turns (SpecForge's layout) is messages.
-    chat = {"messages": schema.get("messages")}
-    conversations = schema.get("conversations")
-    turn_fields = _struct_fields(conversations) if conversations is not None else {}
-    as_roles = "role" in turn_fields and "from" not in turn_fields
-    if as_roles:
-        if chat["messages"] is not None:
-            raise UserError(f"{name}: has both a messages and a conversations column")
-        chat = {"conversations": conversations}
-        conversations = None
-    source, dtype = next(iter(chat.items()))
-    if dtype is not None:
-        columns.append(_parquet_messages(dtype, name, source))
+    messages, conversations = schema.get("messages"), schema.get("conversations")
+    if messages is not None:
+        columns.append(_parquet_messages(messages, name))
     else:
         columns.append(pl.lit(None, dtype=pl.List(MESSAGE)).alias("messages"))
     if conversations is not None:
-        columns.append(_parquet_conversations(conversations, name))
+        columns.append(_parquet_turns(conversations, name))
     else:
-        columns.append(pl.lit(None, dtype=pl.List(_TURN)).alias("conversations"))
-    columns.append(pl.lit(as_roles).alias("turns_as_roles"))
+        columns.append(pl.lit(None, dtype=pl.List(_ANY_TURN)).alias("conversations"))
     for key in ("prompt", "system"):
         if key not in schema:
             columns.append(pl.lit(None, dtype=pl.String).alias(key))
@@ -444,8 +456,10 @@ def _parquet_fields(path: Path, name: str, n_rows: int | None) -> pl.DataFrame:
     if not any(key in schema for key in FORMAT_KEYS.values()):
         raise UserError(f"{name}: has no messages, conversations or prompt column")
     columns.append(pl.lit(None, dtype=pl.String).alias("reason"))
+    # Each row's turns by their own layout, as a JSONL line's are.
+    split = _split_conversations(pl.col("messages"), pl.col("conversations"))
     try:
-        return scan.select(columns).collect()
+        return scan.select(columns).with_columns(*split).collect()
     except pl.exceptions.PolarsError as err:
         raise UserError(f"{name}: cannot read Parquet data: {_first_line(err)}") from None
 
@@ -464,12 +478,31 @@ def _struct_fields(dtype: pl.DataType) -> dict[str, pl.DataType]:
     return {f.name: f.dtype for f in getattr(inner, "fields", [])}
 
 
-def _parquet_messages(dtype: pl.DataType, name: str, column: str = "messages") -> pl.Expr:
-    return _parquet_chat(dtype, name, column, ("role", "content")).alias("messages")
+def _parquet_messages(dtype: pl.DataType, name: str) -> pl.Expr:
+    return _parquet_chat(dtype, name, "messages", ("role", "content")).alias("messages")
 
 
-def _parquet_conversations(dtype: pl.DataType, name: str) -> pl.Expr:
-    return _parquet_chat(dtype, name, "conversations", ("from", "value"))
+def _parquet_turns(dtype: pl.DataType, name: str) -> pl.Expr:
+    """A conversations column as {from, value, role, content} turns, whichever of them it has:
+    ShareGPT's layout, SpecForge's, or both where rows of the two share one column."""
+    keys = ("from", "value", "role", "content")
+    fields = _struct_fields(dtype)
+    if (
+        not isinstance(dtype, pl.List)
+        or not any(fields.get(who) == pl.String for who in ("from", "role"))
+        or any(fields.get(key, pl.Null) not in (pl.String, pl.Null) for key in keys)
+    ):
+        raise UserError(
+            f"{name}: column conversations has type {dtype}, "
+            "expected a list of {from, value} or {role, content}"
+        )
+    turn = pl.element().struct
+    return pl.col("conversations").list.eval(
+        pl.struct(
+            turn.field(key).cast(pl.String) if key in fields else pl.lit(None, pl.String).alias(key)
+            for key in keys
+        )
+    )
 
 
 def _parquet_chat(dtype: pl.DataType, name: str, column: str, keys: tuple[str, str]) -> pl.Expr:
@@ -528,35 +561,9 @@ def _row_format() -> pl.Expr:
     )
 
 
-def _detect_format(fields: pl.DataFrame) -> str:
-    """The format of the first row that has one (a file of other rows is refused)."""
-    found = fields.get_column("row_format").drop_nulls()
-    return str(found[0]) if len(found) else "messages"
-
-
-def _refuse_mixed_formats(fields: pl.DataFrame, fmt: str, name: str, where: str) -> None:
-    """A file of two formats is two data sets run together: refuse it, naming both lines.
-
-    Rows of the other format are not single bad rows to set aside: dropping them would lose
-    a whole part of the data set quietly, found only when the training set comes out short.
-    """
-    # A row with no format of its own (two formats' keys, an empty list) is one bad row.
-    row_format = pl.col("row_format")
-    stray = fields.filter(row_format.is_not_null() & (row_format != fmt))
-    if stray.height == 0:
-        return
-    row = stray.row(0, named=True)
-    first = fields.filter(row_format == fmt).get_column("line")[0]
-    raise UserError(
-        f"{name}: {where} {row['line']}: a {row['row_format']} row in a file of {fmt} rows "
-        f"({where} {first} set the file's format; {stray.height} row(s) of another format in "
-        "all); a prompt file holds one format: convert it to one, or run each format as its "
-        "own run"
-    )
-
-
-def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.DataFrame:
-    """Adds the normalised `messages`, the final `id` and the first failing `reason` per row."""
+def _check_rows(fields: pl.DataFrame, max_prompt_bytes: int) -> pl.DataFrame:
+    """Adds the normalised `messages`, the final `id` and the first failing `reason` per row;
+    each row is checked and normalised by its own `row_format`."""
     msgs = pl.col("messages")
     role = pl.element().struct.field("role")
     content = pl.element().struct.field("content")
@@ -567,8 +574,9 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
     speaker = pl.element().struct.field("from")
     bad_from = speaker.is_null() | speaker.is_in(list(SHAREGPT_ROLES)).not_()
     bad_from_at = turns.list.eval(bad_from).list.arg_max()
-    text_key = "value" if fmt == "sharegpt" else "content"
-    key = FORMAT_KEYS[fmt]
+    row_format = pl.col("row_format")
+    sharegpt = row_format == "sharegpt"
+    text_key = pl.when(sharegpt).then(pl.lit("value")).otherwise(pl.lit("content"))
     size = msgs.list.eval(content.str.len_bytes()).list.sum()
     # A conversation may end with the assistant turn being regenerated (ShareGPT rows do);
     # what generation needs is a user message to answer, and the last one must say something.
@@ -590,28 +598,30 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
     )
     reason = (
         reason.when(
-            pl.col("system").is_not_null() & pl.lit(fmt == "messages") & ~pl.col("turns_as_roles")
+            pl.col("system").is_not_null() & (row_format == "messages") & ~pl.col("turns_as_roles")
         )
         .then(pl.lit("system is for prompt and conversations rows; put a system message first"))
         .when(
             _system_given()
             & (
-                (pl.lit(fmt == "sharegpt") & turns.list.eval(speaker == "system").list.any())
+                (sharegpt & turns.list.eval(speaker == "system").list.any())
                 | (pl.col("turns_as_roles") & pl.col("raw_roles").list.contains("system"))
             )
         )
         .then(pl.lit("system given twice: the system key and a system turn"))
         .when(pl.col("given_id").is_not_null() & (pl.col("given_id").str.len_bytes() == 0))
         .then(pl.lit("id is empty"))
+        # Only messages rows have roles before normalising (a ShareGPT row's empty list has
+        # no format of its own and was rejected above).
         .when(pl.col("raw_roles").list.len() == 0)
         .then(
             pl.when(pl.col("turns_as_roles"))
             .then(pl.lit("conversations is empty"))
-            .otherwise(pl.lit(f"{key} is empty"))
+            .otherwise(pl.lit("messages is empty"))
         )
-        .when(pl.lit(fmt == "sharegpt") & turns.list.eval(speaker.is_null()).list.any())
+        .when(sharegpt & turns.list.eval(speaker.is_null()).list.any())
         .then(pl.format("message {}: from is missing", bad_from_at))
-        .when(pl.lit(fmt == "sharegpt") & turns.list.eval(bad_from).list.any())
+        .when(sharegpt & turns.list.eval(bad_from).list.any())
         .then(
             pl.format(
                 "message {}: from {} is not human, gpt or system "
@@ -631,7 +641,7 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
             )
         )
         .when(msgs.list.eval(content.is_null()).list.any())
-        .then(pl.format(f"message {{}}: {text_key} is missing or null", null_content_at))
+        .then(pl.format("message {}: {} is missing or null", null_content_at, text_key))
         .when(user_texts.list.len() == 0)
         .then(pl.lit("no user message"))
         .when(user_texts.list.last().str.strip_chars().str.len_bytes() == 0)
@@ -642,7 +652,7 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
     normalised = fields.with_columns(
         raw_roles=msgs.list.eval(role),
         **{f"has_{k}": pl.col(k).is_not_null() for k in FORMAT_KEYS.values()},
-    ).with_columns(messages=_normalised_messages(fmt))
+    ).with_columns(messages=_normalised_messages(_formats_present(fields)))
     checked = normalised.with_columns(reason=reason)
     checked = checked.with_columns(id=_ids(checked))
     ok = pl.col("reason").is_null()
@@ -654,17 +664,28 @@ def _check_rows(fields: pl.DataFrame, fmt: str, max_prompt_bytes: int) -> pl.Dat
     )
 
 
-def _normalised_messages(fmt: str) -> pl.Expr:
-    """prompt + system become [system?, user]; ShareGPT turns become {role, content}, after
-    the row's `system` if it has one (LLaMA-Factory's layout)."""
+def _formats_present(fields: pl.DataFrame) -> set[str]:
+    return set(fields.get_column("row_format").drop_nulls().unique())
+
+
+def _normalised_messages(present: set[str]) -> pl.Expr:
+    """Each row by its own format: prompt + system become [system?, user]; ShareGPT turns
+    become {role, content}, after the row's `system` if it has one (LLaMA-Factory's layout);
+    {role, content} conversations may have a system key beside them too.
+
+    polars computes every branch of a when/then for every row, so only the branches of the
+    formats present are built: a file of one format costs what it did before mixing existed.
+    """
     system = pl.struct(role=pl.lit("system"), content=pl.col("system"))
-    if fmt == "messages":  # {role, content} conversations may have a system key beside them
-        return (
-            pl.when(pl.col("turns_as_roles") & _system_given())
-            .then(pl.concat_list(pl.concat_list(system), pl.col("messages")))
-            .otherwise(pl.col("messages"))
+    row_format = pl.col("row_format")
+    # The `messages` of a {role, content} row as it is, or after the system key beside it.
+    branches = [
+        (
+            pl.col("turns_as_roles") & _system_given(),
+            pl.concat_list(pl.concat_list(system), pl.col("messages")),
         )
-    if fmt == "sharegpt":
+    ]
+    if "sharegpt" in present:
         turn = pl.element().struct
         turns = pl.col("conversations").list.eval(
             pl.struct(
@@ -674,19 +695,22 @@ def _normalised_messages(fmt: str) -> pl.Expr:
                 content=turn.field("value"),
             )
         )
-        return (
-            pl.when(_system_given())
-            .then(pl.concat_list(pl.concat_list(system), turns))
-            .otherwise(turns)
+        with_system = pl.concat_list(pl.concat_list(system), turns)
+        branches.append(
+            (row_format == "sharegpt", pl.when(_system_given()).then(with_system).otherwise(turns))
         )
-    user = pl.struct(role=pl.lit("user"), content=pl.col("prompt"))
-    return (
-        pl.when(pl.col("prompt").is_null())
-        .then(pl.col("messages"))
-        .when(pl.col("system").is_null())
-        .then(pl.concat_list(user))
-        .otherwise(pl.concat_list(system, user))
-    )
+    if "prompt" in present:
+        user = pl.struct(role=pl.lit("user"), content=pl.col("prompt"))
+        prompt = (
+            pl.when(pl.col("system").is_null())
+            .then(pl.concat_list(user))
+            .otherwise(pl.concat_list(system, user))
+        )
+        branches.append((row_format == "prompt", prompt))
+    normalised = pl.col("messages")
+    for condition, value in reversed(branches):
+        normalised = pl.when(condition).then(value).otherwise(normalised)
+    return normalised
 
 
 def _system_given() -> pl.Expr:
