@@ -4,7 +4,8 @@ Rows mix plain messages rows, id-less rows (their ids are hashed) and one malfor
 50,000 rows (each found by bisection); the `mixed` case spreads the rows over every format a
 row may describe itself with (messages, prompt + system, ShareGPT, SpecForge turns), and
 `prompt` is prompt rows alone, half of them with a system key. Each load runs in a child
-process so its peak RSS (ru_maxrss) is its own.
+process so its peak RSS (ru_maxrss) is its own; after the load it plans the shards and writes
+the prompt cache, as the plan stage does, for the plan stage's peak (plan_peak_rss_mib).
 Usage: python benches/prompt_load.py [--rows N ...] [--cases messages mixed prompt]
 """
 
@@ -18,13 +19,22 @@ import tempfile
 from pathlib import Path
 
 _CHILD = """
-import resource, sys, time
+import resource, sys, tempfile, time
+from pathlib import Path
 from regen.prompts import load_prompts
+from regen.shards import cache_prompts, plan_shards
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+def cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 start = time.perf_counter()
 ps = load_prompts(sys.argv[1])
-elapsed = time.perf_counter() - start
-print(ps.num_valid, ps.num_rejected, elapsed,
-      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+elapsed, cpu_s, load_rss = time.perf_counter() - start, cpu(), peak()
+# The rest of the plan stage's work: the shard plan and the prompt cache shard tasks read.
+with tempfile.TemporaryDirectory() as tmp:
+    cache_prompts(ps, plan_shards(ps, 500), Path(tmp) / "cache.parquet")
+print(ps.num_valid, ps.num_rejected, elapsed, cpu_s, load_rss, peak())
 """
 
 
@@ -76,7 +86,11 @@ def measure(rows: int, tmp: Path, case: str) -> dict[str, float | str]:
         "valid": int(out[0]),
         "rejected": int(out[1]),
         "load_s": round(float(out[2]), 2),
-        "peak_rss_mib": int(out[3]),
+        # CPU seconds of the child process (all threads, start-up included): steadier than
+        # load_s on a shared machine.
+        "cpu_s": round(float(out[3]), 1),
+        "peak_rss_mib": int(out[4]),
+        "plan_peak_rss_mib": int(out[5]),
     }
 
 

@@ -9,11 +9,15 @@ training sets come in are read as they are: `conversations` of {role, content} t
 (SpecForge's prepare_data) are messages rows, and UltraChat's `prompt` beside `messages` is its
 first user message again.
 
-JSONL is read as one polars String column per line (a CSV read with a NUL separator and no
-quoting: a raw NUL byte cannot occur in JSON text, so a file that has one is refused as binary),
-then decoded with `str.json_decode` in batches. polars refuses a whole batch when one line is
-bad, so a failing batch is bisected down to the bad lines; only those lines (a handful, not the
-file) are looked at one by one in Python, to say precisely what is wrong with them.
+A file is validated some `_BATCH_BYTES` at a time (JSONL cut at line ends, Parquet in row
+slices), so a million-row file never has all its working columns in memory at once; only line,
+id, reason, format and the usable rows' messages are kept, and duplicate ids are found across
+the whole file at the end. Each JSONL batch is read as one polars String column per line (a CSV
+read with a NUL separator and no quoting: a raw NUL byte cannot occur in JSON text, so a file
+that has one is refused as binary), then decoded with `str.json_decode` in batches. polars
+refuses a whole batch when one line is bad, so a failing batch is bisected down to the bad
+lines; only those lines (a handful, not the file) are looked at one by one in Python, to say
+precisely what is wrong with them.
 
 polars' decoder quietly turns JSON numbers and booleans into strings where a string is
 expected; a regex over the raw line finds such scalars under a known key. It matches only an
@@ -27,6 +31,7 @@ import hashlib
 import io
 import json
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +76,10 @@ _RECORD = pl.Struct(
 _TEXT_SCALAR = r'[{,]\s*"(content|role|from|value|prompt|system)"\s*:\s*(?:-?[0-9]|true|false)'
 _BAD_ID = r'[{,]\s*"id"\s*:\s*(?:true|false|-?[0-9]+[.eE])'
 _DECODE_BATCH = 65_536
+# Validation works on this much of the file at a time: its working columns take some ten times
+# the batch, so a million-prompt file is checked in a bounded footprint.
+_BATCH_BYTES = 8 << 20
+_FORMAT = pl.Enum(list(FORMAT_KEYS))
 _HASH_CHUNK = 1 << 20
 _PARQUET_MAGIC = b"PAR1"
 
@@ -248,20 +257,22 @@ def _inspect(path: Path, name: str, *, fingerprint: bool = True) -> _FileFacts:
 def _load(
     path: Path, name: str, facts: _FileFacts, max_prompt_bytes: int, n_rows: int | None
 ) -> tuple[dict[str, int], pl.DataFrame, pl.DataFrame]:
+    """Validate batch by batch: only one batch's working columns are held at a time, and of
+    the rows checked only line, id, reason, format and (for usable rows) messages are kept."""
     if facts.is_parquet:
-        fields = _parquet_fields(path, name, n_rows)
+        batches = _parquet_batches(path, name, facts.size, n_rows)
     elif path.suffix.lower() == ".parquet":
         raise UserError(f"{name}: not a Parquet file (no PAR1 magic bytes)")
     else:
-        fields = _jsonl_fields(path, name, facts.utf8, n_rows)
-    if fields.height == 0:
+        batches = _jsonl_batches(path, name, facts.utf8, n_rows)
+    parts = [_checked_batch(fields, max_prompt_bytes) for fields in batches]
+    if not parts:
         raise UserError(f"{name}: no prompts (only blank lines)")
-    fields = fields.with_columns(row_format=_row_format())
-    checked = _check_rows(fields, max_prompt_bytes)
+    checked = _mark_duplicates(pl.concat(parts))
     ok = checked.filter(pl.col("reason").is_null())
     valid = ok.select("id", "line", "messages")
     rejects = checked.filter(pl.col("reason").is_not_null()).select("line", "id", "reason")
-    counted = dict(ok.get_column("row_format").value_counts().iter_rows())
+    counted = dict(ok.get_column("row_format").cast(pl.String).value_counts().iter_rows())
     formats = {fmt: counted[fmt] for fmt in FORMAT_KEYS if fmt in counted}
     if valid.height == 0:
         where = "row" if facts.is_parquet else "line"
@@ -273,13 +284,63 @@ def _load(
     return formats, valid, rejects.cast(REJECTS_SCHEMA)
 
 
+def _checked_batch(fields: pl.DataFrame, max_prompt_bytes: int) -> pl.DataFrame:
+    checked = _check_rows(fields.with_columns(row_format=_row_format()), max_prompt_bytes)
+    ok = pl.col("reason").is_null()
+    return checked.select(
+        "line",
+        "id",
+        "reason",
+        pl.col("row_format").cast(_FORMAT),
+        pl.when(ok).then(pl.col("messages")).alias("messages"),
+    )
+
+
+def _mark_duplicates(checked: pl.DataFrame) -> pl.DataFrame:
+    """A usable row whose id an earlier usable row has is rejected, naming that row's line."""
+    ok = pl.col("reason").is_null()
+    first_line = pl.when(ok).then(pl.col("line")).min().over("id")
+    duplicate = ok & (pl.col("line") != first_line)
+    return checked.with_columns(
+        reason=pl.when(duplicate)
+        .then(pl.format("duplicate id (first on line {})", first_line))
+        .otherwise(pl.col("reason"))
+    )
+
+
 # --- JSONL -------------------------------------------------------------------------------------
 
 
-def _jsonl_fields(path: Path, name: str, utf8: bool, n_rows: int | None) -> pl.DataFrame:
+def _jsonl_batches(path: Path, name: str, utf8: bool, n_rows: int | None) -> Iterator[pl.DataFrame]:
+    """The file's lines read some `_BATCH_BYTES` at a time, cut at a line end (a cut never
+    splits a UTF-8 character), numbered on from the batch before; only the first `n_rows`."""
+    offset, left, rest = 0, n_rows, b""
+    with path.open("rb") as fh:
+        while left is None or left > 0:
+            chunk = fh.read(_BATCH_BYTES)
+            if not chunk and not rest:
+                return
+            data = rest + chunk
+            # At the end of the file the last line may have no line end of its own.
+            cut = data.rfind(b"\n") + 1 if chunk else len(data)
+            if cut == 0:  # no line end yet: one line longer than a batch
+                rest = data
+                continue
+            data, rest = data[:cut], data[cut:]
+            fields = _jsonl_fields(data, name, utf8, left, offset)
+            if fields.height:
+                yield fields
+            read = data.count(b"\n") + (not data.endswith(b"\n"))
+            offset += read
+            left = None if left is None else left - read
+
+
+def _jsonl_fields(
+    data: bytes, name: str, utf8: bool, n_rows: int | None, offset: int
+) -> pl.DataFrame:
     """Columns line, given_id, messages, conversations, prompt, system, reason (read-level)."""
     lines = pl.read_csv(
-        path,
+        data,
         has_header=False,
         separator="\x00",
         quote_char=None,
@@ -288,13 +349,13 @@ def _jsonl_fields(path: Path, name: str, utf8: bool, n_rows: int | None) -> pl.D
         encoding="utf8" if utf8 else "utf8-lossy",
         n_rows=n_rows,
         row_index_name="line",
-        row_index_offset=1,
+        row_index_offset=offset + 1,
     )
     lines = lines.with_columns(pl.col("line").cast(pl.Int64)).filter(
         pl.col("raw").str.strip_chars().str.len_bytes() > 0
     )
     raw = lines.get_column("raw")
-    if len(raw) and raw[0].lstrip().startswith("["):
+    if offset == 0 and len(raw) and raw[0].lstrip().startswith("["):
         # A JSON array file: its lines may happen to parse, but the rows are not JSONL rows.
         raise UserError(f"{name}: line {lines['line'][0]}: {_explain(raw[0])[0]}")
     decoded, bad = _decode_bisecting(raw)
@@ -429,14 +490,17 @@ def _explain_object(row: dict[str, Any]) -> str:
 # --- Parquet -----------------------------------------------------------------------------------
 
 
-def _parquet_fields(path: Path, name: str, n_rows: int | None) -> pl.DataFrame:
+def _parquet_batches(
+    path: Path, name: str, size: int, n_rows: int | None
+) -> Iterator[pl.DataFrame]:
+    """The rows in slices of some `_BATCH_BYTES` of the file each, numbered from 1."""
     try:
         scan = pl.scan_parquet(path, n_rows=n_rows)
         schema = scan.collect_schema()
+        total = scan.select(pl.len()).collect().item()
     except pl.exceptions.PolarsError as err:
         raise UserError(f"{name}: not a readable Parquet file: {_first_line(err)}") from None
-    columns: list[pl.Expr] = [pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("line")]
-    columns.append(_parquet_id(schema, name))
+    columns = [_parquet_id(schema, name)]
     messages, conversations = schema.get("messages"), schema.get("conversations")
     if messages is not None:
         columns.append(_parquet_messages(messages, name))
@@ -458,10 +522,14 @@ def _parquet_fields(path: Path, name: str, n_rows: int | None) -> pl.DataFrame:
     columns.append(pl.lit(None, dtype=pl.String).alias("reason"))
     # Each row's turns by their own layout, as a JSONL line's are.
     split = _split_conversations(pl.col("messages"), pl.col("conversations"))
-    try:
-        return scan.select(columns).with_columns(*split).collect()
-    except pl.exceptions.PolarsError as err:
-        raise UserError(f"{name}: cannot read Parquet data: {_first_line(err)}") from None
+    step = max(1, total * _BATCH_BYTES // size)
+    for start in range(0, total, step):
+        line = pl.int_range(start + 1, start + 1 + pl.len(), dtype=pl.Int64).alias("line")
+        try:
+            batch = scan.slice(start, step).select(line, *columns).with_columns(*split).collect()
+        except pl.exceptions.PolarsError as err:
+            raise UserError(f"{name}: cannot read Parquet data: {_first_line(err)}") from None
+        yield batch
 
 
 def _parquet_id(schema: pl.Schema, name: str) -> pl.Expr:
@@ -563,7 +631,8 @@ def _row_format() -> pl.Expr:
 
 def _check_rows(fields: pl.DataFrame, max_prompt_bytes: int) -> pl.DataFrame:
     """Adds the normalised `messages`, the final `id` and the first failing `reason` per row;
-    each row is checked and normalised by its own `row_format`."""
+    each row is checked and normalised by its own `row_format`. Duplicate ids span batches:
+    `_mark_duplicates` finds them once every batch is checked."""
     msgs = pl.col("messages")
     role = pl.element().struct.field("role")
     content = pl.element().struct.field("content")
@@ -656,14 +725,7 @@ def _check_rows(fields: pl.DataFrame, max_prompt_bytes: int) -> pl.DataFrame:
         )
     )
     checked = normalised.with_columns(reason=reason)
-    checked = checked.with_columns(id=_ids(checked))
-    ok = pl.col("reason").is_null()
-    first_line = pl.when(ok).then(pl.col("line")).min().over("id")
-    return checked.with_columns(
-        reason=pl.when(ok & (pl.col("line") != first_line))
-        .then(pl.format("duplicate id (first on line {})", first_line))
-        .otherwise(pl.col("reason"))
-    )
+    return checked.with_columns(id=_ids(checked))
 
 
 def _normalised(fields: pl.DataFrame) -> pl.DataFrame:

@@ -657,6 +657,46 @@ def test_sample_prompt_set_is_valid_and_varied() -> None:
     assert with_system >= 20
 
 
+def test_small_batches_read_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation runs batch by batch: cut anywhere (a line longer than a batch, blank lines at
+    a cut, a last line with no line end, a duplicate in a later batch), the result is the same."""
+    import regen.prompts
+
+    rows: list[str | dict[str, Any]] = [
+        GOOD,
+        {"prompt": "p" * 300, "system": "s"},
+        "",
+        "{broken",
+        {"conversations": _turns(("human", "x"))},
+        "",
+        "",
+        {"id": "good", "messages": _msgs(("user", "again"))},
+        {"prompt": "Hello"},
+        {"messages": _msgs(("user", "Hello"))},
+    ]
+    text = "\n".join(json.dumps(r) if isinstance(r, dict) else r for r in rows)
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(text)  # no line end after the last line
+    parquet = tmp_path / "p.parquet"
+    pl.DataFrame([r for r in rows if isinstance(r, dict)]).write_parquet(parquet)
+    whole = {path: load_prompts(str(path)) for path in (jsonl, parquet)}
+    first = {path: preview(str(path), n=6) for path in (jsonl, parquet)}
+    assert whole[jsonl].rejects.select("line", "reason").rows() == [
+        (4, "not valid JSON"),
+        (8, "duplicate id (first on line 1)"),
+        (10, "duplicate id (first on line 9)"),
+    ]
+    assert (first[jsonl].rows_checked, first[jsonl].valid) == (4, 3)
+    for size in (1, 40, 200):
+        monkeypatch.setattr(regen.prompts, "_BATCH_BYTES", size)
+        for path in (jsonl, parquet):
+            ps = load_prompts(str(path))
+            assert ps.formats == whole[path].formats, (size, path)
+            assert ps.valid.equals(whole[path].valid), (size, path)
+            assert ps.rejects.equals(whole[path].rejects), (size, path)
+            assert preview(str(path), n=6) == first[path], (size, path)
+
+
 _LOAD_AND_MEASURE = """
 import resource, sys, time
 from regen.prompts import load_prompts
