@@ -377,13 +377,16 @@ def check_storage(config: RegenConfig) -> CheckRow:
 
 
 def check_prompts(config: RegenConfig, sample_rows: int = 1000) -> CheckRow:
-    from regen.prompts import preview
+    """The first rows' figure, with the valid rows per format: rows describe themselves, so a
+    file may mix formats, and the count says whether that was meant."""
+    from regen.prompts import format_counts, preview
 
     try:
         found = preview(config.prompts, sample_rows)
     except UserError as err:
         return CheckRow(name="prompts", status="fail", figure=str(err), hint="fix the prompts file")
-    figure = f"{found.valid} of first {found.rows_checked} rows valid"
+    counts = format_counts(found.formats)
+    figure = f"{found.valid} of first {found.rows_checked} rows valid ({counts})"
     if found.valid == 0:
         reason = f"{config.prompts}: {found.first_reason}"
         return CheckRow(name="prompts", status="fail", figure=reason, hint="fix the prompts file")

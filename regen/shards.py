@@ -56,7 +56,11 @@ class ShardPlan:
 
 @dataclass(frozen=True)
 class RunInfo:
-    """What run.json records: enough to refuse mixing shards of different runs."""
+    """What run.json records: enough to refuse mixing shards of different runs.
+
+    `format` is the prompts' one row format, or `mixed`; `formats` counts the valid rows of
+    each format (a run.json written before it existed reads back with it empty).
+    """
 
     input_fingerprint: str
     input_path: str
@@ -69,6 +73,7 @@ class RunInfo:
     fingerprint: str
     components: dict[str, Any]
     regeneration: dict[str, Any] = field(default_factory=dict)
+    formats: dict[str, int] = field(default_factory=dict)
     created: str = field(default_factory=lambda: _now())
 
     def to_json(self) -> bytes:
@@ -154,6 +159,7 @@ def new_run_info(config: RegenConfig, prompt_set: PromptSet, plan: ShardPlan) ->
         input_fingerprint=prompt_set.fingerprint,
         input_path=prompt_set.path,
         format=prompt_set.format,
+        formats=prompt_set.formats,
         model=model,
         sampling=sampling,
         regeneration=regeneration,

@@ -224,11 +224,6 @@ def test_as_real_subprocesses(tmp_path: Path, regen_env: dict[str, str], tally: 
             "UTF-8",
         ),
         ("no usable row at all", b'{"id": "a", "messages": "hello"}\n', "no usable rows"),
-        (
-            "ShareGPT rows appended to an OpenAI file",
-            (rows("a", "b") + '{"conversations": [{"from": "human", "value": "hi"}]}\n').encode(),
-            "line 3: a sharegpt row in a file of messages rows (line 1 set the file's format",
-        ),
     ],
 )
 def test_prompts_file_mistake(
@@ -237,6 +232,30 @@ def test_prompts_file_mistake(
     prompts = tmp_path / "bad-prompts.jsonl"
     prompts.write_bytes(content)
     tally.judge(case, row_verdict(prompts_row(tmp_path, prompts)), str(prompts), words)
+
+
+def test_rows_of_another_format_appended_are_read_as_theirs(tmp_path: Path, tally: Tally) -> None:
+    """Rows describe themselves: ShareGPT and prompt rows appended to an OpenAI file are read
+    by their own format (once a whole-file refusal), and the row counts them per format."""
+    prompts = tmp_path / "appended.jsonl"
+    prompts.write_text(
+        rows("a", "b")
+        + '{"id": "c", "conversations": [{"from": "human", "value": "hi"}]}\n'
+        + '{"id": "d", "prompt": "hello", "system": "Be brief."}\n'
+        + '{"id": "e", "prompt": "x", "conversations": [{"from": "human", "value": "x"}]}\n'
+    )
+    loaded = load_prompts(str(prompts))
+    tally.accept(
+        "rows of several formats in one file",
+        loaded.valid["id"].to_list() == ["a", "b", "c", "d"] and loaded.num_rejected == 1,
+    )
+    row = prompts_row(tmp_path, prompts)
+    assert (row.status, row.figure) == (
+        "warn",
+        "4 of first 5 rows valid (messages 2, prompt 1, sharegpt 1); "
+        "first: has both conversations and prompt",
+    )
+    assert loaded.rejects.rows() == [(5, "e", "has both conversations and prompt")]
 
 
 def test_missing_prompts_file(tmp_path: Path, tally: Tally) -> None:
@@ -326,7 +345,7 @@ def test_bom_and_crlf_are_accepted(tmp_path: Path, tally: Tally) -> None:
             and first.endswith("result."),  # no "\r", no BOM left in the text
         )
         row = prompts_row(tmp_path, path)
-        assert row.status == "ok" and row.figure == "2 of first 2 rows valid", row
+        assert row.status == "ok" and row.figure == "2 of first 2 rows valid (messages 2)", row
 
 
 # --- the environment: model, output, flags, GPUs ----------------------------------------------

@@ -253,3 +253,57 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run
     assert (mine[f"audit-report-{dataset_slug(str(out))}"].description or "").startswith(
         f"out: audit FAIL empty/trivial answers {100 * checks['empty_answer']['figure']:.3g} %"
     )
+
+
+MIXED_ROWS = [
+    {"id": "m1", "messages": [{"role": "user", "content": "Name a prime."}]},
+    {"id": "p1", "prompt": "Name a colour.", "system": "Answer in one word."},
+    {"id": "s1", "conversations": [{"from": "human", "value": "Name a river."}]},
+    {"messages": [{"role": "user", "content": "Name a planet."}]},
+    {"prompt": "Name a metal."},
+    {"conversations": [{"from": "human", "value": "Name a tree."}], "system": "Be brief."},
+    {"id": "c1", "conversations": [{"role": "user", "content": "Name a sea."}]},
+    {
+        "id": "u1",
+        "prompt": "Name a bird.",
+        "messages": [{"role": "user", "content": "Name a bird."}],
+    },
+    {"id": "x1", "prompt": "Two formats.", "conversations": [{"from": "human", "value": "?"}]},
+    {"id": "x2", "text": "No format."},
+]
+
+
+def test_a_mixed_format_prompt_file_is_generated_in_full(tmp_path: Path) -> None:
+    """Rows describe themselves: a file of messages, prompt, ShareGPT and SpecForge rows is
+    generated in full through the real flow; only the rows of no or two formats are set aside."""
+    from flows.regenerate import regenerate_completions
+
+    prompts = tmp_path / "mixed.jsonl"
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in MIXED_ROWS))
+    out = tmp_path / "out"
+    config = _config(tmp_path, str(out), prompts=str(prompts), shard_size=3)
+    state = regenerate_completions(config, return_state=True)
+    assert state.is_completed(), state.message
+    run = json.loads((out / "run.json").read_text())
+    assert (run["format"], run["num_rows"], run["num_shards"]) == ("mixed", 8, 3)
+    assert run["formats"] == {"messages": 4, "prompt": 2, "sharegpt": 2}
+    ids = _ids(str(out))
+    given = ["m1", "p1", "s1", "c1", "u1"]
+    hashed = sorted(set(ids) - set(given))
+    assert len(ids) == len(set(ids)) == 8 and set(given) <= set(ids)
+    assert len(hashed) == 3 and all(i.startswith("h-") for i in hashed)
+    rejects = pl.read_parquet(out / "rejects" / "rejects.parquet")
+    assert rejects.rows() == [
+        (9, "x1", "has both conversations and prompt"),
+        (10, "x2", "has neither messages nor prompt nor conversations"),
+    ]
+    data = pl.concat(pl.read_parquet(p) for p in sorted((out / "shards").glob("shard-*.parquet")))
+    assert data["error"].null_count() == data.height
+    # Each row went out as its own format reads: the prompt row's system key leads its chat.
+    sent = {
+        row_id: [(m["role"], m["content"]) for m in messages]
+        for row_id, messages in data.select("id", "messages").iter_rows()
+    }
+    assert sent["p1"] == [("system", "Answer in one word."), ("user", "Name a colour.")]
+    assert sent["s1"] == [("user", "Name a river.")]
+    assert sent["c1"] == [("user", "Name a sea.")]

@@ -204,11 +204,22 @@ def test_remote_model_is_left_to_staging(tmp_path: Path) -> None:
 
 
 def test_prompts_ok_warn_and_fail(tmp_path: Path) -> None:
-    assert check_prompts(make_config(tmp_path)).figure == "1 of first 1 rows valid"
+    assert check_prompts(make_config(tmp_path)).figure == "1 of first 1 rows valid (messages 1)"
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text(PROMPT + '{"id": "b", "messages": "hello"}\n')
     row = check_prompts(make_config(tmp_path, prompts=str(mixed)))
-    assert row.status == "warn" and "1 of first 2 rows valid" in row.figure
+    assert row.status == "warn" and "1 of first 2 rows valid (messages 1)" in row.figure
+    formats = tmp_path / "formats.jsonl"
+    formats.write_text(
+        PROMPT
+        + '{"id": "b", "prompt": "hi"}\n{"id": "c", "prompt": "yo"}\n'
+        + '{"id": "d", "conversations": [{"from": "human", "value": "hey"}]}\n'
+    )
+    row = check_prompts(make_config(tmp_path, prompts=str(formats)))
+    assert (row.status, row.figure) == (
+        "ok",
+        "4 of first 4 rows valid (messages 1, prompt 2, sharegpt 1)",
+    )
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "b", "messages": "hello"}\n')
     row = check_prompts(make_config(tmp_path, prompts=str(bad)))

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -170,34 +171,136 @@ def test_sharegpt_reject_reasons_name_their_line(
 MIXED = {
     "sharegpt among messages": (
         [GOOD, {"conversations": _turns(("human", "x"))}],
-        "line 2: a sharegpt row in a file of messages rows (line 1 set the file's format; 1 row(s)",
+        {"messages": 1, "sharegpt": 1},
+        [(1, _msgs(("user", "Hello"))), (2, _msgs(("user", "x")))],
+        [],
     ),
+    # The prompt row on line 3 is line 2's chat again: one content hash, so one duplicate.
     "prompt among messages": (
         [GOOD, {"messages": _msgs(("user", "y"))}, {"prompt": "y"}, {"prompt": "z"}],
-        "line 3: a prompt row in a file of messages rows (line 1 set the file's format; 2 row(s)",
+        {"messages": 2, "prompt": 1},
+        [(1, _msgs(("user", "Hello"))), (2, _msgs(("user", "y"))), (4, _msgs(("user", "z")))],
+        [(3, "duplicate id (first on line 2)")],
     ),
     "messages among sharegpt, after a bad line": (
         ["{not json", {"conversations": _turns(("human", "q"))}, GOOD],
-        "line 3: a messages row in a file of sharegpt rows (line 2 set the file's format; 1 row(s)",
+        {"messages": 1, "sharegpt": 1},
+        [(2, _msgs(("user", "q"))), (3, _msgs(("user", "Hello")))],
+        [(1, "not valid JSON")],
     ),
     "prompt among sharegpt": (
         [{"conversations": _turns(("human", "q"))}, {"prompt": "x", "system": "s"}],
-        "line 2: a prompt row in a file of sharegpt rows (line 1 set the file's format",
+        {"prompt": 1, "sharegpt": 1},
+        [(1, _msgs(("user", "q"))), (2, _msgs(("system", "s"), ("user", "x")))],
+        [],
     ),
 }
 
 
-@pytest.mark.parametrize("lines, message", MIXED.values(), ids=MIXED.keys())
-def test_a_file_mixing_formats_is_refused_naming_the_line(
-    tmp_path: Path, lines: list[str | dict], message: str
+@pytest.mark.parametrize("lines, formats, valid, rejects", MIXED.values(), ids=MIXED.keys())
+def test_a_file_mixing_formats_is_read_row_by_row(
+    tmp_path: Path,
+    lines: list[str | dict],
+    formats: dict[str, int],
+    valid: list[tuple[int, list[dict[str, object]]]],
+    rejects: list[tuple[int, str]],
 ) -> None:
+    """Each row describes itself: every row is read by its own format, none is refused for
+    differing from the others (rows of another format were once a whole-file refusal)."""
     path = _jsonl(tmp_path, *lines)
-    for read in (load_prompts, preview):
-        with pytest.raises(UserError) as err:
-            read(str(path))
-        text = str(err.value)
-        assert text.startswith(f"{path}: ") and message in text and "\n" not in text
-        assert "holds one format" in text
+    ps = load_prompts(str(path))
+    assert (ps.formats, ps.format) == (formats, "mixed")
+    assert ps.valid.select("line", "messages").rows() == valid
+    assert ps.rejects.select("line", "reason").rows() == rejects
+    found = preview(str(path))
+    assert (found.formats, found.format) == (formats, "mixed")
+    assert (found.rows_checked, found.valid, found.rejected) == (
+        len(lines),
+        len(valid),
+        len(rejects),
+    )
+
+
+def test_each_format_keeps_its_own_checks_in_a_mixed_file(tmp_path: Path) -> None:
+    """A row is checked as its own format, whatever the rows around it are; only a row of no
+    format (none of the keys, two formats' keys, an empty list) is rejected for its format."""
+    lines: list[dict[str, Any]] = [
+        {"id": "m", "messages": _msgs(("user", "a"))},
+        {"id": "p", "prompt": "b", "system": "S"},
+        {"id": "s", "conversations": _turns(("system", "S"), ("human", "c"), ("gpt", "d"))},
+        {"id": "r", "conversations": _msgs(("user", "e")), "system": "S"},
+        {"id": "u", "prompt": "f", "messages": _msgs(("user", "f"), ("assistant", "g"))},
+        {"id": "x1", "messages": _msgs(("user", "h")), "system": "S"},
+        {"id": "x2", "conversations": _turns(("human", "i"), ("tool", "j"))},
+        {"id": "x3", "conversations": _turns(("human", None))},
+        {"id": "x4", "messages": _msgs(("user", None))},
+        {"id": "x5", "prompt": ""},
+        {"id": "x6", "prompt": "k", "conversations": _turns(("human", "k"))},
+        {"id": "x7", "prompt": "l", "messages": _msgs(("user", "other"))},
+        {"id": "x8", "text": "m"},
+        {"id": "x9", "conversations": []},
+    ]
+    for path in (_jsonl(tmp_path, *lines), tmp_path / "mixed.parquet"):
+        if path.suffix == ".parquet":
+            pl.DataFrame(lines).write_parquet(path)
+        ps = load_prompts(str(path))
+        assert ps.formats == {"messages": 3, "prompt": 1, "sharegpt": 1}, path
+        assert ps.valid.select("id", "messages").rows() == [
+            ("m", _msgs(("user", "a"))),
+            ("p", _msgs(("system", "S"), ("user", "b"))),
+            ("s", _msgs(("system", "S"), ("user", "c"), ("assistant", "d"))),
+            ("r", _msgs(("system", "S"), ("user", "e"))),
+            ("u", _msgs(("user", "f"), ("assistant", "g"))),
+        ]
+        assert ps.rejects.rows() == [
+            (6, "x1", "system is for prompt and conversations rows; put a system message first"),
+            (
+                7,
+                "x2",
+                "message 1: from tool is not human, gpt or system "
+                "(nor user, assistant, chatgpt, bing, bard)",
+            ),
+            (8, "x3", "message 0: value is missing or null"),
+            (9, "x4", "message 0: content is missing or null"),
+            (10, "x5", "empty prompt"),
+            (11, "x6", "has both conversations and prompt"),
+            (12, "x7", "has both messages and prompt (and prompt is not its first user message)"),
+            (13, "x8", "has neither messages nor prompt nor conversations"),
+            (14, "x9", "conversations is empty"),
+        ], path
+
+
+def test_ids_without_id_are_content_hashes_unique_across_formats(tmp_path: Path) -> None:
+    """An id-less row's id hashes its normalised chat: the same in a mixed file as in a file of
+    its own format, different for different chats, and one chat in two formats is one id."""
+    rows: list[dict[str, Any]] = [
+        {"prompt": "A"},
+        {"messages": _msgs(("user", "B"))},
+        {"conversations": _turns(("human", "C"))},
+        {"conversations": _msgs(("user", "D"))},
+        {"prompt": "E", "system": "S"},
+    ]
+    mixed = load_prompts(str(_jsonl(tmp_path, *rows, name="mixed.jsonl")))
+    alone = [
+        load_prompts(str(_jsonl(tmp_path, row, name=f"alone{i}.jsonl"))).valid["id"][0]
+        for i, row in enumerate(rows)
+    ]
+    ids = mixed.valid.get_column("id").to_list()
+    assert ids == alone and len(set(ids)) == len(rows)
+    assert all(i.startswith("h-") and len(i) == 18 for i in ids)
+    again = load_prompts(str(_jsonl(tmp_path, *rows, name="again.jsonl")))
+    assert again.valid.get_column("id").to_list() == ids
+    # The chat of line 1 (a prompt row) as ShareGPT, then as messages: duplicates of line 1.
+    same: list[dict[str, Any]] = [
+        {"conversations": _turns(("human", "A"))},
+        {"messages": _msgs(("user", "A"))},
+    ]
+    dup = load_prompts(str(_jsonl(tmp_path, *rows, *same, name="dup.jsonl")))
+    assert dup.valid.get_column("id").to_list() == ids
+    assert dup.rejects.rows() == [
+        (6, ids[0], "duplicate id (first on line 1)"),
+        (7, ids[0], "duplicate id (first on line 1)"),
+    ]
 
 
 ULTRACHAT_ROW = {"prompt": "q", "messages": _msgs(("user", "q"), ("assistant", "a"))}
@@ -209,11 +312,16 @@ ULTRACHAT_ROW = {"prompt": "q", "messages": _msgs(("user", "q"), ("assistant", "
     ids=["sharegpt", "prompt"],
 )
 def test_an_ultrachat_row_is_a_messages_row_in_any_file(tmp_path: Path, first: dict) -> None:
-    """Its prompt repeats its first user message: it is a messages row, so in a file of
-    another format it is refused as one, never read as an empty or shortened chat."""
+    """Its prompt repeats its first user message: it is a messages row wherever it is, read as
+    its whole chat, never as an empty or shortened one."""
     path = _jsonl(tmp_path, first, ULTRACHAT_ROW)
-    with pytest.raises(UserError, match="line 2: a messages row in a file of"):
-        load_prompts(str(path))
+    ps = load_prompts(str(path))
+    other = "sharegpt" if "conversations" in first else "prompt"
+    assert (ps.formats, ps.num_rejected) == ({"messages": 1, other: 1}, 0)
+    assert ps.valid.get_column("messages").to_list() == [
+        _msgs(("user", "hi")),
+        ULTRACHAT_ROW["messages"],
+    ]
 
 
 def test_an_empty_conversation_is_one_rejected_row(tmp_path: Path) -> None:
@@ -233,17 +341,51 @@ def test_an_empty_conversation_is_one_rejected_row(tmp_path: Path) -> None:
     ]
 
 
-def test_a_parquet_file_mixing_formats_names_the_row(tmp_path: Path) -> None:
+def test_a_parquet_file_mixing_formats_is_read_row_by_row(tmp_path: Path) -> None:
     path = tmp_path / "p.parquet"
     pl.DataFrame(
-        {"messages": [_msgs(("user", "a")), None], "prompt": [None, "b"]},
+        {"messages": [_msgs(("user", "a")), None, _msgs(("user", "c"))],
+         "prompt": [None, "b", "c"]},
         schema={"messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
                 "prompt": pl.String},
     ).write_parquet(path)  # fmt: skip
-    with pytest.raises(
-        UserError, match=r"row 2: a prompt row in a file of messages rows \(row 1 set"
-    ):
-        load_prompts(str(path))
+    ps = load_prompts(str(path))
+    assert ps.formats == {"messages": 2, "prompt": 1}
+    assert ps.valid.select("line", "messages").rows() == [
+        (1, _msgs(("user", "a"))),
+        (2, _msgs(("user", "b"))),
+        (3, _msgs(("user", "c"))),  # UltraChat's layout: prompt is its first user message
+    ]
+    # ShareGPT and SpecForge turns in one conversations column: each row by its own keys.
+    turns = [_turns(("human", "q"), ("gpt", "a")), _msgs(("user", "r")), _turns(("bot", "x"))]
+    turn = pl.Struct({k: pl.String for k in ("from", "value", "role", "content")})
+    schema: dict[str, pl.DataType] = {"id": pl.String(), "conversations": pl.List(turn)}
+    pl.DataFrame({"id": ["s", "r", "bad"], "conversations": turns}, schema).write_parquet(path)
+    ps = load_prompts(str(path))
+    assert ps.formats == {"messages": 1, "sharegpt": 1}
+    assert ps.valid.select("id", "messages").rows() == [
+        ("s", _msgs(("user", "q"), ("assistant", "a"))),
+        ("r", _msgs(("user", "r"))),
+    ]
+    assert ps.rejects.rows() == [
+        (
+            3,
+            "bad",
+            "message 0: from bot is not human, gpt or system "
+            "(nor user, assistant, chatgpt, bing, bard)",
+        )
+    ]
+    # A messages and a {role, content} conversations column: a row with both is one bad row.
+    pl.DataFrame(
+        {"messages": [_msgs(("user", "m")), None, _msgs(("user", "b"))],
+         "conversations": [None, _msgs(("user", "c")), _msgs(("user", "b"))]}
+    ).write_parquet(path)  # fmt: skip
+    ps = load_prompts(str(path))
+    assert ps.format == "messages" and ps.formats == {"messages": 2}
+    assert ps.valid.get_column("messages").to_list() == [_msgs(("user", "m")), _msgs(("user", "c"))]
+    assert ps.rejects.select("line", "reason").rows() == [
+        (3, "has both conversations and messages")
+    ]
 
 
 def test_a_row_with_two_formats_is_one_rejected_row(tmp_path: Path) -> None:
@@ -360,7 +502,10 @@ def test_parquet_conversations_column(tmp_path: Path) -> None:
         )
     ]
     pl.DataFrame({"conversations": [["a"]]}).write_parquet(path)
-    with pytest.raises(UserError, match="column conversations has type"):
+    with pytest.raises(
+        UserError,
+        match=r"column conversations has type .*, expected a list of \{from, value\} or \{role, ",
+    ):
         load_prompts(str(path))
 
 
@@ -510,6 +655,46 @@ def test_sample_prompt_set_is_valid_and_varied() -> None:
         pl.col("messages").list.first().struct.field("role").eq("system").sum()
     ).item()
     assert with_system >= 20
+
+
+def test_small_batches_read_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation runs batch by batch: cut anywhere (a line longer than a batch, blank lines at
+    a cut, a last line with no line end, a duplicate in a later batch), the result is the same."""
+    import regen.prompts
+
+    rows: list[str | dict[str, Any]] = [
+        GOOD,
+        {"prompt": "p" * 300, "system": "s"},
+        "",
+        "{broken",
+        {"conversations": _turns(("human", "x"))},
+        "",
+        "",
+        {"id": "good", "messages": _msgs(("user", "again"))},
+        {"prompt": "Hello"},
+        {"messages": _msgs(("user", "Hello"))},
+    ]
+    text = "\n".join(json.dumps(r) if isinstance(r, dict) else r for r in rows)
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(text)  # no line end after the last line
+    parquet = tmp_path / "p.parquet"
+    pl.DataFrame([r for r in rows if isinstance(r, dict)]).write_parquet(parquet)
+    whole = {path: load_prompts(str(path)) for path in (jsonl, parquet)}
+    first = {path: preview(str(path), n=6) for path in (jsonl, parquet)}
+    assert whole[jsonl].rejects.select("line", "reason").rows() == [
+        (4, "not valid JSON"),
+        (8, "duplicate id (first on line 1)"),
+        (10, "duplicate id (first on line 9)"),
+    ]
+    assert (first[jsonl].rows_checked, first[jsonl].valid) == (4, 3)
+    for size in (1, 40, 200):
+        monkeypatch.setattr(regen.prompts, "_BATCH_BYTES", size)
+        for path in (jsonl, parquet):
+            ps = load_prompts(str(path))
+            assert ps.formats == whole[path].formats, (size, path)
+            assert ps.valid.equals(whole[path].valid), (size, path)
+            assert ps.rejects.equals(whole[path].rejects), (size, path)
+            assert preview(str(path), n=6) == first[path], (size, path)
 
 
 _LOAD_AND_MEASURE = """

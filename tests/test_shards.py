@@ -126,6 +126,39 @@ def test_a_run_without_token_ids_resumes_with_them(tmp_path: Path) -> None:
     assert new_run_info(other, ps, plan).fingerprint != old.fingerprint
 
 
+def test_run_json_counts_the_rows_of_each_format(tmp_path: Path) -> None:
+    """A mixed prompt file's run.json says which formats its rows came in, and how many;
+    a run.json written before the counts existed still resumes its run."""
+    path = tmp_path / "mixed.jsonl"
+    rows = [
+        {"id": "m", "messages": [{"role": "user", "content": "q"}]},
+        {"id": "p1", "prompt": "q1"},
+        {"id": "p2", "prompt": "q2", "system": "s"},
+        {"id": "s", "conversations": [{"from": "human", "value": "q3"}]},
+        {"id": "bad", "prompt": "q4", "conversations": [{"from": "human", "value": "q4"}]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    ps = load_prompts(str(path))
+    plan = plan_shards(ps, 4)
+    storage = LocalStorage(tmp_path / "out")
+    info = new_run_info(parse_config(_config()), ps, plan)
+    open_run(storage, info, plan, new_output=False)
+    saved = json.loads(storage.read_bytes(RUN_KEY))
+    assert saved["format"] == "mixed" and saved["num_rows"] == 4
+    assert saved["formats"] == {"messages": 1, "prompt": 2, "sharegpt": 1}
+    one = new_run_info(parse_config(_config()), _prompts(tmp_path, 3), plan)
+    assert (one.format, one.formats) == ("messages", {"messages": 3})
+
+    del saved["formats"]  # as run.json was written before per-format counts
+    storage.write_bytes(RUN_KEY, json.dumps(saved).encode())
+    resumed = open_run(storage, info, plan, new_output=False)
+    assert (resumed.fingerprint, resumed.format, resumed.formats) == (
+        info.fingerprint,
+        "mixed",
+        {},
+    )
+
+
 def test_new_output_moves_the_old_run_aside(tmp_path: Path) -> None:
     ps = _prompts(tmp_path, 8)
     plan = plan_shards(ps, 4)
