@@ -2,7 +2,7 @@
 
 Rows mix plain messages rows, id-less rows (their ids are hashed) and one malformed line per
 50,000 rows (each found by bisection). Each load runs in a child process so its peak RSS
-(ru_maxrss) is its own. Usage: python benches/prompt_load.py [--rows N ...]
+(ru_maxrss) is its own. Usage: python benches/prompt_load.py [--rows N ...] [--smoke]
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benches._common import results_path
 
 _CHILD = """
 import resource, sys, time
@@ -62,16 +66,17 @@ def measure(rows: int, tmp: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, nargs="+", default=[200_000, 1_000_000])
+    parser.add_argument("--smoke", action="store_true", help="10,000 rows")
     args = parser.parse_args()
+    if args.smoke:
+        args.rows = [10_000]
     with tempfile.TemporaryDirectory() as tmp:
         results = [measure(rows, Path(tmp)) for rows in args.rows]
     keys = list(results[0])
     print(" | ".join(f"{k:>12}" for k in keys))
     for r in results:
         print(" | ".join(f"{r[k]:>12}" for k in keys))
-    out = Path(__file__).parent / "results" / "prompt_load.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    results_path("prompt_load", smoke=args.smoke).write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
