@@ -101,7 +101,7 @@ def generate(root: Path, rows: int, seed: int = 0) -> None:
         prompt_tokens = np.clip(rng.lognormal(5.3, 0.8, n), 10, 30000).astype(np.int64)
         latency = rng.uniform(5, 60, n)
         server = pl.Series([f"server-{s}" for s in rng.integers(0, SERVERS, n)])
-        columns = {
+        columns: dict[str, pl.Expr | pl.Series] = {
             "id": ids.slice(start, n),
             "shard": pl.lit(shard, pl.Int64),
             "messages": pl.concat_list(

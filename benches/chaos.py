@@ -188,6 +188,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="Keep the trial directories.")
     parser.add_argument("--prefect", choices=["ephemeral", "server"], default="ephemeral")
     parser.add_argument("--smoke", action="store_true", help="one mid-generation trial")
+    parser.add_argument(
+        "--prefect-home", type=Path, help="reuse this PREFECT_HOME (its database is set up)"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.trials, args.prompts = 1, 60
@@ -204,10 +207,11 @@ def main() -> int:
         phases = ["gen"] if args.smoke else _phases(rng, args.trials)
         with ExitStack() as stack:
             if args.prefect == "server":
-                server = stack.enter_context(prefect_server(root / "prefect-home", 240))
+                home = args.prefect_home or root / "prefect-home"
+                server = stack.enter_context(prefect_server(home, 240))
                 env = {**server.env, "PYTHONUNBUFFERED": "1"}
             else:
-                env = prefect_env(root / "prefect-home")
+                env = prefect_env(args.prefect_home or root / "prefect-home")
                 env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
             for index, phase in enumerate(phases):
                 row = trial(index, phase, rng, root, env, prompts)

@@ -76,7 +76,8 @@ def main() -> None:
     print(" | ".join(f"{k:>12}" for k in keys))
     for r in results:
         print(" | ".join(f"{r[k]:>12}" for k in keys))
-    results_path("prompt_load", smoke=args.smoke).write_text(json.dumps(results, indent=2) + "\n")
+    marked = [{**r, "smoke": args.smoke} for r in results]
+    results_path("prompt_load", smoke=args.smoke).write_text(json.dumps(marked, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -91,16 +91,16 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.interval_s = interval_s
         self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
+        self._done = threading.Event()
         self._proc = psutil.Process()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             self.samples.append((time.time(), self._proc.memory_info().rss))
-            self._stop.wait(self.interval_s)
+            self._done.wait(self.interval_s)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join()
 
     def peak_mb(self, start: float = 0.0, end: float = float("inf")) -> float:
@@ -130,7 +130,9 @@ def _task_windows(flow_run_id: Any) -> tuple[dict[str, tuple[float, float]], int
             for run in runs:
                 if run.start_time is None or run.end_time is None:
                     continue
-                name = "generate" if run.name.startswith("generate-shard") else run.name
+                # Run names are the task's name and a suffix: "plan-shards-3a1", "audit-235".
+                shard_task = run.name.startswith("generate-shard")
+                name = "generate" if shard_task else run.name.rsplit("-", 1)[0]
                 shards += name == "generate"
                 start, end = run.start_time.timestamp(), run.end_time.timestamp()
                 old = windows.get(name, (start, end))
@@ -279,8 +281,9 @@ def _workspace(keep: bool) -> Iterator[Path]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with _workspace(args.keep) as root:
-        prompts, home = root / "prompts.jsonl", root / "prefect-home"
-        home.mkdir()
+        prompts = root / "prompts.jsonl"
+        home = args.prefect_home or root / "prefect-home"
+        home.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(PREFECT_HOME=str(home), PYTHONUNBUFFERED="1")
         t = time.perf_counter()
@@ -318,8 +321,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "plan_peak_rss_mb": flow["plan_peak_rss_mb"],
         "plan_start_rss_mb": flow["plan_start_rss_mb"],
         "plain_generate_s": round(plain["generate_s"], 2) if plain else None,
-        "prefect_ms_per_shard": round(1000 * prefect_s / shards, 1) if plain and shards else None,
-        "prefect_share_pct": round(100 * prefect_s / gen_s, 1) if plain and gen_s else None,
+        "prefect_ms_per_shard": (
+            round(1000 * prefect_s / shards, 1) if prefect_s is not None and shards else None
+        ),
+        "prefect_share_pct": (
+            round(100 * prefect_s / gen_s, 1) if prefect_s is not None and gen_s else None
+        ),
         "prefect_db_mb": round(db, 1),
         "prefect_artifacts": flow["artifacts"],
         "audit_s": stage["audit"],
@@ -365,6 +372,12 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="1,000 prompts, 2 servers")
     parser.add_argument("--no-baseline", action="store_true", help="skip the no-Prefect run")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
+    parser.add_argument(
+        "--prefect-home",
+        type=Path,
+        help="reuse this PREFECT_HOME (set up already: no database set-up in the figures, "
+        "but its size includes earlier runs)",
+    )
     parser.add_argument("--flow", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--plain", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -22,16 +22,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
+from flows.runner import EPHEMERAL_SERVER_ENV
+from regen.owned import OWNER_ENV, orphans
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage, Storage
 from tests._chaos_helpers import (
     ChaosRun,
     ManifestMark,
     dataset_ids,
+    descendants,
     input_ids,
+    kill_leftovers,
     kill_servers,
+    leftovers,
     local_marks,
     manifest_keys,
     read_progress,
@@ -42,6 +48,7 @@ from tests._chaos_helpers import (
     surviving_servers,
     wait_until,
     write_chaos_config,
+    write_prompt_subset,
 )
 from tests._prefect_server import Server, prefect_server
 from tests._s3_helpers import MotoS3, moto_server
@@ -70,11 +77,15 @@ def seed() -> int:
 class Trial:
     """One chained rehearsal setup: its runs, their logs and every server they recorded."""
 
-    def __init__(self, tmp_path: Path, out: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, tmp_path: Path, out: str, env: dict[str, str], run: ChaosRun | None = None
+    ) -> None:
         self.cwd = tmp_path
         work = tmp_path / "work"
-        config = write_chaos_config(tmp_path / "regen.yaml", work)
-        self.run = ChaosRun(config=config, out=out, work_dir=work)
+        if run is None:
+            config = write_chaos_config(tmp_path / "regen.yaml", work)
+            run = ChaosRun(config=config, out=out, work_dir=work)
+        self.run = run
         self.env = env
         self.records: dict[int, dict[str, Any]] = {}
         self.attempt = 0
@@ -249,3 +260,44 @@ def _kill9_after_last_commit(trial: Trial, storage: Storage) -> list[str]:
     alive = surviving_servers(trial.servers_of(proc), timeout_s=0)
     print(f"kill -9 after the last commit: {len(alive)} server(s) left running")
     return alive
+
+
+def test_kill9_leaves_no_prefect_server_after_the_next_run(
+    tmp_path: Path, regen_env: dict[str, str], cleanup: list[Trial]
+) -> None:
+    """Ephemeral Prefect, as a user's rehearsal runs it: kill -9 leaves its temporary API
+    server running (Prefect stops it only at a clean exit); the next run must stop it, and
+    leave none of its own."""
+    work = tmp_path / "work"
+    prompts = write_prompt_subset(bundled("sample_prompts.jsonl"), tmp_path / "p.jsonl", 20)
+    config = write_chaos_config(tmp_path / "regen.yaml", work, shard_size=10)
+    out = str(tmp_path / "out")
+    run = ChaosRun(config=config, out=out, work_dir=work, servers=1, prompts=prompts)
+    trial = Trial(tmp_path, out, regen_env, run)
+    cleanup.append(trial)
+    killed = trial.start()
+    # The fleet is up only once the flow runs, so Prefect's server is up and in use by then.
+    assert wait_until(lambda: bool(trial.servers_of(killed)), killed, 240), trial.output()
+    servers = [m for m in descendants(killed.pid) if m.kind == "prefect"]
+    assert len(servers) == 1, descendants(killed.pid)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait(timeout=10)
+    assert leftovers(servers, timeout_s=0) == servers, "nothing to reap: the test proves nothing"
+    try:
+        rerun = trial.start()
+        assert rerun.wait(timeout=400) == 0, trial.output()
+        assert leftovers(servers, timeout_s=5) == [], "the killed run's Prefect server lives on"
+        assert "stopped 1 orphan Prefect server" in trial.log(trial.attempt).read_text()
+        # The rerun's own server is stopped at its exit: no tagged server of either run is left.
+        owners = {killed.pid, rerun.pid}
+        left = [p for p in orphans(EPHEMERAL_SERVER_ENV) if _owner_pid(p) in owners]
+        assert left == [], left
+    finally:
+        kill_leftovers(servers)
+
+
+def _owner_pid(proc: psutil.Process) -> int | None:
+    try:
+        return int(proc.environ().get(OWNER_ENV, "").partition(":")[0])
+    except (psutil.Error, ValueError):
+        return None
