@@ -143,11 +143,16 @@ def _task_windows(flow_run_id: Any) -> tuple[dict[str, tuple[float, float]], int
     return windows, shards
 
 
-def _artifacts() -> dict[str, int]:
+def _artifacts(flow_run_id: Any) -> dict[str, int]:
+    """This run's artifacts (its progress artifact is one, updated in place)."""
     from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(limit=200)
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])),
+            limit=200,
+        )
     return {
         "count": len(found),
         "bytes": sum(len(json.dumps(a.data, default=str)) for a in found),
@@ -171,9 +176,10 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
     ended = time.time()
     sampler.stop()
     from prefect import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
 
     with get_client(sync_client=True) as client:
-        (flow_run,) = client.read_flow_runs(limit=1)
+        (flow_run,) = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)
     windows, shards = _task_windows(flow_run.id)
     plan = windows.get("plan-shards", (0.0, 0.0))
     flow_start = flow_run.start_time.timestamp() if flow_run.start_time else started
@@ -188,7 +194,7 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
         "plan_peak_rss_mb": sampler.peak_mb(*plan),
         "plan_start_rss_mb": sampler.at_mb(plan[0]),
         "fingerprint_cache": str(next(iter((config.work_dir / "prompts").glob("*.parquet")))),
-        "artifacts": _artifacts(),
+        "artifacts": _artifacts(flow_run.id),
     }
     result.write_text(json.dumps(measured))
 
