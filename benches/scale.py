@@ -85,19 +85,36 @@ def write_config(path: Path, work: Path, args: argparse.Namespace) -> Path:
 
 
 class RssSampler(threading.Thread):
-    """This process's RSS every `interval_s`, with the time of each sample."""
+    """This process's RSS and CPU seconds every `interval_s`, and the machine's busy CPU share
+    (so a figure limited by a saturated machine can be told from one limited by the design)."""
 
     def __init__(self, interval_s: float = 0.05) -> None:
         super().__init__(daemon=True)
         self.interval_s = interval_s
         self.samples: list[tuple[float, int]] = []
+        self.cpu: list[tuple[float, float, float]] = []  # time, process CPU s, machine CPU %
         self._done = threading.Event()
         self._proc = psutil.Process()
 
     def run(self) -> None:
+        psutil.cpu_percent()
+        tick = 0
         while not self._done.is_set():
-            self.samples.append((time.time(), self._proc.memory_info().rss))
+            now = time.time()
+            self.samples.append((now, self._proc.memory_info().rss))
+            if tick % 10 == 0:  # every 0.5 s: cpu_percent over a shorter span is noise
+                times = self._proc.cpu_times()
+                self.cpu.append((now, times.user + times.system, psutil.cpu_percent()))
+            tick += 1
             self._done.wait(self.interval_s)
+
+    def cpu_in(self, start: float, end: float) -> tuple[float, float]:
+        """This process's CPU seconds and the machine's mean busy % between two moments."""
+        inside = [c for c in self.cpu if start <= c[0] <= end]
+        if len(inside) < 2:
+            return 0.0, 0.0
+        busy = sum(c[2] for c in inside[1:]) / (len(inside) - 1)
+        return round(inside[-1][1] - inside[0][1], 2), round(busy, 1)
 
     def stop(self) -> None:
         self._done.set()
@@ -182,6 +199,7 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
         (flow_run,) = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)
     windows, shards = _task_windows(flow_run.id)
     plan = windows.get("plan-shards", (0.0, 0.0))
+    gen_cpu_s, gen_machine_pct = sampler.cpu_in(*windows.get("generate", (0.0, 0.0)))
     flow_start = flow_run.start_time.timestamp() if flow_run.start_time else started
     measured = {
         "rc": rc,
@@ -193,6 +211,8 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
         "flow_peak_rss_sampled_mb": sampler.peak_mb(),
         "plan_peak_rss_mb": sampler.peak_mb(*plan),
         "plan_start_rss_mb": sampler.at_mb(plan[0]),
+        "generate_cpu_s": gen_cpu_s,
+        "generate_machine_cpu_pct": gen_machine_pct,
         "fingerprint_cache": str(next(iter((config.work_dir / "prompts").glob("*.parquet")))),
         "artifacts": _artifacts(flow_run.id),
     }
@@ -238,11 +258,17 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
             return done.height
 
         with dispatcher:
+            sampler = RssSampler()
+            sampler.start()
             start = time.time()
             with ThreadPoolExecutor(THREADS) as pool:
                 rows = sum(pool.map(one, shards.to_list()))
-            wall = time.time() - start
-    result.write_text(json.dumps({"generate_s": wall, "rows": rows, "shards": len(shards)}))
+            end = time.time()
+            sampler.stop()
+    cpu_s, machine_pct = sampler.cpu_in(start, end)
+    measured = {"generate_s": end - start, "rows": rows, "shards": len(shards)}
+    measured |= {"generate_cpu_s": cpu_s, "generate_machine_cpu_pct": machine_pct}
+    result.write_text(json.dumps(measured))
 
 
 def exactly_once(prompts: Path, out: Path) -> dict[str, Any]:
@@ -333,6 +359,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prefect_share_pct": (
             round(100 * prefect_s / gen_s, 1) if prefect_s is not None and gen_s else None
         ),
+        "generate_cpu_s": flow["generate_cpu_s"],
+        "plain_generate_cpu_s": plain.get("generate_cpu_s"),
+        "prefect_cpu_ms_per_shard": (
+            round(1000 * (flow["generate_cpu_s"] - plain["generate_cpu_s"]) / shards, 1)
+            if plain and shards
+            else None
+        ),
+        "machine_cpu_pct_generate": flow["generate_machine_cpu_pct"],
+        "machine_cpu_pct_plain": plain.get("generate_machine_cpu_pct"),
         "prefect_db_mb": round(db, 1),
         "prefect_artifacts": flow["artifacts"],
         "audit_s": stage["audit"],
@@ -360,6 +395,15 @@ def print_table(result: dict[str, Any]) -> None:
         ("generate without Prefect (s)", result["plain_generate_s"]),
         ("Prefect ms per shard task", result["prefect_ms_per_shard"]),
         ("Prefect share of generation (%)", result["prefect_share_pct"]),
+        (
+            "flow CPU in generate / plain (s)",
+            (result["generate_cpu_s"], result["plain_generate_cpu_s"]),
+        ),
+        ("Prefect CPU ms per shard task", result["prefect_cpu_ms_per_shard"]),
+        (
+            "machine CPU % in generate / plain",
+            (result["machine_cpu_pct_generate"], result["machine_cpu_pct_plain"]),
+        ),
         ("Prefect DB (MB)", result["prefect_db_mb"]),
         ("Prefect artifacts", result["prefect_artifacts"]),
         ("rows exactly once", result["exactly_once"]),

@@ -32,6 +32,7 @@ from regen.storage import LocalStorage, Storage
 from tests._chaos_helpers import (
     ChaosRun,
     ManifestMark,
+    ProcessMark,
     dataset_ids,
     descendants,
     input_ids,
@@ -88,6 +89,7 @@ class Trial:
         self.run = run
         self.env = env
         self.records: dict[int, dict[str, Any]] = {}
+        self.killed: list[ProcessMark] = []  # every process of the runs killed so far
         self.attempt = 0
 
     def start(self) -> subprocess.Popen:
@@ -118,6 +120,7 @@ def cleanup() -> Iterator[list[Trial]]:
     yield trials
     for trial in trials:
         kill_servers(trial.note_servers())
+        kill_leftovers(trial.killed)
 
 
 def _mid_generation(
@@ -144,6 +147,7 @@ def _kill9(
     """kill -9 the flow process mid-generation; its servers and committed manifests."""
     proc = trial.start()
     _mid_generation(trial, proc, storage, rng, committed=0)
+    trial.killed += descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     orphans = trial.servers_of(proc)
@@ -168,6 +172,8 @@ def _rerun_completes(
     assert len(manifest_keys(storage)) == NUM_SHARDS
     assert surviving_servers(trial.note_servers()) == []
     assert server_records(trial.run.work_dir) == [], "PID files left after a clean run"
+    # Not only the servers: nothing any killed run started is still running.
+    assert leftovers(trial.killed) == [], "processes of a killed run left running"
 
 
 def _signal_stops_cleanly(
@@ -178,6 +184,7 @@ def _signal_stops_cleanly(
     proc = trial.start()
     _mid_generation(trial, proc, storage, rng, committed)
     servers = trial.servers_of(proc)
+    started = descendants(proc.pid)
     sent = time.monotonic()
     os.kill(proc.pid, sig)
     try:
@@ -189,6 +196,7 @@ def _signal_stops_cleanly(
     assert rc != 0, f"{sig.name}: exit 0 after an interrupted run"
     assert took < 15, f"{sig.name}: took {took:.1f} s to stop"
     assert surviving_servers(servers, timeout_s=5) == [], f"{sig.name}: servers left"
+    assert leftovers(started, timeout_s=5) == [], f"{sig.name}: processes left"
     assert server_records(trial.run.work_dir) == [], f"{sig.name}: PID files left"
     read_progress(storage)
     assert dataset_ids(storage).missing_data == []
@@ -255,6 +263,7 @@ def _kill9_after_last_commit(trial: Trial, storage: Storage) -> list[str]:
     """
     proc = trial.start()
     wait_until(lambda: len(manifest_keys(storage)) >= NUM_SHARDS, proc, 300, poll_s=0.02)
+    trial.killed += descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     alive = surviving_servers(trial.servers_of(proc), timeout_s=0)
