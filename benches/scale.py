@@ -2,8 +2,10 @@
 
 A child process runs `flows.runner.run_regenerate` on a rehearsal config, the code path of
 `regen rehearse`, with a fresh ephemeral Prefect (its own PREFECT_HOME, as a new user has).
-The emulators answer in a fraction of a millisecond with short texts, so what is measured is
-the client, the storage and the orchestration, not simulated GPUs. It records:
+The emulators answer with no simulated decode time (time scale 1e-4), so what is measured is
+the client, the storage and the orchestration, not simulated GPUs; their answers have the
+emulator's default lengths (`--texts short`: a few tokens, the dataset's size out of the way).
+It records:
 
 - wall per stage from Prefect's own task runs (provision, stage-model, plan-shards,
   launch-fleet, generate = first shard task start to last shard task end, audit), the
@@ -66,20 +68,18 @@ def write_prompts(path: Path, rows: int) -> None:
 
 
 def write_config(path: Path, work: Path, args: argparse.Namespace) -> Path:
-    data = {
+    data: dict[str, Any] = {
         "work_dir": str(work),
         "shard_size": args.shard_size,
         "engine": {
             "startup_timeout_s": 120,
             "bench": {"concurrency": 4, "max_tokens": 16, "budget_s": 5},
-            "emulator": {
-                "load_s": 0,
-                "time_scale": 0.0001,
-                "reasoning_tokens": "10:40",
-                "answer_tokens": "10:40",
-            },
+            # No simulated decode time to speak of: the client and orchestration are measured.
+            "emulator": {"load_s": 0, "time_scale": 0.0001},
         },
     }
+    if args.texts == "short":
+        data["engine"]["emulator"] |= {"reasoning_tokens": "10:40", "answer_tokens": "10:40"}
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -345,6 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompts": args.prompts,
         "servers": args.servers,
         "shard_size": args.shard_size,
+        "texts": args.texts,
         "shards": shards,
         "wall_s": round(flow["e2e_s"], 2),
         "prefect_start_s": round(flow["prefect_start_s"], 2),
@@ -384,7 +385,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     rows: list[tuple[str, Any]] = [
-        ("prompts", f"{result['prompts']:,}"),
+        ("prompts", f"{result['prompts']:,} ({result['texts']} texts)"),
         ("shards (tasks)", result["shards"]),
         ("end to end (s)", result["wall_s"]),
         ("  Prefect start (s)", result["prefect_start_s"]),
@@ -420,6 +421,13 @@ def main() -> int:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--shard-size", type=int, default=500)
     parser.add_argument("--smoke", action="store_true", help="1,000 prompts, 2 servers")
+    parser.add_argument(
+        "--texts",
+        choices=["full", "short"],
+        default="full",
+        help="full: the emulator's answer lengths (reasoning 200-4000 tokens, answer 20-800), "
+        "as a rehearsal writes; short: 10-40 tokens each (the dataset's size out of the way)",
+    )
     parser.add_argument("--no-baseline", action="store_true", help="skip the no-Prefect run")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
     parser.add_argument(
@@ -437,7 +445,7 @@ def main() -> int:
             child(Path(config), Path(prompts), Path(out), int(servers), Path(result))
             return 0
     if args.smoke:
-        args.prompts, args.servers, args.shard_size = 1000, 2, 100
+        args.prompts, args.servers, args.shard_size, args.texts = 1000, 2, 100, "short"
     result = run(args)
     print_table(result)
     path = results_path("scale", smoke=args.smoke)
