@@ -10,7 +10,7 @@ It records:
 - wall per stage from Prefect's own task runs (provision, stage-model, plan-shards,
   launch-fleet, generate = first shard task start to last shard task end, audit), the
   Prefect start (process start to flow start) and the whole child process end to end;
-- peak RSS of the flow process (sampled every 50 ms, and ru_maxrss) and its peak while the
+- peak RSS of the flow process (VmHWM; also sampled every 50 ms) and its peak while the
   plan stage ran, beside its RSS when the plan started;
 - Prefect's share: a second child pushes the same prompt cache through one Dispatcher from
   32 threads (the flow's task runner) and commits each shard, with no Prefect tasks; the
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -176,6 +175,13 @@ def _artifacts(flow_run_id: Any) -> dict[str, int]:
     }
 
 
+def _high_water_mb() -> float:
+    """VmHWM, this process's own peak RSS (ru_maxrss can carry the parent's from before exec)."""
+    status = Path("/proc/self/status").read_text()
+    kb = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+    return round(int(kb) / 1024, 1)
+
+
 def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result: Path) -> None:
     """Run the flow as `regen rehearse` does, in this process, and write what it measured."""
     started = psutil.Process().create_time()
@@ -207,7 +213,7 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
         "prefect_start_s": flow_start - started,
         "stage_s": {k: round(v[1] - v[0], 3) for k, v in windows.items()},
         "shard_tasks": shards,
-        "flow_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "flow_peak_rss_mb": _high_water_mb(),
         "flow_peak_rss_sampled_mb": sampler.peak_mb(),
         "plan_peak_rss_mb": sampler.peak_mb(*plan),
         "plan_start_rss_mb": sampler.at_mb(plan[0]),
