@@ -161,6 +161,13 @@ def trial(
     }
 
 
+def _cell(value: object) -> str:
+    """Counts by kind as `emulator/prefect/other`, to keep the table narrow."""
+    if isinstance(value, dict):
+        return "/".join(str(value[k]) for k in KINDS)
+    return str(value)
+
+
 def _by_kind(marks: list[ProcessMark]) -> dict[str, int]:
     return {kind: sum(m.kind == kind for m in marks) for kind in KINDS}
 
@@ -228,9 +235,10 @@ def main() -> int:
     columns += ["prefect_reaped_by_rerun", "resume_s", "ids_lost", "ids_doubled", "orphans"]
     columns += ["processes_left", "rewritten", "resumed_ok"]
     for name in columns:
-        table.add_column(name.replace("_by_rerun", ""), justify="right")
+        header = name.replace("_by_rerun", "")
+        table.add_column(f"{header} (emu/pf/other)" if name == "processes_left" else header)
     for row in rows:
-        table.add_row(*(str(row[name]) for name in columns))
+        table.add_row(*(_cell(row[name]) for name in columns))
     console.print(table)
     result = {
         "trials": len(rows),
