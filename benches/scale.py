@@ -216,6 +216,7 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
         "flow_peak_rss_mb": _high_water_mb(),
         "flow_peak_rss_sampled_mb": sampler.peak_mb(),
         "plan_peak_rss_mb": sampler.peak_mb(*plan),
+        "stage_peak_rss_mb": {k: sampler.peak_mb(*v) for k, v in windows.items()},
         "plan_start_rss_mb": sampler.at_mb(plan[0]),
         "generate_cpu_s": gen_cpu_s,
         "generate_machine_cpu_pct": gen_machine_pct,
@@ -359,6 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "flow_peak_rss_mb": flow["flow_peak_rss_mb"],
         "plan_peak_rss_mb": flow["plan_peak_rss_mb"],
         "plan_start_rss_mb": flow["plan_start_rss_mb"],
+        "stage_peak_rss_mb": {name: flow["stage_peak_rss_mb"].get(name) for name in STAGES},
         "plain_generate_s": round(plain["generate_s"], 2) if plain else None,
         "prefect_ms_per_shard": (
             round(1000 * prefect_s / shards, 1) if prefect_s is not None and shards else None
@@ -399,6 +401,7 @@ def print_table(result: dict[str, Any]) -> None:
         ("flow peak RSS (MB)", result["flow_peak_rss_mb"]),
         ("plan peak RSS (MB)", result["plan_peak_rss_mb"]),
         ("  RSS at plan start (MB)", result["plan_start_rss_mb"]),
+        *((f"  peak RSS in {k} (MB)", v) for k, v in result["stage_peak_rss_mb"].items()),
         ("generate without Prefect (s)", result["plain_generate_s"]),
         ("Prefect ms per shard task", result["prefect_ms_per_shard"]),
         ("Prefect share of generation (%)", result["prefect_share_pct"]),
