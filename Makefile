@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install rehearse test lint bench bench-smoke clean
+.PHONY: install contract-env rehearse test lint bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The real sglang 0.5.23 (CPU torch) in its own venv, for tests/contract/; cached by its pins.
+contract-env:
+	@tests/contract/build_env.sh
+
 rehearse: install
 	@$(VENV)/bin/regen rehearse $(ARGS)
 
@@ -23,7 +27,7 @@ lint: install
 	@$(VENV)/bin/ruff check --quiet .
 
 test: lint
-	@$(VENV)/bin/python -m pytest -q -n 2 $(ARGS)
+	@$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup $(ARGS)
 
 # Full sizes take minutes to an hour each and write benches/results/*.json.
 bench: install
@@ -35,4 +39,4 @@ bench-smoke: install
 	@for b in benches/[!_]*.py; do echo "== $$b --smoke"; $(VENV)/bin/python $$b --smoke || exit 1; done
 
 clean:
-	rm -rf $(VENV) out .regen .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-sglang out .regen .pytest_cache .ruff_cache

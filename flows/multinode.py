@@ -12,11 +12,14 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.context import get_run_context
+from prefect.states import Failed, State
 from pydantic import BaseModel
 
+from flows.labels import label_flow_run
 from flows.params import resolve_config
 from regen.config import RegenConfig
 from regen.errors import UserError
+from regen.naming import run_name, run_tags
 from regen.nodes import NodeAssignment, NodeConfig, check_nodes, node_weights, split_ranges
 from tasks.audit import audit
 from tasks.generate import plan_run
@@ -43,14 +46,16 @@ def regenerate_multinode(
     model_block: str | None = None,
     storage_block: str | None = None,
     api_key_secret: str | None = None,
-) -> MultinodeSummary:
+) -> MultinodeSummary | State[None]:
     """Regenerate one dataset with several GPU nodes, each on its own deployment and pool.
 
     `lease_s` is how long a dead node's shards wait before another node takes them; the
-    blocks are passed on by name, so every node loads its secrets itself.
+    blocks are passed on by name, so every node loads its secrets itself. A failed gate ends
+    the run Failed with the verdict as its message; the data is kept.
     """
     logger = get_run_logger()
     shared = resolve_config(config, model_block=model_block, storage_block=storage_block).config
+    label_flow_run(run_name(shared, "multinode"), run_tags(shared, *(n.name for n in nodes)))
     node_configs = check_nodes(config, nodes)
     plan = plan_run(shared)
     weights = node_weights(nodes, node_configs)
@@ -90,6 +95,8 @@ def regenerate_multinode(
             "dataset complete, but node(s) %s failed: see the multinode-nodes artifact",
             ", ".join(failed),
         )
+    if result.verdict == "fail":
+        return Failed(message=result.failure_message())
     errors = round((result.check("error_rows").figure or 0.0) * result.rows)
     return MultinodeSummary(
         output=shared.output,

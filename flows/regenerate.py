@@ -1,17 +1,21 @@
-"""The run, top to bottom: check, stage, launch, generate, audit."""
+"""The run, top to bottom: check, stage, launch, generate, audit, export."""
 
 from __future__ import annotations
 
 from prefect import flow
+from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
 
 from flows.hooks import reap_fleet_on_exit
+from flows.labels import label_flow_run, regenerate_name
 from flows.params import resolve_config
 from regen.config import RegenConfig
 from regen.fleet import generate_api_key
+from regen.naming import run_name, run_tags
 from regen.nodes import NodeAssignment
 from tasks.audit import audit
+from tasks.export import export
 from tasks.fleet import reap_orphans, start_fleet
 from tasks.generate import GenerationSummary, generate, generate_claimed, plan_run
 from tasks.provision import provision
@@ -27,12 +31,15 @@ class RunSummary(BaseModel):
     completion_tokens: int
     tokens_per_s: float
     verdict: str
+    exports: list[str] = []
+    """Where the `export:` section's formats were written (after a passing audit)."""
 
 
 # Threads only wait on the dispatcher: 32 shards in flight keep up to 32 x shard_size
 # prompts queued, more than any node's slots, so the servers never drain between shards.
 @flow(
     name="regenerate",
+    flow_run_name=regenerate_name,
     task_runner=ThreadPoolTaskRunner(max_workers=32),
     on_cancellation=[reap_fleet_on_exit],
     on_crashed=[reap_fleet_on_exit],
@@ -45,13 +52,14 @@ def regenerate_completions(
     storage_block: str | None = None,
     api_key_secret: str | None = None,
     node: NodeAssignment | None = None,
-) -> RunSummary:
+) -> RunSummary | State[None]:
     """Regenerate every prompt's completion with the target model and gate the dataset.
 
     The `*_block` / `*_secret` parameters name saved Prefect blocks that replace a section of
     `config` (engine, model, output, engine.api_key), so secrets stay out of the parameters.
     With `node` this run is one node of `regenerate_multinode`: it claims shards shared with
     the other nodes and leaves the audit to the parent, which sees the whole dataset.
+    A failed gate ends the run Failed with the verdict as its message; the data is kept.
     """
     run = resolve_config(
         config,
@@ -61,6 +69,8 @@ def regenerate_completions(
         api_key_secret=api_key_secret,
     )
     config = run.config
+    node_name = node.name if node else None
+    label_flow_run(run_name(config, node_name), run_tags(config, *filter(None, [node_name])))
     # Servers of a run killed with SIGKILL hold the ports and GPUs that provisioning checks,
     # and a rerun with nothing left to generate launches no fleet: reap them before either.
     reap_orphans(config.work_dir)
@@ -90,7 +100,13 @@ def regenerate_completions(
         config.audit,
         tokenizer_path=str(config.model.tokenizer_path or model_path),
     )
+    if report.verdict == "fail":
+        return Failed(message=report.failure_message())
     failed = round((report.check("error_rows").figure or 0.0) * report.rows)
+    # A failed audit returned above: an unfit dataset is never exported.
+    targets = config.export.targets() if config.export else []
+    for dest, options in targets:
+        export(config.output, dest, options, str(config.model.tokenizer_path or model_path))
     return RunSummary(
         output=config.output,
         rows_ok=report.rows - failed,
@@ -98,4 +114,5 @@ def regenerate_completions(
         completion_tokens=generation.completion_tokens,
         tokens_per_s=generation.tokens_per_s,
         verdict=report.verdict,
+        exports=[dest for dest, _ in targets],
     )

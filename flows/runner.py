@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING, cast
 
 from regen.config import RegenConfig
 from regen.errors import UserError
@@ -14,6 +15,9 @@ from regen.owned import reap_owned, tag_children
 # What Prefect 3.9.1 sets in the environment of the temporary API server it starts in a
 # subprocess when no server is configured (prefect.server.api.server.SubprocessASGIServer).
 EPHEMERAL_SERVER_ENV = {"PREFECT__SERVER_EPHEMERAL": "1"}
+
+if TYPE_CHECKING:
+    from flows.regenerate import RunSummary
 
 
 class _UserErrorsInOneLine(logging.Filter):
@@ -68,7 +72,8 @@ def run_regenerate(config: RegenConfig) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if state.is_completed():
-        summary = state.result()
+        # Completed means the flow returned its summary; a failed gate returns a Failed state.
+        summary = cast("RunSummary", state.result())
         print(f"dataset: {summary.output}")
         print(
             f"rows: {summary.rows_ok} ok, {summary.rows_failed} failed; "
@@ -76,12 +81,13 @@ def run_regenerate(config: RegenConfig) -> int:
         )
         print(f"audit: {summary.verdict} (report: {summary.output}/report/audit.md)")
         return 0
-    message = (state.message or state.name).strip().splitlines()[0]
-    # "Flow run encountered an exception: AuditFailed: ..." -> the user's part only.
-    message = message.removeprefix("Flow run encountered an exception: ")
-    head, _, rest = message.partition(": ")
-    if rest and head.isidentifier():
-        message = rest
-    print(f"regen: run {state.name.lower()}: {message}", file=sys.stderr)
+    message = (state.message or state.name or "").strip().splitlines()[0]
+    raised = "Flow run encountered an exception: "
+    if message.startswith(raised):
+        # "...: ProvisioningFailed: provisioning failed ..." -> the user's part only. A failed
+        # gate is a Failed state whose message is already the user's ("FAIL: audit failed ...").
+        head, _, rest = message.removeprefix(raised).partition(": ")
+        message = rest if rest and head.isidentifier() else message.removeprefix(raised)
+    print(f"regen: run {(state.name or state.type.value).lower()}: {message}", file=sys.stderr)
     print(f"dataset: {config.output} (committed shards are kept)", file=sys.stderr)
     return 1

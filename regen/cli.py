@@ -14,6 +14,10 @@ from pathlib import Path
 
 from regen.errors import UserError
 
+# The formats of `regen export`, spelled out so `regen --help` imports nothing heavy
+# (tests/test_export.py checks they are regen.export.FORMATS).
+FORMATS_CHOICES = ["specforge", "tokenized", "hf-dataset", "messages"]
+
 
 def _positive(text: str) -> int:
     try:
@@ -22,6 +26,16 @@ def _positive(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
+def _not_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
     return value
 
 
@@ -66,8 +80,52 @@ def _parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("audit", help="Audit an existing dataset; exit 1 when the gate fails.")
     p.add_argument("dataset", help="Dataset root, a directory or s3://bucket/prefix.")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="Model directory (or its tokenizer.json) whose chat template measures the loss "
+        "mask of turns stored without token ids and is checked against the stored prompts; "
+        "default model.tokenizer_path of --config, else its staged model.",
+    )
     _add_config(p, required=False)
     p.set_defaults(func=_audit)
+
+    p = verbs.add_parser(
+        "export",
+        help="Write a dataset's committed ok rows in a trainer's format (JSONL or Arrow).",
+        description="specforge: SpecForge conversations JSONL; tokenized: input_ids + loss_mask "
+        "JSONL; hf-dataset: Arrow dataset (datasets.load_from_disk) of input_ids, loss_mask, "
+        "seq_len; messages: {id, messages} JSONL. One file per dataset shard and export.json; "
+        "a rerun rewrites only the shards that changed.",
+    )
+    p.add_argument("dataset", help="Dataset root, a directory or s3://bucket/prefix.")
+    p.add_argument("--format", "-f", required=True, choices=FORMATS_CHOICES)
+    p.add_argument("--out", "-o", required=True, help="Export directory or s3://bucket/prefix.")
+    p.add_argument(
+        "--turns",
+        choices=["each", "last"],
+        default="each",
+        help="Token formats: one sample per assistant turn (each, default) or the last only.",
+    )
+    p.add_argument(
+        "--exclude-truncated",
+        action="store_true",
+        help="Leave out answers cut at max_tokens (finish_reason length).",
+    )
+    p.add_argument(
+        "--min-loss-tokens",
+        type=_not_negative,
+        default=0,
+        metavar="N",
+        help="Leave out samples with fewer than N trained (response) tokens.",
+    )
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="Model directory (or its tokenizer.json): token formats render turns without "
+        "stored ids with its chat template; without it such turns are dropped and counted.",
+    )
+    p.set_defaults(func=_export)
 
     p = verbs.add_parser(
         "emulator",
@@ -132,11 +190,49 @@ def _audit(args: argparse.Namespace) -> int:
     from regen.config import load_config
     from regen.storage import open_storage
 
-    audit_config = load_config(args.config).audit if args.config else AuditConfig()
-    result = run_audit(open_storage(args.dataset), audit_config)
+    config = load_config(args.config) if args.config else None
+    audit_config = config.audit if config else AuditConfig()
+    tokenizer = args.tokenizer
+    if tokenizer is None and config is not None:
+        staged = config.model.staged_path()
+        tokenizer = config.model.tokenizer_path or (staged if staged.is_dir() else None)
+    result = run_audit(open_storage(args.dataset), audit_config, tokenizer_path=tokenizer)
     Console().print(audit_table(result))
     print(f"verdict: {result.verdict}")
     return 1 if result.verdict == "fail" else 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from regen.export import ExportOptions
+    from regen.export.run import export_dataset
+    from regen.storage import open_storage
+
+    options = ExportOptions(
+        format=args.format,
+        turns=args.turns,
+        exclude_truncated=args.exclude_truncated,
+        min_loss_tokens=args.min_loss_tokens,
+    )
+    try:
+        summary = export_dataset(
+            open_storage(args.dataset),
+            open_storage(args.out),
+            options,
+            tokenizer_path=args.tokenizer,
+        )
+    except OSError as err:  # a local destination that cannot be written, a full disk
+        where = err.filename or args.out
+        raise UserError(f"{where}: cannot write the export ({err.strerror or err})") from None
+    counts = summary.counts
+    dropped = ", ".join(f"{k} {v}" for k, v in counts["dropped"].items()) or "none"
+    print(
+        f"exported {counts['samples']} samples from {counts['rows_exported']} of "
+        f"{counts['rows']} ok rows ({counts['error_rows']} error rows not exported) "
+        f"to {summary.dest}"
+    )
+    print(f"dropped: {dropped}")
+    print(f"shards: {len(summary.written)} written, {len(summary.reused)} unchanged")
+    return 0
 
 
 def _blocks(args: argparse.Namespace) -> int:

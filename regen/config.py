@@ -23,6 +23,7 @@ from pydantic import (
 
 from regen.audit.thresholds import AuditConfig
 from regen.errors import ConfigError
+from regen.export.options import ExportConfig
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 
@@ -69,6 +70,9 @@ class EmulatorConfig(_Section):
 
     load_s: float = Field(default=0.5, ge=0)
     tokens_per_s: float = Field(default=250.0, gt=0)
+    accept_length: float = Field(
+        default=3.6, gt=0, description="MTP accept length the emulator reports on /metrics."
+    )
     time_scale: float = Field(default=0.01, gt=0, description="Wall seconds per simulated second.")
     seed: int = 0
     reasoning_tokens: str = Field(default="200:4000", pattern=r"^\d+:\d+$")
@@ -150,13 +154,15 @@ class SamplingConfig(_Section):
     min_p: float = Field(default=0.0, ge=0, le=1)
 
 
-ReasoningEffort = Literal["low", "medium", "high"]
+# sglang 0.5.23's named tiers (it also takes a float in [0, 0.99], which a share table cannot key).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]
 
 
 class RegenerationConfig(_Section):
     """What is regenerated: which assistant turns, and what becomes of the model's thinking.
 
-    Part of the run's fingerprint: each setting changes what a stored row holds.
+    Part of the run's fingerprint: each setting changes what a stored row holds, except
+    `token_ids`, which only adds the server's ids beside the same text (see regen.fingerprint).
     """
 
     turns: Literal["last", "all"] = Field(
@@ -173,6 +179,12 @@ class RegenerationConfig(_Section):
         default_factory=dict,
         description="Share of requests per reasoning_effort, e.g. {low: 0.4, medium: 0.4, "
         "high: 0.2}; empty sends none (for models that take no effort).",
+    )
+    token_ids: bool = Field(
+        default=True,
+        description="Ask the server for the exact prompt and response token ids "
+        "(return_token_ids) and store them per turn, what trainers' input_ids and loss "
+        "masks come from; false stores null.",
     )
 
     @field_validator("reasoning_effort")
@@ -202,6 +214,9 @@ class GenerationConfig(_Section):
     shards: str | None = Field(default=None, pattern=r"^\d*:\d*$", description="e.g. 100:200")
     shard_retries: int = Field(default=2, ge=0)
     progress_interval_s: float = Field(default=2.0, gt=0)
+    live_interval_s: float = Field(
+        default=30.0, gt=0, description="Fleet figures from /metrics: a log line and an artifact."
+    )
     new_output: bool = Field(
         default=False, description="Allow a changed fingerprint: start a fresh dataset."
     )
@@ -223,6 +238,9 @@ class RegenConfig(_Section):
     )
     generation: GenerationConfig = GenerationConfig()
     audit: AuditConfig = AuditConfig()
+    export: ExportConfig | None = Field(
+        default=None, description="Trainer formats written after a passing audit (stage 6)."
+    )
 
     @field_validator("prompts", "output")
     @classmethod

@@ -10,6 +10,11 @@ import hashlib
 import json
 from typing import Any
 
+# Settings that do not change what a completion looks like, only what is stored beside it:
+# a dataset made without token ids can be resumed with them (its older rows keep null ids,
+# which every reader of turns handles) instead of being refused or started over.
+NOT_FINGERPRINTED = frozenset({"regeneration.token_ids"})
+
 
 def run_fingerprint(
     input_fingerprint: str,
@@ -36,6 +41,8 @@ def run_fingerprint(
         ("chat_template", chat_template),
     ):
         components.update({f"{section}.{key}": value for key, value in sorted(values.items())})
+    for key in NOT_FINGERPRINTED:
+        components.pop(key, None)
     canonical = json.dumps(components, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest(), components
 

@@ -193,8 +193,10 @@ def check_model(config: RegenConfig) -> CheckRow:
 
 def check_flags(config: RegenConfig) -> CheckRow:
     """The launch commands, built now: a removed flag in engine.extra_args (argparse kills every
-    server at start-up), or one regen sets itself (`--api-key` would land in `ps`), fails here."""
+    server at start-up), or one regen sets itself (`--api-key` would land in `ps`), fails here;
+    then each exact argv goes through sglang's own parser (or 0.5.23's vendored flag set)."""
     from regen.fleet.commands import DEPRECATED_FLAGS, build_server_commands
+    from regen.fleet.flagcheck import check_argvs
 
     if config.engine.kind == "external":
         return CheckRow(name="flags", status="skip", figure="external servers")
@@ -203,8 +205,16 @@ def check_flags(config: RegenConfig) -> CheckRow:
         commands = build_server_commands(config, config.model.staged_path(), key, config.work_dir)
     except ConfigError as err:
         return CheckRow(name="flags", status="fail", figure=str(err), hint="edit the config")
+    verdict = check_argvs(commands, config.engine)
+    if verdict.problem:
+        return CheckRow(
+            name="flags",
+            status="fail",
+            figure=verdict.problem,
+            hint=f"refused by {verdict.judge}: every server would exit 2 at launch",
+        )
     given = {a.split("=", 1)[0] for a in config.engine.extra_args if a.startswith("--")}
-    figure = f"{len(commands)} server commands, {len(given)} extra flags"
+    figure = f"{len(commands)} server commands, {len(given)} extra flags, parsed by {verdict.judge}"
     deprecated = sorted(given & DEPRECATED_FLAGS)
     if deprecated:
         return CheckRow(

@@ -22,6 +22,8 @@ from typing import Protocol
 from rich.progress import Progress, TaskID
 
 from regen.client.stats import DispatchStats
+from regen.figures import NONE, duration, pct, sig
+from regen.fleet.metrics import FleetScraper, ServerFigures
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -65,18 +67,29 @@ class ProgressSnapshot:
     def to_json(self) -> bytes:
         return json.dumps({**asdict(self), "fraction": self.fraction}, indent=2).encode()
 
+    def headline(self) -> str:
+        """Rows done, speed and ETA in one line: the log's and every report's first words."""
+        return (
+            f"{self.done:,} / {self.total:,} rows ({pct(self.fraction)}), "
+            f"{self.failed:,} failed this run; {sig(self.tokens_per_s)} output tok/s; "
+            f"ETA {duration(self.eta_s)}"
+        )
+
     def to_markdown(self) -> str:
-        eta = "-" if self.eta_s is None else f"{self.eta_s / 3600:.2f} h"
+        """The end of generation: the headline's rates are the last minute's, so the whole
+        run's mean follows it (a short run has no minute-long window to speak of)."""
+        mean = self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else None
         lines = [
-            f"**{self.done:,} / {self.total:,}** prompts ({100 * self.fraction:.1f} %), "
-            f"{self.ok:,} ok, {self.failed:,} failed this run; "
-            f"{self.tokens_per_s:,.0f} output tok/s; ETA {eta}",
+            f"**{self.headline()}**",
+            "",
+            f"This run: {self.output_tokens:,} output tokens in {duration(self.elapsed_s)}, "
+            f"{sig(mean)} tok/s on average; {self.retries:,} retries.",
             "",
             "| server | state | in flight | tok/s |",
             "|---|---|---|---|",
         ]
         lines += [
-            f"| {s.name} | {s.state} | {s.in_flight}/{s.slots} | {s.tokens_per_s:,.0f} |"
+            f"| {s.name} | {s.state} | {s.in_flight}/{s.slots} | {sig(s.tokens_per_s)} |"
             for s in self.servers
         ]
         return "\n".join(lines)
@@ -263,3 +276,111 @@ class ProgressWriter:
         if self._bar_task is None:
             self._bar_task = bar.add_task(text, total=snap.total)
         bar.update(self._bar_task, completed=snap.done, total=snap.total, description=text)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveReport:
+    """The run's live figures: progress from the dispatcher, each server's from its /metrics."""
+
+    at: float
+    progress: ProgressSnapshot
+    servers: tuple[ServerFigures, ...]
+
+    def log_line(self) -> str:
+        """One line for the run's log; a server without metrics says so."""
+        parts = [f"live: {self.progress.headline()}"]
+        for s in self.servers:
+            m = s.metrics
+            if m is None:
+                parts.append(f"{s.name} metrics missing")
+                continue
+            parts.append(
+                f"{s.name} {sig(s.tokens_per_s)} tok/s, {_count(m.running)} running, "
+                f"{_count(m.queued)} queued, KV {pct(m.token_usage)}, "
+                f"accept {sig(m.accept_length)}"
+            )
+        return "; ".join(parts)
+
+    def to_markdown(self) -> str:
+        """Headline, a narrow table (fits a ~1000 px pane), and missing servers named below."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.at))
+        lines = [
+            f"**{self.progress.headline()}**",
+            "",
+            f"Updated {stamp}; per-server figures from each server's `/metrics`.",
+            "",
+            "| server | tok/s | running | queued | KV cache | accept length |",
+            "|---|--:|--:|--:|--:|--:|",
+        ]
+        missing = []
+        for s in self.servers:
+            m = s.metrics
+            if m is None:
+                missing.append(s)
+                lines.append(
+                    f"| {s.name} | **metrics missing** | {NONE} | {NONE} | {NONE} | {NONE} |"
+                )
+                continue
+            lines.append(
+                f"| {s.name} | {sig(s.tokens_per_s)} | {_count(m.running)} | {_count(m.queued)} | "
+                f"{pct(m.token_usage)} | {sig(m.accept_length)} |"
+            )
+        if missing:
+            lines += ["", "No `/metrics` answer (not counted as zero):", ""]
+            lines += [f"- {s.name}: `{s.url}/metrics`" for s in missing]
+        return "\n".join(lines) + "\n"
+
+
+def _count(value: float | None) -> str:
+    """Requests are whole; a missing gauge is `–`, not 0."""
+    return NONE if value is None else f"{value:,.0f}"
+
+
+class LiveWatch:
+    """Every `interval_s`, scrape the fleet and hand a `LiveReport` to `on_update`, and once
+    more on close; a failing callback is logged and tried again at the next tick."""
+
+    def __init__(
+        self,
+        progress: ProgressWriter,
+        scraper: FleetScraper,
+        *,
+        interval_s: float,
+        on_update: Callable[[LiveReport], None],
+    ) -> None:
+        self._progress = progress
+        self._scraper = scraper
+        self._interval_s = interval_s
+        self._on_update = on_update
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> LiveWatch:
+        self._thread = threading.Thread(target=self._run, name="regen-live", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if exc_type is None:
+            self.tick()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.tick()
+
+    def tick(self) -> LiveReport:
+        report = LiveReport(time.time(), self._progress.snapshot(), tuple(self._scraper.scrape()))
+        try:
+            self._on_update(report)
+        except Exception as err:
+            log.warning("live report failed: %s", err)
+        return report

@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from pydantic import SecretStr
 
 from regen.config import RegenConfig
 from regen.fleet import Fleet, attach_fleet, benchmark_fleet, build_server_commands, launch_fleet
 from regen.fleet import reap_orphans as reap
+from regen.fleet.report import fleet_markdown
+from regen.naming import artifact_key, dataset_name
 from regen.storage import open_storage
 
 
@@ -39,8 +41,11 @@ def start_fleet(config: RegenConfig, model_path: Path, api_key: SecretStr) -> Fl
         open_storage(config.output).write_bytes(
             "report/fleet.json", json.dumps(rows, indent=2).encode()
         )
-        create_table_artifact(
-            key="fleet-report", table=rows, description="regen fleet: startup, probe, speed."
+        healthy = sum(r.status == "healthy" for r in fleet.report)
+        create_markdown_artifact(
+            key=artifact_key("fleet-report", config.output),
+            markdown=fleet_markdown(fleet.report),
+            description=f"{dataset_name(config.output)}: fleet {healthy}/{len(rows)} healthy",
         )
         for row in fleet.report:
             logger.info("fleet %s", row.summary())

@@ -15,15 +15,17 @@ from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
-from prefect import get_run_logger, task, unmapped
+from prefect import get_client, get_run_logger, task, unmapped
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
     update_progress_artifact,
 )
 from prefect.cache_policies import NONE
+from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.context import get_run_context
 from prefect.futures import PrefectConcurrentFuture
 from prefect.states import State
@@ -35,8 +37,10 @@ from regen.client import Dispatcher
 from regen.config import RegenConfig
 from regen.errors import FleetError, UserError
 from regen.fleet import Fleet
+from regen.fleet.metrics import FleetScraper
+from regen.naming import artifact_key, dataset_markdown, dataset_name
 from regen.nodes import NodeAssignment
-from regen.progress import ProgressSnapshot, ProgressWriter, progress_key
+from regen.progress import LiveReport, LiveWatch, ProgressSnapshot, ProgressWriter, progress_key
 from regen.prompts import load_prompts, write_rejects
 from regen.shards import (
     Manifest,
@@ -142,6 +146,15 @@ def plan_run(config: RegenConfig) -> RunPlan:
         plan.shard_size,
         len(committed),
         len(pending),
+    )
+    create_markdown_artifact(
+        key=artifact_key("dataset", config.output),
+        markdown=dataset_markdown(
+            storage.uri,
+            f"{plan.num_rows:,} prompts in {plan.num_shards:,} shards, "
+            f"{len(pending):,} to generate",
+        ),
+        description=f"{dataset_name(config.output)}: where the data is",
     )
     return RunPlan(
         fingerprint=run.fingerprint,
@@ -258,12 +271,41 @@ def _feeding(
 ) -> Iterator[tuple[Dispatcher, ProgressWriter]]:
     """The one dispatcher every shard task feeds, and the progress it is measured by."""
     storage = open_storage(config.output)
-    artifact_id = create_progress_artifact(
-        progress=0.0, key="generation-progress", description="regen: share of prompts done"
+    name = dataset_name(config.output)
+    # From sync code these return the id, not the coroutine their dispatch type also admits.
+    artifact_id = cast(
+        UUID,
+        create_progress_artifact(
+            progress=0.0,
+            key=artifact_key("generation-progress", config.output),
+            description=f"{name}: share of prompts done",
+        ),
     )
+    live_id = cast(
+        UUID,
+        create_markdown_artifact(
+            key=artifact_key("fleet-live", config.output),
+            markdown="Waiting for the first scrape of the servers' `/metrics`.",
+            description=f"{name}: live fleet figures every {config.generation.live_interval_s:g} s",
+        ),
+    )
+    logger = get_run_logger()
 
     def publish(snapshot: ProgressSnapshot) -> None:
-        update_progress_artifact(artifact_id=artifact_id, progress=100.0 * snapshot.fraction)
+        update_progress_artifact(
+            artifact_id=artifact_id, progress=round(100.0 * snapshot.fraction, 2)
+        )
+
+    def publish_live(report: LiveReport) -> None:
+        logger.info(report.log_line())
+        with get_client(sync_client=True) as client:
+            client.update_artifact(
+                live_id,
+                ArtifactUpdate(
+                    data=report.to_markdown(),
+                    description=f"{name}: live {report.progress.headline()}",
+                ),
+            )
 
     with (
         Dispatcher(
@@ -285,10 +327,20 @@ def _feeding(
             on_update=publish,
             key=progress_key(node),
         ) as progress,
+        LiveWatch(
+            progress,
+            FleetScraper(fleet.endpoints),
+            interval_s=config.generation.live_interval_s,
+            on_update=publish_live,
+        ),
     ):
         yield dispatcher, progress
         final = progress.snapshot()
-    create_markdown_artifact(key="generation-summary", markdown=final.to_markdown())
+    create_markdown_artifact(
+        key=artifact_key("generation-summary", config.output),
+        markdown=final.to_markdown(),
+        description=f"{name}: {final.headline()}",
+    )
 
 
 def _summary(outcomes: list[ShardOutcome], failures: list[str], start: float) -> GenerationSummary:

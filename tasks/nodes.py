@@ -26,6 +26,7 @@ from prefect.states import Cancelled, Cancelling, Crashed
 from pydantic import BaseModel
 
 from regen.config import RegenConfig
+from regen.naming import artifact_key, dataset_name
 from regen.nodes import NodeAssignment, NodeConfig, NodeTally, heartbeat_age
 from regen.storage import open_storage
 from tasks.generate import RunPlan
@@ -119,15 +120,19 @@ def watch_nodes(
     logger = get_run_logger()
     storage = open_storage(config.output)
     tally = NodeTally(storage, plan.fingerprint, plan.num_shards)
+    name = dataset_name(config.output)
     artifact = create_progress_artifact(
-        progress=0.0, key="multinode-progress", description="regen: share of prompts committed"
+        progress=0.0,
+        key=artifact_key("multinode-progress", config.output),
+        description=f"{name}: share of prompts committed",
     )
     done_since: float | None = None
     with get_client(sync_client=True) as client:
         while True:
             tally.refresh()
             update_progress_artifact(
-                artifact_id=artifact, progress=100.0 * tally.rows / max(1, plan.num_rows)
+                artifact_id=artifact,
+                progress=round(100.0 * tally.rows / max(1, plan.num_rows), 2),
             )
             runs = {name: client.read_flow_run(UUID(rid)) for name, rid in children.items()}
             now = time.time()
@@ -176,7 +181,13 @@ def watch_nodes(
                 )
             )
     report = NodesReport(complete=tally.complete, nodes=outcomes)
-    create_markdown_artifact(key="multinode-nodes", markdown=report.to_markdown())
+    failed = [n.name for n in report.nodes if n.problem]
+    create_markdown_artifact(
+        key=artifact_key("multinode-nodes", config.output),
+        markdown=report.to_markdown(),
+        description=f"{name}: {len(report.nodes)} node(s)"
+        + (f", failed: {', '.join(failed)}" if failed else ""),
+    )
     for node in report.nodes:
         log = logger.error if node.problem else logger.info
         log(

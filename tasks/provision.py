@@ -7,7 +7,10 @@ from prefect.artifacts import create_table_artifact
 
 from regen.config import RegenConfig
 from regen.errors import UserError
+from regen.naming import artifact_key, dataset_name
 from regen.preflight import PreflightReport, run_checks
+
+_LOUD = {"fail": 0, "warn": 1}
 
 
 class ProvisioningFailed(UserError):
@@ -20,9 +23,14 @@ def provision(config: RegenConfig) -> PreflightReport:
     logger = get_run_logger()
     report = run_checks(config)
     create_table_artifact(
-        key="provisioning-checks",
-        table=[r.model_dump() for r in report.rows],
-        description="regen provisioning checks: every row must be ok, warn or skip.",
+        key=artifact_key("provisioning-checks", config.output),
+        # Failures and warnings first, in capitals: they are what the reader came for.
+        table=[
+            {**r.model_dump(), "status": r.status.upper() if r.status in _LOUD else r.status}
+            for r in sorted(report.rows, key=lambda r: _LOUD.get(r.status, len(_LOUD)))
+        ],
+        description=f"{dataset_name(config.output)}: provisioning "
+        + ("PASS" if report.ok else f"FAIL {report.summary()}"),
     )
     for row in report.rows:
         log = logger.error if row.status == "fail" else logger.info

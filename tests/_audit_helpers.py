@@ -19,6 +19,7 @@ import polars as pl
 from regen.schema import row_schema
 from regen.shards import commit_shard, data_key
 from regen.storage import LocalStorage
+from tests._lossmask_helpers import qwen3_model_dir
 
 PROMPT_MARK = "PROMPT-SECRET"
 LOOP = "Wait, let me check that again. "
@@ -221,15 +222,7 @@ def _write_parquet(storage: LocalStorage, key: str, frame: pl.DataFrame) -> None
 
 
 def tiny_tokenizer(path: Path) -> Path:
-    """A WordLevel tokenizer trained on a few strings: one token per word, per newline run
-    and per special token, so `<think>\\n\\n</think>\\n\\nOK.<|im_end|>` is exactly 6 tokens."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
-
-    specials = ["[UNK]", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\n+|[^\s]+"), behavior="removed", invert=True)
-    trainer = trainers.WordLevelTrainer(special_tokens=specials)
-    tok.train_from_iterator(["OK.", "The answer is 42.", "Let me think.\n\nYes."], trainer)
-    file = path / "tokenizer.json"
-    tok.save(str(file))
-    return path
+    """A model directory with a WordLevel tokenizer (one token per word, per newline run and
+    per special token) and a Qwen3 chat template, so the loss mask of the answer
+    `<think>\\n\\n</think>\\n\\nOK.<|im_end|>` is exactly 6 tokens."""
+    return qwen3_model_dir(path)

@@ -55,3 +55,11 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=90):
         yield
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say, in one line, that the contract suite did not run and how to make it run."""
+    from tests.contract._sglang import MISSING, env_ready, required
+
+    if not env_ready() and not required():
+        terminalreporter.write_line(MISSING)

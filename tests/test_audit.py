@@ -11,8 +11,9 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from regen.audit import AuditConfig, AuditResult, Example, audit_table, run_audit, write_report
-from regen.audit.loss_mask import LossMaskCounter
 from regen.errors import UserError
+from regen.lossmask import load_template, samples
+from regen.schema import row_schema
 from regen.storage import LocalStorage
 from tests._audit_helpers import PROMPT_MARK, Synthetic, make_dataset, tiny_tokenizer
 
@@ -100,7 +101,7 @@ def test_clean_dataset_raises_nothing(clean: tuple[Synthetic, AuditResult]) -> N
     _, result = clean
     assert result.verdict == "pass"
     for check in result.checks:
-        expected = "skipped" if check.name == "loss_mask" else "pass"
+        expected = "skipped" if check.name in {"loss_mask", "template_parity"} else "pass"
         assert check.status == expected, (check.name, check.detail)
     for name in [*QUALITY, "error_rows", "completeness"]:
         assert result.check(name).figure == (1 / 2000 if name == "answer_collapse" else 0.0)
@@ -156,12 +157,19 @@ def test_loss_mask_counts_tokens_with_the_tokenizer(tmp_path: Path, tokenizer: P
 def test_loss_mask_count_of_a_full_answer(tokenizer: Path) -> None:
     batch = pl.DataFrame(
         {
+            "id": ["full", "incident"],
+            "messages": [[{"role": "user", "content": "Q?", "reasoning_content": None}]] * 2,
             "reasoning_content": ["Let me think.\n\nYes.", ""],
             "content": ["The answer is 42.", "OK."],
-            "is_error": [False, False],
-        }
-    )
-    counts = LossMaskCounter.load(tokenizer)(batch).to_list()
+            "finish_reason": ["stop", "stop"],
+            "error": [None, None],
+            "turns": [[], []],
+        },
+        schema={k: row_schema()[k] for k in ("id", "messages", "reasoning_content", "content",
+                                             "finish_reason", "error", "turns")},
+    )  # fmt: skip
+    template, _ = load_template(tokenizer)
+    counts = samples(batch, template=template).collect()["loss_tokens"].to_list()
     # <think> \n Let me think. \n\n Yes. \n </think> \n\n The answer is 42. <|im_end|>
     assert counts == [15, 6]
 

@@ -363,7 +363,7 @@ def test_removed_sglang_flag(tmp_path: Path, tally: Tally) -> None:
     tally.judge(
         "removed sglang flag in extra_args",
         verdict,
-        "engine.extra_args: --cuda-graph-max-bs was removed in sglang 0.5.23",
+        "engine.extra_args[0]: --cuda-graph-max-bs was removed in sglang 0.5.23",
         "use --cuda-graph-max-bs-decode",
     )
 
@@ -376,7 +376,7 @@ def test_api_key_in_extra_args(tmp_path: Path, tally: Tally) -> None:
         "base_port": free_base_port(),
     }
     verdict = failed_row(preflight(tmp_path, base_config(tmp_path, engine=engine)), "flags")
-    tally.judge("api key in extra_args", verdict, "engine.extra_args: --api-key is set by regen")
+    tally.judge("api key in extra_args", verdict, "engine.extra_args[0]: --api-key is set by regen")
     assert "s3cr3t-in-ps" not in verdict.printed
 
 

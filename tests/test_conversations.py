@@ -22,6 +22,7 @@ from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.emulator import history_digest
 from regen.fleet.endpoint import Endpoint
 from regen.schema import MESSAGE, row_schema
+from tests._ids_helpers import IM_END, rendered, response_ids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,10 +114,20 @@ def test_all_turns_regenerate_the_whole_conversation(endpoint: Endpoint) -> None
         assert [t["turn"] for t in turns] == [1, 2, 3]
         # The emulator tags each answer with a digest of the history it was asked on: each
         # turn saw the regenerated conversation so far (no original answer, no reasoning).
+        # Each turn keeps the server's ids: its prompt is the template's rendering of that
+        # history, earlier answers included, and its response the tokens of its answer.
+        asked = iter(turns)
         for at, message in enumerate(messages):
             if message["role"] == "assistant":
                 seen = [{"role": m["role"], "content": m["content"]} for m in messages[:at]]
-                assert message["content"].startswith(f"[history:{history_digest(seen)}]")
+                assert message["content"].startswith(f"\n\n[history:{history_digest(seen)}]")
+                turn = next(asked)
+                assert turn["prompt_token_ids"] == rendered(seen, True, enable_thinking=True)
+                assert turn["response_token_ids"] == response_ids(
+                    message["reasoning_content"], message["content"]
+                )
+                assert turn["prompt_tokens"] == len(turn["prompt_token_ids"])
+                assert turn["completion_tokens"] == len(turn["response_token_ids"])
         prompts = [t["prompt_tokens"] for t in turns]
         assert prompts[0] < prompts[1] < prompts[2]
         assert row["content"] == answers[-1]["content"]
@@ -136,6 +147,10 @@ def test_drop_stores_no_reasoning_in_either_mode(endpoint: Endpoint) -> None:
         stored = out["messages"].explode().struct.field("reasoning_content")
         assert stored.null_count() == stored.len()
         assert (out["reasoning_tokens"] > 0).all()  # it still thought
+        # The response ids hold the reasoning too: dropped with it. The prompt ids stay.
+        ids = out["turns"].explode().struct.unnest()
+        assert ids["response_token_ids"].null_count() == ids.height
+        assert ids["prompt_token_ids"].null_count() == 0
 
 
 def test_last_answers_once(endpoint: Endpoint) -> None:
@@ -146,6 +161,29 @@ def test_last_answers_once(endpoint: Endpoint) -> None:
     assert out["turns"].list.len().to_list() == [1, 1, 1]
     assert out["turns"].list.first().struct.field("turn").to_list() == [3, 3, 3]
     assert out["reasoning_content"].null_count() == 0
+    for row in out.iter_rows(named=True):
+        # The prompt as given, the original answer included, rendered by the template.
+        (turn,) = row["turns"]
+        assert turn["prompt_token_ids"] == rendered(row["messages"], True, enable_thinking=True)
+        assert turn["response_token_ids"] == response_ids(row["reasoning_content"], row["content"])
+
+
+def test_token_ids_false_asks_for_none_and_stores_null(endpoint: Endpoint) -> None:
+    off = RegenerationConfig(token_ids=False)
+    assert "return_token_ids" not in chat_request_body(
+        MODEL, [], SamplingConfig(), regeneration=off
+    )
+    on = chat_request_body(MODEL, [], SamplingConfig(), regeneration=RegenerationConfig())
+    assert on["return_token_ids"] is True
+    # Probes and fleet benches pass no regeneration: they store nothing and ask for no ids.
+    assert "return_token_ids" not in chat_request_body(MODEL, [], SamplingConfig())
+    for turns in ("all", "last"):
+        out = regenerate(endpoint, conversations(2), turns=turns, token_ids=False)
+        assert out["error"].null_count() == out.height
+        stored = out["turns"].explode().struct.unnest()
+        assert stored.height == (6 if turns == "all" else 2)
+        assert stored["prompt_token_ids"].null_count() == stored.height
+        assert stored["response_token_ids"].null_count() == stored.height
 
 
 def test_a_failed_turn_ends_the_conversation_and_keeps_the_turns_before(
@@ -157,11 +195,17 @@ def test_a_failed_turn_ends_the_conversation_and_keeps_the_turns_before(
         assert row["error"].startswith("turn 3: ")
         assert "context length" in row["error"]
         assert [t["turn"] for t in row["turns"]] == [1, 2]
+        # The turns that succeeded keep their ids; the failed one has no record at all.
+        assert all(t["response_token_ids"][-1] == IM_END for t in row["turns"])
         roles = [m["role"] for m in row["messages"]]
         assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
         assert row["content"] is None
         assert row["prompt_tokens"] == sum(t["prompt_tokens"] for t in row["turns"])
         assert row["attempts"] == 3
+    # turns=last: the error row has no turn, so no ids anywhere (no training sample).
+    last = regenerate(endpoint, conversations(2, third=too_long), turns="last")
+    assert last["error"].null_count() == 0
+    assert last["turns"].list.len().to_list() == [0, 0]
 
 
 @pytest.mark.parametrize("turns", ["all", "last"])

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from regen.fleet.process import group_alive
+from regen.naming import artifact_key
 from regen.ports import port_is_free, quiet_port_range
 from tests._prefect_server import Server, Worker, prefect_server, prefect_worker
 
@@ -153,16 +154,23 @@ def test_rehearsal_deployment_runs_to_completed(stack: Stack) -> None:
     )
 
     assert run.state.is_completed(), _failure(stack, run)
+    # Named and tagged for what it does; its own dataset tag replaces the deployment's default.
+    assert run.name == "rehearsal-qwen3-emu-sample-prompts"
+    assert {"rehearsal", "model:qwen3-emu", "dataset:out"} <= set(run.tags)
+    assert "dataset:rehearsal-nightly" not in run.tags
     names = _task_run_names(stack.server, run_id)
     for prefix in ("provision", "stage-model", "plan-shards", "launch-fleet", "audit"):
         assert any(n.startswith(prefix) for n in names), names
     assert "generate-shard-000000" in names
     assert {
-        "provisioning-checks",
-        "fleet-report",
-        "generation-progress",
-        "generation-summary",
-        "audit-report",
+        artifact_key(kind, config["output"])
+        for kind in (
+            "provisioning-checks",
+            "fleet-report",
+            "generation-progress",
+            "generation-summary",
+            "audit-report",
+        )
     } <= _artifact_keys(stack.server, run_id)
 
     out = root / "out"

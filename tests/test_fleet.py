@@ -101,12 +101,19 @@ def test_four_servers_come_up_measured_and_go_away(tmp_path: Path) -> None:
 
 def test_fail_startup_names_the_server_with_its_log_tail_at_once(tmp_path: Path) -> None:
     config = fleet_config(tmp_path, 2, server_faults={1: ["fail-startup"]})
+    key = generate_api_key()
+    commands = build_server_commands(config, MODEL_DIR, key, config.work_dir)
     with pytest.raises(FleetError) as err:
-        _launch(config)
+        launch_fleet(config, commands, key, probe_settings=FAST, grace_s=3)
     raised = time.time()
     message = str(err.value)
     assert "server-1" in message and "exited with code 1" in message
     assert "fail-startup: the model failed to load" in message  # the log tail
+    # The server logged its arguments as 0.5.23 does, key in clear: the tail shown is redacted.
+    secret = key.get_secret_value()
+    log_file = config.work_dir / "logs" / "server-1.log"
+    assert secret in log_file.read_text() and log_file.stat().st_mode & 0o077 == 0
+    assert secret not in message and "'api_key': '***'" in message
     assert "server-0 (" not in message.split("\n", 1)[0]
     exited = (config.work_dir / "logs" / "server-1.log").stat().st_mtime
     assert raised - exited < 2.0

@@ -109,7 +109,7 @@ def test_removed_flag_is_rejected_naming_its_replacement(tmp_path: Path, flag: s
     with pytest.raises(ConfigError) as err:
         _build(tmp_path, servers=1, extra_args=[flag, "32"] if "=" not in flag else [flag])
     message = str(err.value)
-    assert "engine.extra_args" in message
+    assert "engine.extra_args[0]: --cuda-graph-max-bs" in message
     assert "--cuda-graph-max-bs-decode" in message
     assert "\n" not in message
 
@@ -123,6 +123,9 @@ def test_removed_flag_is_rejected_naming_its_replacement(tmp_path: Path, flag: s
         (["--api-key", "x"], "--api-key"),
         (["--config", "x.yaml"], "--config"),
         (["--enable-metrics"], "--enable-metrics"),
+        # argparse takes a unique prefix for the whole flag, overriding regen's value.
+        (["--mem-fraction", "0.5"], "--mem-fraction abbreviates --mem-fraction-static"),
+        (["--context-len=8"], "--context-len abbreviates --context-length"),
     ],
 )
 def test_flag_the_builder_sets_is_rejected(tmp_path: Path, extra: list[str], named: str) -> None:
@@ -171,7 +174,8 @@ def test_emulator_gets_the_same_flags_plus_emu_flags(tmp_path: Path) -> None:
         config.model_copy(update={"engine": as_emulator}), STAGED, KEY, tmp_path
     )
     emu_common = [
-        "--emu-load-s", "2.0", "--emu-tokens-per-s", "100.0", "--emu-time-scale", "0.5",
+        "--emu-load-s", "2.0", "--emu-tokens-per-s", "100.0", "--emu-accept-length", "3.6",
+        "--emu-time-scale", "0.5",
         "--emu-seed", "7", "--emu-reasoning-tokens", "10:20", "--emu-answer-tokens", "1:2",
         "--emu-fault", "http500=0.1",
     ]  # fmt: skip

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 import polars as pl
 import pytest
 import yaml
 
 from regen.config import RegenConfig
+from regen.naming import dataset_slug, node_name
 from regen.rehearsal import bundled, rehearsal_config
 from regen.storage import open_storage
 from tests._s3_helpers import MotoS3, moto_server
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import Artifact, FlowRun
+    from prefect.states import State
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("prefect_harness")]
 
@@ -50,13 +59,72 @@ async def _task_run_names(flow_run_id: object) -> list[str]:
         return [r.name for r in runs]
 
 
-async def test_every_stage_and_shard_is_a_prefect_task_run(tmp_path: Path) -> None:
-    from prefect import get_client
+@dataclass(frozen=True)
+class Run:
+    config: RegenConfig
+    state: State[Any]
 
+
+@pytest.fixture(scope="module")
+def good_run(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One passing rehearsal, shared by the tests that read its run and compare against it."""
     from flows.regenerate import regenerate_completions
 
-    config = _config(tmp_path, str(tmp_path / "out"))
-    state = regenerate_completions(config, return_state=True)
+    tmp_path = tmp_path_factory.mktemp("good")
+    exports = {"dest": str(tmp_path / "exports"), "formats": ["specforge", "tokenized"]}
+    config = _config(tmp_path, str(tmp_path / "out"), export=exports)
+    return Run(config, regenerate_completions(config, return_state=True))
+
+
+def _flow_run(state: State[Any]) -> FlowRun:
+    from prefect import get_client
+
+    assert state.state_details.flow_run_id is not None
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(state.state_details.flow_run_id)
+
+
+def _artifacts(flow_run_id: UUID) -> dict[str, Artifact]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return {a.key: a for a in found if a.key}
+
+
+def _log_text(flow_run_id: UUID) -> str:
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=5)
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return "\n".join(log.message for log in logs)
+
+
+ARTIFACT_KINDS = (
+    "dataset",
+    "provisioning-checks",
+    "fleet-report",
+    "generation-progress",
+    "fleet-live",
+    "generation-summary",
+    "audit-report",
+    "export-specforge",
+    "export-tokenized",
+)
+
+
+async def test_every_stage_and_shard_is_a_prefect_task_run(good_run: Run) -> None:
+    from prefect import get_client
+
+    config, state = good_run.config, good_run.state
     assert state.is_completed(), state.message
     summary = await state.result()
     assert summary.rows_ok == 240 and summary.verdict in {"pass", "warn"}
@@ -64,11 +132,44 @@ async def test_every_stage_and_shard_is_a_prefect_task_run(tmp_path: Path) -> No
         flow_run = await client.read_flow_run(state.state_details.flow_run_id)
     assert flow_run.state.is_completed()
     names = await _task_run_names(flow_run.id)
-    for stage in ("provision", "stage-model", "plan-shards", "launch-fleet", "audit"):
+    stages = ("provision", "stage-model", "plan-shards", "launch-fleet", "audit")
+    for stage in (*stages, "export-specforge", "export-tokenized"):
         assert any(n.startswith(stage) for n in names), (stage, names)
     shards = sorted(n for n in names if n.startswith("generate-shard-"))
     assert shards == [f"generate-shard-{k:06d}" for k in range(3)]
     assert sorted(_ids(config.output)) == sorted(_sample_ids())
+    # Stage 6 after the passing audit: each format in its own directory, every row in it, the
+    # tokens the emulator's own ids (mask sum = the turn's completion tokens).
+    assert config.export is not None
+    exports = Path(config.export.dest)
+    assert summary.exports == [str(exports / "specforge"), str(exports / "tokenized")]
+    specforge = json.loads((exports / "specforge" / "export.json").read_text())["counts"]
+    assert specforge["rows_exported"] == specforge["samples"] == 240
+    tokens = json.loads((exports / "tokenized" / "export.json").read_text())["counts"]
+    assert (tokens["samples"], tokens["dropped"]) == (240, {"no_token_ids": 0})
+    samples = pl.read_ndjson(sorted((exports / "tokenized").glob("shard-*.jsonl")))
+    stored = pl.concat(
+        pl.read_parquet(open_storage(config.output).read_bytes(k))
+        for k in open_storage(config.output).list("shards/")
+        if k.endswith(".parquet")
+    ).select("id", "completion_tokens")
+    joined = samples.join(stored, on="id", validate="1:1")
+    assert joined.height == 240
+    assert (joined["input_ids"].list.len() == joined["loss_mask"].list.len()).all()
+    assert (joined["loss_mask"].list.sum() == joined["completion_tokens"]).all()
+
+
+def test_a_run_is_named_and_tagged_for_what_it_does(good_run: Run) -> None:
+    flow_run = _flow_run(good_run.state)
+    assert flow_run.name == "rehearsal-qwen3-emu-sample-prompts"
+    assert {"rehearsal", "model:qwen3-emu", "dataset:out", f"node:{node_name()}"} <= set(
+        flow_run.tags
+    )
+    artifacts = _artifacts(flow_run.id)
+    slug = dataset_slug(good_run.config.output)
+    assert set(artifacts) == {f"{kind}-{slug}" for kind in ARTIFACT_KINDS}
+    audit = artifacts[f"audit-report-{slug}"].description or ""
+    assert audit == "out: audit PASS 240 rows" or audit.startswith("out: audit WARN "), audit
 
 
 @pytest.fixture
@@ -105,14 +206,26 @@ def test_missing_bucket_fails_provisioning_before_launch(tmp_path: Path, moto: M
     assert not (tmp_path / "work" / "logs").exists(), "a server was launched"
 
 
-def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path) -> None:
+def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run: Run) -> None:
     from flows.regenerate import regenerate_completions
 
     out = tmp_path / "out"
-    config = _config(tmp_path, str(out), engine={"emulator": {"faults": ["empty-answer=0.87"]}})
+    exports = tmp_path / "exports"
+    config = _config(
+        tmp_path,
+        str(out),
+        engine={"emulator": {"faults": ["empty-answer=0.87"]}},
+        export={"dest": str(exports), "formats": ["specforge"]},
+    )
     state = regenerate_completions(config, return_state=True)
     assert state.is_failed()
     assert "audit failed" in (state.message or "")
+    assert not exports.exists(), "a dataset that fails the audit is never exported"
+    # The verdict leads, then the failing figures against their thresholds, then where the data is.
+    message = state.message or ""
+    assert message.startswith("FAIL: "), message
+    assert re.search(r"empty_answer \d+(\.\d+)? % \(fail at [\d.]+ %\)", message), message
+    assert f"The data was kept: 240 rows at {out}" in message
     assert (out / "report" / "audit.md").read_text().startswith("# Audit: **FAIL**")
     checks = {
         c["name"]: c for c in json.loads((out / "report" / "audit.json").read_text())["checks"]
@@ -120,4 +233,23 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path) -> None:
     for name in ("empty_answer", "empty_thinking", "answer_collapse"):
         assert checks[name]["status"] == "fail"
         assert checks[name]["figure"] == pytest.approx(0.87, abs=0.06), name
+    # Check 10 from the server's own ids: the incident's answer is 6 tokens to learn from.
+    loss = checks["loss_mask"]
+    assert loss["status"] == "fail"
+    assert loss["figure"] == pytest.approx(0.87, abs=0.06)
+    assert {e["reason"] for e in loss["examples"]} == {"6 loss tokens"}
+    rows = len(_sample_ids())
+    assert f"from stored token ids: {rows}, from the chat template: 0" in loss["detail"]
+    assert checks["template_parity"]["status"] == "pass"  # served and staged templates agree
     assert sorted(_ids(str(out))) == sorted(_sample_ids()), "the data must stay"
+    # An expected outcome, not a crash: no traceback anywhere in the run's logs.
+    flow_run_id = _flow_run(state).id
+    logs = _log_text(flow_run_id)
+    assert "audit failed on empty_answer" in logs and "Traceback" not in logs
+    # This dataset's reports have keys of their own: the good dataset's are left as they were.
+    mine, good = _artifacts(flow_run_id), _artifacts(_flow_run(good_run.state).id)
+    assert set(mine) and not set(mine) & set(good), (set(mine), set(good))
+    assert all(key.endswith(dataset_slug(str(out))) for key in mine)
+    assert (mine[f"audit-report-{dataset_slug(str(out))}"].description or "").startswith(
+        f"out: audit FAIL empty/trivial answers {100 * checks['empty_answer']['figure']:.3g} %"
+    )

@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from regen.fleet import reap_orphans
+from regen.naming import artifact_key
 from regen.shards import committed_shards, read_shard
 from regen.storage import Storage
 from tests._multinode_helpers import REPO, parent_params, start_parent, write_prompts
@@ -131,9 +132,11 @@ def _children(cluster: Cluster, run_id: str) -> dict[str, Any]:
     return {r.parameters["node"]["name"]: r for r in runs}
 
 
-def _artifact(cluster: Cluster, run_id: str, key: str) -> Any:
+def _artifact(cluster: Cluster, run_id: str, kind: str, bucket: str) -> Any:
+    """The run's artifact of `kind` for the dataset s3://<bucket>/run (keys carry its slug)."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
+    key = artifact_key(kind, f"s3://{bucket}/run")
     with _client(cluster.server) as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(
@@ -182,9 +185,9 @@ def test_two_nodes_write_every_id_once_as_two_subflows(cluster: Cluster) -> None
     assert storage.exists("report/audit.json"), "the parent audits the whole dataset once"
     for node in NODES:
         assert storage.exists(f"nodes/{node}.progress.json")
-    table = _artifact(cluster, run_id, "multinode-nodes").data
+    table = _artifact(cluster, run_id, "multinode-nodes", bucket).data
     assert all(node in table for node in NODES) and "complete" in table
-    _artifact(cluster, run_id, "multinode-progress")
+    _artifact(cluster, run_id, "multinode-progress", bucket)
     print(f"\nshards per node: {by_node}")
 
 
@@ -286,7 +289,7 @@ def test_a_killed_node_leaves_its_shards_to_the_other_after_the_lease(cluster: C
     children = _children(cluster, run_id)
     assert children["node-2"].state.is_crashed(), children["node-2"].state_name
     assert "vanished" in (children["node-2"].state.message or ""), children["node-2"].state
-    table = _artifact(cluster, run_id, "multinode-nodes").data
+    table = _artifact(cluster, run_id, "multinode-nodes", bucket).data
     assert re.search(r"\| node-2 \|[^\n]*vanished", table), table
     print(f"\nafter the kill node-1 committed {len(taken_over)} shard(s); {table}")
     stop_worker(cluster.workers["node-2"])

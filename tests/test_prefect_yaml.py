@@ -28,7 +28,15 @@ def _flow(entrypoint: str) -> Any:
 
 
 def test_the_three_deployments_exist(deployments: dict[str, dict[str, Any]]) -> None:
-    assert set(deployments) == {"rehearsal", "gpu-node", "multinode", "node-1", "node-2", "dataset"}
+    assert set(deployments) == {
+        "rehearsal",
+        "gpu-node",
+        "multinode",
+        "node-1",
+        "node-2",
+        "dataset",
+        "trainer-files",
+    }
 
 
 @pytest.mark.parametrize(
@@ -40,6 +48,7 @@ def test_the_three_deployments_exist(deployments: dict[str, dict[str, Any]]) -> 
         ("node-1", "regenerate", "regen-gpu-node-1"),
         ("node-2", "regenerate", "regen-gpu-node-2"),
         ("dataset", "audit", "regen-cpu"),
+        ("trainer-files", "export", "regen-cpu"),
     ],
 )
 def test_entrypoint_is_a_flow_that_takes_the_parameters(

@@ -442,3 +442,17 @@ def test_regen_check_passes_a_good_config(tmp_path: Path, regen_env: dict[str, s
     proc = run_regen(["check", "--config", str(cfg)], regen_env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.rstrip().endswith("provisioning: ok")
+
+
+def test_regen_check_refuses_a_mistyped_flag_naming_it(
+    tmp_path: Path, regen_env: dict[str, str]
+) -> None:
+    """A typo in engine.extra_args fails `regen check` before any server starts, as the
+    rehearsal's emulator and the real server would at launch (exit 2)."""
+    engine = {"kind": "emulator", "gpus": [0], "extra_args": ["--max-runing-requests", "8"]}
+    cfg = _write_yaml(tmp_path / "c.yaml", make_config(tmp_path, engine=engine))
+    proc = run_regen(["check", "--config", str(cfg)], regen_env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "engine.extra_args[0]: --max-runing-requests" in proc.stdout
+    assert "unrecognized arguments" in proc.stdout
+    assert not (tmp_path / ".regen" / "logs").exists()  # nothing was launched

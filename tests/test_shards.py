@@ -107,6 +107,25 @@ def test_open_run_writes_resumes_and_names_the_changed_setting(tmp_path: Path) -
     assert "generation.new_output: true" in str(err.value)
 
 
+def test_a_run_without_token_ids_resumes_with_them(tmp_path: Path) -> None:
+    """token_ids only adds ids beside the same text: not a new run, and an older run.json
+    (made before the setting existed) still matches."""
+    ps = _prompts(tmp_path, 8)
+    plan = plan_shards(ps, 4)
+    storage = LocalStorage(tmp_path / "out")
+    without = parse_config({**_config(), "regeneration": {"token_ids": False}})
+    old = new_run_info(without, ps, plan)
+    assert "regeneration.token_ids" not in old.components
+    assert old.regeneration["token_ids"] is False  # run.json still says what it was
+    open_run(storage, old, plan, new_output=False)
+    resumed = open_run(
+        storage, new_run_info(parse_config(_config()), ps, plan), plan, new_output=False
+    )
+    assert resumed.fingerprint == old.fingerprint
+    other = parse_config({**_config(), "regeneration": {"thinking": "off"}})
+    assert new_run_info(other, ps, plan).fingerprint != old.fingerprint
+
+
 def test_new_output_moves_the_old_run_aside(tmp_path: Path) -> None:
     ps = _prompts(tmp_path, 8)
     plan = plan_shards(ps, 4)

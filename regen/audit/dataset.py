@@ -125,6 +125,18 @@ def thinking_requested(storage: Storage) -> bool:
     return value if isinstance(value, bool) else True
 
 
+def thinking_enabled(storage: Storage) -> bool:
+    """Whether requests asked for thinking (`enable_thinking`): run.json's
+    `regeneration.thinking` is not `off`; templates render another generation prompt."""
+    run = _read_run(storage)
+    regeneration = run.get("regeneration")
+    if isinstance(regeneration, dict) and isinstance(regeneration.get("thinking"), str):
+        return regeneration["thinking"] != "off"
+    sampling = run.get("sampling")
+    value = sampling.get("enable_thinking") if isinstance(sampling, dict) else None
+    return value if isinstance(value, bool) else True
+
+
 def _read_run(storage: Storage) -> dict[str, Any]:
     if not storage.exists("run.json"):
         return {}

@@ -6,14 +6,9 @@ fit in a few tens of MB, while the texts they came from do not need to be held a
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import polars as pl
 
 from regen.audit.thresholds import AuditConfig
-
-TokenCounter = Callable[[pl.DataFrame], pl.Series]
-"""Loss-mask tokens of a batch with columns reasoning_content, content (see loss_mask)."""
 
 _TEXT_COLUMNS = ["reasoning_content", "content"]
 # Odd 64-bit multipliers: a rolling combination of word hashes that is order-sensitive.
@@ -132,9 +127,7 @@ def repeated_share(texts: pl.Series, ngram: int, min_words: int) -> pl.Series:
     return share.alias("repetition")
 
 
-def collect_features(
-    rows: pl.LazyFrame, config: AuditConfig, count_tokens: TokenCounter | None = None
-) -> pl.DataFrame:
+def collect_features(rows: pl.LazyFrame, config: AuditConfig) -> pl.DataFrame:
     """The facts frame: one row per committed row, texts dropped after each batch."""
     batches = []
     for batch in rows.select(_row_facts(config)).collect_batches(chunk_size=config.batch_rows):
@@ -142,14 +135,9 @@ def collect_features(
             repeated_share(batch[c], config.repetition_ngram, config.repetition_min_words)
             for c in _TEXT_COLUMNS
         ]
-        extra = [pl.max_horizontal(shares).alias("repetition")]
-        if count_tokens is not None:
-            extra.append(pl.lit(count_tokens(batch)).alias("loss_tokens"))
-        batches.append(batch.drop(_TEXT_COLUMNS).with_columns(extra))
+        repetition = pl.max_horizontal(shares).alias("repetition")
+        batches.append(batch.drop(_TEXT_COLUMNS).with_columns(repetition))
     if not batches:
         empty = rows.select(_row_facts(config)).head(0).collect().drop(_TEXT_COLUMNS)
-        cols = [pl.lit(0.0).alias("repetition")]
-        if count_tokens is not None:
-            cols.append(pl.lit(0, pl.Int64).alias("loss_tokens"))
-        return empty.with_columns(cols)
+        return empty.with_columns(pl.lit(0.0).alias("repetition"))
     return pl.concat(batches)

@@ -13,11 +13,12 @@ from regen.audit.result import Check, Example, Histogram, Quantiles, grade
 from regen.audit.thresholds import AuditConfig
 
 
-def length_columns(thinking: bool, with_loss: bool) -> list[str]:
+def length_columns(thinking: bool) -> list[str]:
+    """The per-row length columns; check 10's loss_tokens are per sample and added apart."""
     cols = ["prompt_tokens", "reasoning_tokens", "completion_tokens", "answer_tokens"]
     if not thinking:
         cols.remove("reasoning_tokens")
-    return [*cols, "loss_tokens"] if with_loss else cols
+    return cols
 
 
 def quantiles(ok: pl.DataFrame, columns: list[str]) -> dict[str, Quantiles]:

@@ -1,90 +1,127 @@
-"""Check 10: how many assistant tokens a trainer learns from, with the model's own tokenizer.
+"""Check 10: how many tokens a trainer learns from, per sample, from regen.lossmask.
 
-The assistant turn is rendered the way Qwen-style chat templates render it,
-
-    <|im_start|>assistant\\n<think>\\n{reasoning}\\n</think>\\n\\n{content}<|im_end|>
-
-and everything after the `<|im_start|>assistant\\n` header is the loss mask. The template in
-tokenizer_config.json is not executed: that needs jinja and the whole conversation, and a
-per-row template run is far too slow for a million rows. For the incident's answer,
-`<think>\\n\\n</think>\\n\\nOK.<|im_end|>`, a Qwen tokenizer counts 6 tokens.
+Each assistant turn is a sample (`samples(..., turns="each")`): with the server's stored ids
+the mask is exact and costs only list lengths; without them the model's own chat template
+and tokenizer rebuild it (an older dataset, a server that returns no ids). The check says
+how many samples came from each path, and is skipped, never passed, when neither applies.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
 from regen.audit.result import Check, Example, grade
 from regen.audit.thresholds import AuditConfig
-from regen.errors import UserError
+from regen.lossmask import ROW_COLUMNS, ChatTemplate, lacks_ids, load_template, samples
+from regen.lossmask.ids import sample_sizes
 
 
-def render_assistant_turn() -> pl.Expr:
-    """The loss-masked text of each row, as the Qwen3 template joins reasoning and answer."""
-    reasoning = pl.col("reasoning_content").fill_null("").str.strip_chars("\n")
-    content = pl.col("content").fill_null("").str.strip_chars_start("\n")
-    return pl.format("<think>\n{}\n</think>\n\n{}<|im_end|>", reasoning, content)
+@dataclass(frozen=True)
+class ModelTemplate:
+    """The model directory's chat template, or None and why; and run.json's thinking."""
+
+    template: ChatTemplate | None
+    missing: str
+    enable_thinking: bool
 
 
-class LossMaskCounter:
-    """Counts loss-mask tokens of a batch of rows with a `tokenizers` tokenizer.json."""
-
-    def __init__(self, tokenizer: Any, chunk: int = 4096) -> None:
-        self._tokenizer = tokenizer
-        # Encodings carry offsets and masks too: encoding a whole batch at once holds GBs.
-        self._chunk = chunk
-
-    @classmethod
-    def load(cls, path: Path) -> LossMaskCounter:
-        """From a tokenizer.json or a model directory that has one."""
-        from tokenizers import Tokenizer  # optional dependency: regen[tokenizer]
-
-        file = path / "tokenizer.json" if path.is_dir() else path
-        if not file.is_file():
-            raise UserError(f"{file}: tokenizer.json not found (set model.tokenizer_path)")
-        try:
-            return cls(Tokenizer.from_file(str(file)))
-        except Exception as err:  # the library raises a bare Exception on a bad file
-            raise UserError(f"{file}: not a valid tokenizer.json: {err}") from None
-
-    def __call__(self, batch: pl.DataFrame) -> pl.Series:
-        texts = batch.select(render_assistant_turn()).to_series().to_list()
-        lengths: list[int] = []
-        for start in range(0, len(texts), self._chunk):
-            part = texts[start : start + self._chunk]
-            encodings = self._tokenizer.encode_batch_fast(part, add_special_tokens=False)
-            lengths.extend(len(e.ids) for e in encodings)
-        counts = pl.Series("loss_tokens", lengths, dtype=pl.Int64)
-        # Error rows are not training samples: their count is left null.
-        return pl.select(pl.when(batch["is_error"].not_()).then(counts)).to_series()
-
-
-def load_counter(path: Path | None) -> tuple[LossMaskCounter | None, str]:
-    """The counter, or None and why the check is skipped."""
+def load_model_template(path: Path | None, enable_thinking: bool) -> ModelTemplate:
+    """From the run's tokenizer path or staged model; a broken tokenizer is a UserError."""
     if path is None:
-        return None, "no tokenizer given (model.tokenizer_path): loss mask not measured"
-    try:
-        import tokenizers  # noqa: F401
-    except ImportError:
-        return None, "the tokenizers library is not installed (pip install 'regen[tokenizer]')"
-    return LossMaskCounter.load(path), ""
+        why = "no tokenizer or chat template given (model.tokenizer_path)"
+        return ModelTemplate(None, why, enable_thinking)
+    template, why = load_template(path)
+    return ModelTemplate(template, why, enable_thinking)
 
 
-def loss_mask_check(ok: pl.DataFrame | None, config: AuditConfig, skipped: str) -> Check:
-    """The share of samples whose loss mask is at most `min_loss_tokens` tokens."""
+@dataclass(frozen=True)
+class LossMask:
+    """Loss tokens per sample and where they came from."""
+
+    tokens: pl.DataFrame
+    """Columns id (as the per-turn checks name it: `<id>#t<turn>` in a multi-turn row),
+    loss_tokens: one row per measured sample."""
+    turns: int
+    """Answered turns: each should be a sample."""
+    from_ids: int
+    from_template: int
+
+
+@dataclass(frozen=True)
+class StoredIds:
+    """What one streaming pass over the stored ids found (regen.lossmask.sample_sizes)."""
+
+    sizes: pl.DataFrame
+    """id, turn, turns (records of the row), loss_tokens (null without ids)."""
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.sizes.height > 0 and self.sizes.select(pl.col("turns").max() > 1).item()
+
+
+def stored_ids(rows: pl.LazyFrame) -> StoredIds:
+    """Every turn record's loss-mask size from its ids, reading only ids and turns: the
+    lists are counted, never built, and the streaming engine keeps memory bounded."""
+    sizes = sample_sizes(rows.select("id", "turns")).select("id", "turn", "turns", "loss_tokens")
+    return StoredIds(sizes.collect(engine="streaming"))
+
+
+def measure_loss_mask(
+    rows: pl.LazyFrame, stored: StoredIds, model: ModelTemplate, answers: int, batch_rows: int
+) -> LossMask:
+    """Each of the `answers` answered turns' loss-mask size: from the stored ids, and for
+    the rows where some turn lacks them, `samples` with the model's template."""
+    sizes = stored.sizes
+    from_ids = int(sizes["loss_tokens"].is_not_null().sum())
+    measured = sizes.filter(pl.col("loss_tokens").is_not_null())
+    if model.template is None or answers <= from_ids:
+        return LossMask(_named(measured), answers, from_ids, 0)
+    parts: list[pl.DataFrame] = []
+    redone: list[pl.Series] = []
+    lacking = rows.filter(lacks_ids("each")).select(ROW_COLUMNS)
+    for batch in lacking.collect_batches(chunk_size=batch_rows):
+        found = samples(batch, "each", model.template, enable_thinking=model.enable_thinking)
+        n = batch.select("id", pl.col("turns").list.len().fill_null(0).alias("turns"))
+        n = n.unique("id", keep="first")  # a duplicated row must not count its samples twice
+        parts.append(found.select("id", "turn", "loss_tokens").join(n.lazy(), on="id").collect())
+        redone.append(batch["id"])
+    if redone:
+        measured = measured.filter(~pl.col("id").is_in(pl.concat(redone).implode()))
+    both = pl.concat([measured, *parts], how="diagonal_relaxed")
+    return LossMask(_named(both), answers, from_ids, both.height - from_ids)
+
+
+def _named(sizes: pl.DataFrame) -> pl.DataFrame:
+    """Samples named as the per-turn checks name them (regen.audit.dataset.per_turn)."""
+    multi = pl.col("turns") > 1
+    return sizes.select(
+        pl.when(multi).then(pl.format("{}#t{}", "id", "turn")).otherwise("id").alias("id"),
+        pl.col("loss_tokens").cast(pl.Int64),
+    )
+
+
+def loss_mask_check(found: LossMask, config: AuditConfig, missing: str) -> Check:
+    """The share of samples whose loss mask is at most `min_loss_tokens` tokens; skipped,
+    never passed, when no answer could be measured (`missing` says why)."""
     name, title = "loss_mask", "10 loss-mask tokens"
-    if ok is None:
-        return Check(name=name, title=title, status="skipped", figure=None, detail=skipped)
-    if ok.height == 0:
-        return Check(name=name, title=title, status="skipped", figure=None, detail="no completions")
+    tokens = found.tokens
+    if tokens.height == 0:
+        detail = (
+            "no completions"
+            if found.turns == 0
+            else f"no token ids stored in {found.turns} answers and {missing}: loss mask "
+            "not measured"
+        )
+        return Check(name=name, title=title, status="skipped", figure=None, detail=detail)
     limit = config.min_loss_tokens
-    short = ok.filter(pl.col("loss_tokens") <= limit)
-    rate = short.height / ok.height
-    q = ok.select(pl.col("loss_tokens").quantile(p).alias(str(p)) for p in (0.01, 0.5, 0.99)).row(0)
-    shown = short.head(config.max_examples).select("id", "loss_tokens")
+    short = tokens.filter(pl.col("loss_tokens") <= limit)
+    rate = short.height / tokens.height
+    q = tokens.select(pl.col("loss_tokens").quantile(p).alias(str(p)) for p in (0.01, 0.5, 0.99))
+    p1, p50, p99 = q.row(0)
+    shown = short.head(config.max_examples)
     return Check(
         name=name,
         title=title,
@@ -93,6 +130,18 @@ def loss_mask_check(ok: pl.DataFrame | None, config: AuditConfig, skipped: str) 
         warn=config.loss_mask_short.warn,
         fail=config.loss_mask_short.fail,
         examples=[Example(id=i, reason=f"{n} loss tokens") for i, n in shown.iter_rows()],
-        detail=f"{short.height} of {ok.height} samples learn from <= {limit} tokens; "
-        f"p1 {q[0]:g}, p50 {q[1]:g}, p99 {q[2]:g}",
+        detail=f"{short.height} of {tokens.height} samples learn from <= {limit} tokens; "
+        f"p1 {p1:g}, p50 {p50:g}, p99 {p99:g}; {_sources(found, missing)}",
     )
+
+
+def _sources(found: LossMask, missing: str) -> str:
+    """Which path measured how many samples, and what was left unmeasured."""
+    lacking = found.turns - found.from_ids
+    text = f"from stored token ids: {found.from_ids}, from the chat template: {found.from_template}"
+    if lacking:
+        text += f"; {lacking} answers without token ids"
+    unmeasured = found.turns - found.from_ids - found.from_template
+    if unmeasured > 0:
+        text += f", {unmeasured} not measured ({missing or 'not a stored layout'})"
+    return text

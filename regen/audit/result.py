@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from regen.audit.thresholds import Threshold
+from regen.figures import pct, sig
 
 Status = Literal["pass", "warn", "fail", "skipped"]
 Verdict = Literal["pass", "warn", "fail"]
@@ -79,41 +80,71 @@ class AuditResult(BaseModel):
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
 
+    def ordered_checks(self) -> list[Check]:
+        """Failing checks first, then warnings, then the rest, each group in check order."""
+        return sorted(self.checks, key=lambda c: -_SEVERITY[c.status])
+
+    def headline(self) -> str:
+        """`PASS 240 rows`, `FAIL empty/trivial answers 85.8 %`: the verdict and why."""
+        if self.verdict == "pass":
+            return f"PASS {self.rows:,} rows"
+        worst = [c for c in self.ordered_checks() if c.status == self.verdict]
+        figures = ", ".join(f"{_topic(c)} {pct(c.figure)}" for c in worst[:2])
+        more = f" (+{len(worst) - 2} more)" if len(worst) > 2 else ""
+        return f"{self.verdict.upper()} {figures}{more}"
+
+    def failure_message(self) -> str:
+        """A failed gate's state message: verdict, each failing figure against its threshold,
+        and where the data was kept (nothing is deleted; the next run can retry the errors)."""
+        failing = [c for c in self.ordered_checks() if c.status == "fail"]
+        figures = "; ".join(f"{c.name} {pct(c.figure)} (fail at {pct(c.fail)})" for c in failing)
+        root = self.dataset.rstrip("/")
+        return (
+            f"{self.verdict.upper()}: audit failed on {figures}. The data was kept: "
+            f"{self.rows:,} rows at {root}, report at {root}/report/audit.md"
+        )
+
     def to_markdown(self) -> str:
-        """Verdict first, then the table, then examples by id (model output only in snippets)."""
+        """Verdict first, then a narrow table with failures on top, then the details and
+        examples by id below it (model output only in snippets)."""
         lines = [
             f"# Audit: **{self.verdict.upper()}**",
             "",
-            f"Dataset `{self.dataset}`: {self.rows} rows"
-            + (f", {self.planned} planned" if self.planned is not None else "")
+            f"**{self.headline()}**. Dataset `{self.dataset}`: {self.rows:,} rows"
+            + (f", {self.planned:,} planned" if self.planned is not None else "")
             + ".",
             "",
-            "| check | status | figure | warn | fail | detail |",
-            "|---|---|---|---|---|---|",
+            "| status | check | figure | warn at | fail at |",
+            "|---|---|--:|--:|--:|",
         ]
-        for c in self.checks:
+        ordered = self.ordered_checks()
+        for c in ordered:
             lines.append(
-                f"| {c.title} | {c.status} | {_pct(c.figure)} | {_pct(c.warn)} | "
-                f"{_pct(c.fail)} | {_cell(c.detail)} |"
+                f"| {_MARK[c.status]} | {c.title} | {pct(c.figure)} | {pct(c.warn)} | "
+                f"{pct(c.fail)} |"
             )
+        details = [c for c in ordered if c.detail]
+        if details:
+            lines += ["", "## Details", ""]
+            lines += [f"- **{c.title}** ({c.status}): {_cell(c.detail)}" for c in details]
         if self.lengths:
             lines += [
                 "",
                 "## Lengths (tokens)",
                 "",
                 "| column | p1 | p50 | p99 |",
-                "|---|---|---|---|",
+                "|---|--:|--:|--:|",
             ]
             for col, q in self.lengths.items():
-                lines.append(f"| {col} | {_num(q.p1)} | {_num(q.p50)} | {_num(q.p99)} |")
+                lines.append(f"| {col} | {sig(q.p1)} | {sig(q.p50)} | {sig(q.p99)} |")
         if self.servers:
             keys = sorted({k for s in self.servers for k in s.rates})
             lines += ["", "## Per server", "", "| server | rows | " + " | ".join(keys) + " |"]
-            lines.append("|---|---|" + "---|" * len(keys))
+            lines.append("|---|--:|" + "--:|" * len(keys))
             for s in self.servers:
-                cells = " | ".join(_pct(s.rates.get(k)) for k in keys)
-                lines.append(f"| {s.server} | {s.rows} | {cells} |")
-        with_examples = [c for c in self.checks if c.examples]
+                cells = " | ".join(pct(s.rates.get(k)) for k in keys)
+                lines.append(f"| {s.server} | {s.rows:,} | {cells} |")
+        with_examples = [c for c in ordered if c.examples]
         if with_examples:
             lines += ["", "## Examples"]
             for c in with_examples:
@@ -136,12 +167,19 @@ def grade(figure: float, threshold: Threshold) -> Status:
     return "pass"
 
 
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.2f} %"
+# Bold capitals, not emoji: a UI or terminal without an emoji font shows them all the same.
+_MARK: dict[Status, str] = {
+    "fail": "**FAIL**",
+    "warn": "**WARN**",
+    "pass": "pass",
+    "skipped": "skipped",
+}
 
 
-def _num(value: float | None) -> str:
-    return "–" if value is None else f"{value:g}"
+def _topic(check: Check) -> str:
+    """A check's title without its number: `2 empty/trivial answers` -> `empty/trivial answers`."""
+    head, _, rest = check.title.partition(" ")
+    return rest if head.isdigit() and rest else check.title
 
 
 def _cell(text: str) -> str:

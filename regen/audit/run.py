@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import polars as pl
-
 from regen.audit.completeness import completeness_check, error_rows_check
-from regen.audit.dataset import answer_snippets, open_dataset, per_turn, scan_rows
+from regen.audit.dataset import (
+    answer_snippets,
+    open_dataset,
+    per_turn,
+    scan_rows,
+    thinking_enabled,
+)
 from regen.audit.dataset import thinking_requested as run_thinking
 from regen.audit.features import collect_features
 from regen.audit.lengths import histograms, length_columns, quantiles, tiny_length_check
-from regen.audit.loss_mask import load_counter, loss_mask_check
+from regen.audit.loss_mask import (
+    load_model_template,
+    loss_mask_check,
+    measure_loss_mask,
+    stored_ids,
+)
 from regen.audit.quality import (
     answer_collapse_check,
     completions,
@@ -23,6 +32,7 @@ from regen.audit.quality import (
 )
 from regen.audit.result import AuditResult, verdict_of
 from regen.audit.servers import server_breakdown, server_check, server_rates
+from regen.audit.template_parity import template_parity_check
 from regen.audit.thresholds import AuditConfig
 from regen.storage import Storage
 
@@ -36,28 +46,38 @@ def run_audit(
 ) -> AuditResult:
     """Audit the committed shards under `storage`; nothing is written (see `write_report`).
 
-    `thinking_requested` defaults to run.json's `regeneration.thinking` being `save`;
-    without `tokenizer_path` the loss-mask check is `skipped`, never passed.
+    `thinking_requested` defaults to run.json's `regeneration.thinking` being `save`.
+    `tokenizer_path` is the model directory (or its tokenizer.json) whose chat template
+    rebuilds the loss mask of turns stored without token ids and is checked against the
+    stored prompts; without it and without ids, those checks are `skipped`, never passed.
     """
     view = open_dataset(storage)
     thinking = run_thinking(storage) if thinking_requested is None else thinking_requested
-    counter, skipped = load_counter(Path(tokenizer_path) if tokenizer_path else None)
+    path = Path(tokenizer_path) if tokenizer_path else None
+    model = load_model_template(path, enable_thinking=thinking_enabled(storage))
     conversations = scan_rows(storage, view)
-    features = collect_features(conversations, config, counter)
+    stored = stored_ids(conversations)
+    features = collect_features(conversations, config)
     # Completeness and errors count conversations; the answer checks count every turn. The
     # text features are the audit's costly part: computed again only where turns were split.
-    multi_turn = (pl.col("turns").list.len().fill_null(0) > 1).any()
-    if conversations.select(multi_turn).collect().item():
+    if stored.multi_turn:
         rows = per_turn(conversations)
-        ok = completions(collect_features(rows, config, counter))
+        ok = completions(collect_features(rows, config))
     else:
         rows, ok = conversations, completions(features)
+    loss = measure_loss_mask(conversations, stored, model, ok.height, config.batch_rows)
 
     def snippets(ids: list[str]) -> dict[str, str]:
         return answer_snippets(rows, ids)
 
-    columns = length_columns(thinking, with_loss=counter is not None)
+    columns = length_columns(thinking)
     lengths = quantiles(ok, columns)
+    plots = histograms(ok, columns)
+    if loss.tokens.height:
+        # Per sample, not per row: measured apart from the other lengths, shown with them.
+        columns.append("loss_tokens")
+        lengths |= quantiles(loss.tokens, ["loss_tokens"])
+        plots |= histograms(loss.tokens, ["loss_tokens"])
     counts = server_rates(features, config, thinking)
     checks = [
         completeness_check(features, view, config),
@@ -70,7 +90,8 @@ def run_audit(
         answer_collapse_check(ok, config, snippets),
         tiny_length_check(ok, config, columns, lengths),
         server_check(features, counts, config, thinking),
-        loss_mask_check(ok if counter is not None else None, config, skipped),
+        loss_mask_check(loss, config, model.missing),
+        template_parity_check(storage, view, model, config),
     ]
     finish = features.group_by("finish_reason").len().sort("finish_reason")
     return AuditResult(
@@ -80,7 +101,7 @@ def run_audit(
         verdict=verdict_of(checks),
         checks=checks,
         lengths=lengths,
-        histograms=histograms(ok, columns),
+        histograms=plots,
         finish_reasons={r: int(n) for r, n in finish.iter_rows()},
         servers=server_breakdown(counts),
     )

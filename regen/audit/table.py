@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from regen.audit.result import AuditResult, Status
+from regen.figures import pct
 
 _STYLE: dict[Status, str] = {
     "pass": "green",
@@ -16,22 +17,19 @@ _STYLE: dict[Status, str] = {
 
 
 def audit_table(result: AuditResult) -> Table:
-    """One row per check: status, figure against its thresholds, and what it found."""
+    """One row per check, failures and warnings first: status, figure against its thresholds,
+    and what it found."""
     table = Table(title=f"audit {result.dataset}: {result.verdict.upper()}", title_justify="left")
     for column in ("check", "status", "figure", "warn", "fail", "detail", "examples"):
         table.add_column(column, overflow="fold")
-    for c in result.checks:
+    for c in result.ordered_checks():
         table.add_row(
             c.title,
             f"[{_STYLE[c.status]}]{c.status}[/]",
-            _pct(c.figure),
-            _pct(c.warn),
-            _pct(c.fail),
+            pct(c.figure),
+            pct(c.warn),
+            pct(c.fail),
             Text(c.detail),
             Text(", ".join(e.id for e in c.examples[:3])),
         )
     return table
-
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.2f} %"

@@ -36,6 +36,8 @@ class AuditConfig(BaseModel):
     tiny_length: Threshold = Threshold(warn=0.02, fail=0.1)
     server_outlier: Threshold = Threshold(warn=0.02, fail=0.1)
     loss_mask_short: Threshold = Threshold(warn=0.01, fail=0.05)
+    # Any prompt the template renders differently warns: a trainer would see other tokens.
+    template_parity: Threshold = Threshold(warn=0.0, fail=0.01)
 
     min_answer_tokens: int = Field(default=4, ge=0, description="Shorter answers are trivial.")
     filler_answers: list[str] = ["OK.", "OK", "Ok.", "Sure.", "Sure", "Yes.", "No.", "Done."]
@@ -60,6 +62,12 @@ class AuditConfig(BaseModel):
         ge=0,
         description="Two-proportion z-score a server's excess needs: two unlucky rows of a "
         "small rehearsal are chance, not a bad server.",
+    )
+    template_parity_rows: int = Field(
+        default=5000,
+        ge=0,
+        description="Rows whose stored prompts check 11 renders again (evenly spread, "
+        "deterministic); 0 renders every row.",
     )
     max_examples: int = Field(default=5, ge=0)
     batch_rows: int = Field(

@@ -23,7 +23,8 @@ def chat_request_body(
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
-        "max_tokens": max_tokens if max_tokens is not None else sampling.max_tokens,
+        # 0.5.23 deprecates max_tokens in favour of this; both set the same limit.
+        "max_completion_tokens": max_tokens if max_tokens is not None else sampling.max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
@@ -31,6 +32,10 @@ def chat_request_body(
         "separate_reasoning": True,
         "stream": False,
     }
+    if regeneration is not None and regeneration.token_ids:
+        # SGLang adds prompt_token_ids and response_token_ids to the choice (not on a stream).
+        # Only rows store them: probes and fleet benches, which pass no regeneration, ask none.
+        body["return_token_ids"] = True
     if sampling.min_p:
         body["min_p"] = sampling.min_p
     if rid is not None:

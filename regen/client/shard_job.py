@@ -36,6 +36,8 @@ _RESULT_COLUMNS = (
     "latency_s",
     "error",
 )
+# The last turn's server ids (turns=last); with turns=all each turn record holds its own.
+_ID_COLUMNS = ("prompt_token_ids", "response_token_ids")
 
 
 class ShardJob:
@@ -106,7 +108,7 @@ class ShardJob:
             return
         self.ids = self._frame["id"].to_list()
         self.messages = self._frame["messages"].to_list()
-        self._columns = {name: [None] * self.size for name in _RESULT_COLUMNS}
+        self._columns = {name: [None] * self.size for name in (*_RESULT_COLUMNS, *_ID_COLUMNS)}
         if self._all:
             n = self.size
             # Defensive: the original answers are stripped upstream, never sent if not.
@@ -166,6 +168,8 @@ class ShardJob:
         """Record one answered turn; True when the row has another turn to send."""
         c = self._columns
         reasoning = completion.reasoning_content if self._keep_reasoning else None
+        # The response ids hold the reasoning too: where it is not kept, neither are they.
+        response_ids = completion.response_token_ids if self._keep_reasoning else None
         prompt_tokens = completion.prompt_tokens
         completion_tokens = completion.completion_tokens
         reasoning_tokens = completion.reasoning_tokens
@@ -181,8 +185,8 @@ class ShardJob:
                     "server": server,
                     "attempts": attempts,
                     "latency_s": latency_s,
-                    "prompt_token_ids": None,
-                    "response_token_ids": None,
+                    "prompt_token_ids": completion.prompt_token_ids,
+                    "response_token_ids": response_ids,
                 }
             )
             self._history[pos].append(
@@ -202,6 +206,8 @@ class ShardJob:
         c["completion_tokens"][pos] = completion_tokens
         c["reasoning_tokens"][pos] = reasoning_tokens
         c["model"][pos] = completion.model
+        c["prompt_token_ids"][pos] = completion.prompt_token_ids
+        c["response_token_ids"][pos] = response_ids
         self._finish(pos, server, attempts, latency_s, None)
         return False
 
@@ -272,10 +278,17 @@ class ShardJob:
     def _result(self) -> pl.DataFrame:
         schema = row_schema()
         results = pl.DataFrame(
-            self._columns, schema={name: schema[name] for name in _RESULT_COLUMNS}
+            {name: self._columns[name] for name in _RESULT_COLUMNS},
+            schema={name: schema[name] for name in _RESULT_COLUMNS},
         )
         if self._all:
             return self._conversation_result(results)
+        # strict=False: an element that is no int32 becomes null rather than failing the shard.
+        ids = pl.DataFrame(
+            {name: self._columns[name] for name in _ID_COLUMNS},
+            schema=dict.fromkeys(_ID_COLUMNS, pl.List(pl.Int32)),
+            strict=False,
+        )
         frame = self._frame.with_columns(
             pl.lit(self.shard, pl.Int64).alias("shard"),
             pl.col("messages").list.eval(
@@ -302,10 +315,9 @@ class ShardJob:
             "server",
             "attempts",
             "latency_s",
-            pl.lit(None, pl.List(pl.Int32)).alias("prompt_token_ids"),
-            pl.lit(None, pl.List(pl.Int32)).alias("response_token_ids"),
+            *_ID_COLUMNS,
         )
-        out = pl.concat([frame, results], how="horizontal")
+        out = pl.concat([frame, results, ids], how="horizontal")
         return (
             out.with_columns(
                 pl.when(pl.col("error").is_null())

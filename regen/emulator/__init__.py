@@ -5,6 +5,6 @@ The client, fleet and probes talk to it exactly as to a real GPU server; see
 """
 
 from regen.emulator.cli import main
-from regen.emulator.model import count_tokens, history_digest
+from regen.emulator.model import history_digest, parse_reasoning
 
-__all__ = ["count_tokens", "history_digest", "main"]
+__all__ = ["history_digest", "main", "parse_reasoning"]

@@ -7,6 +7,7 @@ process (or one test) never share anything.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -17,22 +18,40 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import orjson
 from aiohttp import web
 
 from regen.emulator.args import DEFAULT_CONTEXT_LENGTH, EmuArgs
 from regen.emulator.capacity import Slots
 from regen.emulator.metrics import Counters, render
-from regen.emulator.model import EOS_TOKEN_ID, EmulatedModel, Output, Plan, prompt_tokens
+from regen.emulator.model import (
+    EmulatedModel,
+    Generation,
+    Plan,
+    message_text,
+    parse_reasoning,
+)
+from regen.emulator.tokenizer import BUNDLED, ChatTokenizer
 
 log = logging.getLogger("regen.emulator")
 
 VERSION = "0.5.23"
 # Paths SGLang leaves open with --api-key (sglang/srt/utils/auth.py, prefix match).
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+# http_server.py HEALTH_CHECK_TIMEOUT: /health gives up on its 1-token generation after this.
+HEALTH_CHECK_TIMEOUT_S = 20.0
+# 0.5.23's error `type` strings: a request the pydantic model refuses (FastAPI's validation
+# handler: HTTPStatus.BAD_REQUEST.phrase), a ValueError while serving it (context length,
+# duplicate rid), and a check of the serving layer itself (empty messages).
+INVALID = "Bad Request"
+VALUE_ERROR = "BadRequest"
+REFUSED = "BadRequestError"
+EFFORT_TIERS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def error_response(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+def error_response(status: int, message: str, kind: str = REFUSED) -> web.Response:
     """The OpenAI-style error body SGLang's OpenAI endpoints answer with."""
     body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
     return web.json_response(body, status=status)
@@ -41,7 +60,7 @@ def error_response(status: int, message: str, kind: str = "BadRequestError") -> 
 class RequestError(Exception):
     """A request SGLang would refuse; becomes an error body with `status`."""
 
-    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+    def __init__(self, message: str, status: int = 400, kind: str = REFUSED) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
@@ -68,9 +87,8 @@ class EmulatorServer:
             or int(self.config.get("max_position_embeddings") or 0)
             or DEFAULT_CONTEXT_LENGTH
         )
-        self.model = EmulatedModel(
-            args.seed, args.reasoning_tokens, args.answer_tokens, args.faults
-        )
+        self.model = _load_model(args)
+        self.tokenizer = self.model.tokenizer
         self.slots = Slots(args.max_running_requests)
         self.counters = Counters()
         self.ready = False
@@ -122,15 +140,22 @@ class EmulatorServer:
     # -- probes and info ---------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
-        """200 after a 1-token generation; the real one polls once a second, so it waits too.
+        """0.5.23's /health: a 1-token generation, polled once a second, 200 once it answers.
 
-        A hung scheduler still answers 200 here, as in sglang#6624: only a real chat with
-        its own deadline tells a stuck server from a healthy one.
+        A hung scheduler (the hang fault) never answers it: 503 after HEALTH_CHECK_TIMEOUT_S
+        simulated seconds, as the real server logs "Health check failed" and gives up.
         """
         if not self.ready:
             return web.Response(status=503)
-        if not self._hung:
-            await asyncio.sleep(min(1.0, self.args.time_scale))
+        if self._hung:
+            await asyncio.sleep(HEALTH_CHECK_TIMEOUT_S * self.args.time_scale)
+            log.error(
+                "Health check failed. Server couldn't get a response from detokenizer for last "
+                "%d seconds.",
+                HEALTH_CHECK_TIMEOUT_S,
+            )
+            return web.Response(status=503)
+        await asyncio.sleep(min(1.0, self.args.time_scale))
         return web.Response(status=200)
 
     async def liveness(self, request: web.Request) -> web.Response:
@@ -235,9 +260,11 @@ class EmulatorServer:
         hang = self.faults.hang_after
         return hang is not None and self._chat_arrivals > hang
 
-    async def _run(self, rid: str, plan: Plan, budget: int, prompt: int, **kw: bool) -> Output:
+    async def _run(
+        self, rid: str, plan: Plan, budget: int, prompt: int, thinking: bool
+    ) -> Generation:
         """Queue for a slot, then sleep the decode time once; an abort cuts it short."""
-        out = self.model.generate(plan, budget=budget, **kw)
+        out = self.model.generate(plan, budget=budget, thinking=thinking)
         queue_limit = self.args.max_queued_requests
         full = self.slots.running >= self.slots.limit
         if queue_limit is not None and full and self.slots.queued >= queue_limit:
@@ -256,11 +283,8 @@ class EmulatorServer:
             try:
                 if await aborted:
                     done = int((loop.time() - started) / self.wall_per_token)
-                    cut = self.model.generate(plan, budget=min(done, budget), **kw)
-                    out = Output(
-                        cut.reasoning, cut.content, "abort", cut.completion_tokens,
-                        cut.reasoning_tokens,
-                    )  # fmt: skip
+                    cut = self.model.generate(plan, budget=min(done, budget), thinking=thinking)
+                    out = dataclasses.replace(cut, finish_reason="abort")
             finally:
                 timer.cancel()
                 self._tokens_in_use -= prompt + out.completion_tokens
@@ -282,19 +306,23 @@ class EmulatorServer:
         if prompt >= ctx:
             raise RequestError(
                 f"The input ({prompt} tokens) is longer than the model's context length "
-                f"({ctx} tokens)."
+                f"({ctx} tokens).",
+                kind=VALUE_ERROR,
             )
         if max_tokens is None:
             return ctx - prompt
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
-            raise RequestError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
+            raise RequestError(
+                f"max_tokens must be a non-negative integer, got {max_tokens!r}", kind=INVALID
+            )
         if prompt + max_tokens > ctx:
             raise RequestError(
                 f"Requested token count exceeds the model's maximum context length of {ctx} "
                 f"tokens. You requested a total of {prompt + max_tokens} tokens: {prompt} "
                 f"tokens from the input messages and {max_tokens} tokens for the completion. "
                 "Please reduce the number of tokens in the input messages or the completion "
-                "to fit within the limit."
+                "to fit within the limit.",
+                kind=VALUE_ERROR,
             )
         return max_tokens
 
@@ -308,16 +336,18 @@ class EmulatorServer:
             if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False:
                 thinking = False
             separate = body.get("separate_reasoning", True) is not False
-            prompt = prompt_tokens(messages)
+            prompt_ids = self._prompt_ids(messages, kwargs)
+            prompt = len(prompt_ids)
             max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
             budget = self._budget(prompt, max_tokens)
             min_tokens = body.get("min_tokens") or 0
             if not isinstance(min_tokens, int):
-                raise RequestError(f"min_tokens must be an integer, got {min_tokens!r}")
-            effort = body.get("reasoning_effort")
-            if effort is not None and effort not in ("low", "medium", "high"):
-                # SGLang's ChatCompletionRequest types it Literal["low", "medium", "high"].
-                raise RequestError(f"reasoning_effort must be low, medium or high, got {effort!r}")
+                raise RequestError(
+                    f"min_tokens must be an integer, got {min_tokens!r}", kind=INVALID
+                )
+            _check_effort(body.get("reasoning_effort"))
+            if body.get("stream"):
+                _no_ids_when_streaming(body)
         except RequestError as err:
             return error_response(err.status, str(err), err.kind)
         arrival = self._chat_arrivals
@@ -329,17 +359,26 @@ class EmulatorServer:
         if http500 and self._http500.random() < http500:
             return error_response(500, "Internal server error (emulated).", "InternalServerError")
         rid = str(body.get("rid") or uuid.uuid4().hex)
+        if rid in self._aborts:  # tokenizer_manager: a rid still in flight is a ValueError
+            return error_response(400, f"Duplicate request ID detected: {rid}", VALUE_ERROR)
         plan = self.model.plan(messages, min_tokens)
         try:
-            out = await self._run(rid, plan, budget, prompt, thinking=thinking, separate=separate)
+            out = await self._run(rid, plan, budget, prompt, thinking)
         except RequestError as err:
             return error_response(err.status, str(err), err.kind)
         latency = time.monotonic() - started
         self.counters.record(prompt, out.completion_tokens, latency)
+        parsed: tuple[str | None, str]
+        if not self.args.reasoning_parser or not separate or plan.fault == "think-leak":
+            parsed = (None, out.text)  # think-leak: as if the parser had missed the tags
+        else:
+            parsed = parse_reasoning(out.text, force_reasoning=thinking)
         await self._before_answer()
         if body.get("stream"):
-            return await self._stream(request, rid, out, prompt, body)
-        response = web.json_response(self._completion(rid, out, prompt, latency, body))
+            return await self._stream(request, rid, out, parsed, prompt, body)
+        answer = self._completion(rid, out, parsed, prompt_ids, latency, body)
+        # orjson, as SGLang's ORJSONResponse: thousands of token ids per answer.
+        response = web.Response(body=orjson.dumps(answer), content_type="application/json")
         await response.prepare(request)
         await response.write_eof()
         self._after_answer()
@@ -365,21 +404,43 @@ class EmulatorServer:
             # A moment for the answer just written to leave the socket buffer.
             asyncio.get_running_loop().call_later(0.05, os._exit, 1)
 
+    def _prompt_ids(self, messages: list[dict[str, Any]], kwargs: Any) -> list[int]:
+        """The prompt as the server's chat template renders it, tokenized."""
+        if any(not isinstance(m.get("content"), str) for m in messages):
+            messages = [{**m, "content": message_text(m.get("content"))} for m in messages]
+        try:
+            text = self.tokenizer.render(messages, kwargs if isinstance(kwargs, dict) else {})
+        except jinja2.TemplateError as err:
+            raise RequestError(f"chat template: {err}", kind=VALUE_ERROR) from None
+        return self.tokenizer.encode(text)
+
     def _completion(
-        self, rid: str, out: Output, prompt: int, latency: float, body: dict[str, Any]
+        self,
+        rid: str,
+        out: Generation,
+        parsed: tuple[str | None, str],
+        prompt_ids: list[int],
+        latency: float,
+        body: dict[str, Any],
     ) -> dict[str, Any]:
+        reasoning, content = parsed
+        prompt = len(prompt_ids)
         choice: dict[str, Any] = {
             "index": 0,
             "message": {
                 "role": "assistant",
-                "content": out.content,
-                "reasoning_content": out.reasoning,
-                "tool_calls": None,
-            },
+                "content": content,
+                "reasoning_content": reasoning,
+            },  # 0.5.23 drops a null tool_calls from the message
             "logprobs": None,
             "finish_reason": out.finish_reason,
-            "matched_stop": EOS_TOKEN_ID if out.finish_reason == "stop" else None,
+            "matched_stop": self.model.eos_id if out.finish_reason == "stop" else None,
         }
+        # serving_chat drops both keys when not asked for (return_token_ids implies the prompt).
+        if body.get("return_token_ids") or body.get("return_prompt_token_ids"):
+            choice["prompt_token_ids"] = prompt_ids
+        if body.get("return_token_ids"):
+            choice["response_token_ids"] = out.token_ids
         if body.get("return_meta_info"):
             choice["meta_info"] = self._meta_info(rid, out, prompt, latency)
         return {
@@ -388,20 +449,14 @@ class EmulatorServer:
             "created": int(time.time()),
             "model": self.args.served_model_name,
             "choices": [choice],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": out.completion_tokens,
-                "total_tokens": prompt + out.completion_tokens,
-                "prompt_tokens_details": None,
-                "reasoning_tokens": out.reasoning_tokens,
-            },
+            "usage": {"prompt_tokens_details": None, **_usage(prompt, out)},
             "metadata": {"weight_version": "default"},
         }
 
-    def _meta_info(self, rid: str, out: Output, prompt: int, latency: float) -> dict[str, Any]:
+    def _meta_info(self, rid: str, out: Generation, prompt: int, latency: float) -> dict[str, Any]:
         finish: dict[str, Any] = {"type": out.finish_reason}
         if out.finish_reason == "stop":
-            finish["matched"] = EOS_TOKEN_ID
+            finish["matched"] = self.model.eos_id
         elif out.finish_reason == "length":
             finish["length"] = out.completion_tokens
         return {
@@ -415,7 +470,13 @@ class EmulatorServer:
         }
 
     async def _stream(
-        self, request: web.Request, rid: str, out: Output, prompt: int, body: dict[str, Any]
+        self,
+        request: web.Request,
+        rid: str,
+        out: Generation,
+        parsed: tuple[str | None, str],
+        prompt: int,
+        body: dict[str, Any],
     ) -> web.StreamResponse:
         """SSE in OpenAI's chunk format: the whole output in a few chunks, then [DONE]."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -426,25 +487,21 @@ class EmulatorServer:
             "created": int(time.time()),
             "model": self.args.served_model_name,
         }
+        reasoning, content = parsed
         deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-        if out.reasoning:
-            deltas.append({"reasoning_content": out.reasoning})
-        if out.content:
-            deltas.append({"content": out.content})
+        if reasoning:
+            deltas.append({"reasoning_content": reasoning})
+        if content:
+            deltas.append({"content": content})
         for i, delta in enumerate(deltas):
             finish = out.finish_reason if i == len(deltas) - 1 else None
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             if finish == "stop":
-                choice["matched_stop"] = EOS_TOKEN_ID
+                choice["matched_stop"] = self.model.eos_id
             await response.write(_sse({**base, "choices": [choice]}))
         options = body.get("stream_options") or {}
         if isinstance(options, dict) and options.get("include_usage"):
-            usage = {
-                "prompt_tokens": prompt,
-                "completion_tokens": out.completion_tokens,
-                "total_tokens": prompt + out.completion_tokens,
-                "reasoning_tokens": out.reasoning_tokens,
-            }
+            usage = _usage(prompt, out)
             await response.write(_sse({**base, "choices": [], "usage": usage}))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -463,20 +520,19 @@ class EmulatorServer:
             if not isinstance(params, dict):
                 raise RequestError("sampling_params must be an object")
             messages = [{"role": "user", "content": text}]
-            prompt = prompt_tokens(messages)
+            prompt = len(self.tokenizer.encode(text))
             budget = self._budget(prompt, params.get("max_new_tokens"))
             rid = str(body.get("rid") or uuid.uuid4().hex)
             plan = self.model.plan(messages, int(params.get("min_new_tokens") or 0))
-            out = await self._run(rid, plan, budget, prompt, thinking=False, separate=True)
+            out = await self._run(rid, plan, budget, prompt, thinking=False)
         except RequestError as err:
             return web.json_response({"error": {"message": str(err)}}, status=err.status)
         latency = time.monotonic() - started
         self.counters.record(prompt, out.completion_tokens, latency)
-        first = EOS_TOKEN_ID // 2 + plan.answer_at
         return web.json_response(
             {
-                "text": out.content,
-                "output_ids": list(range(first, first + out.completion_tokens)),
+                "text": out.text,
+                "output_ids": out.token_ids,
                 "meta_info": self._meta_info(rid, out, prompt, latency),
             }
         )
@@ -501,6 +557,46 @@ class EmulatorServer:
 SERVER = web.AppKey("emulator", EmulatorServer)
 
 
+def _load_model(args: EmuArgs) -> EmulatedModel:
+    """The model over the tokenizer of --tokenizer-path or the model directory, as SGLang
+    loads it; the bundled stand-in where that one cannot spell the emulator's outputs."""
+    path = args.server_args.get("tokenizer_path") or args.model_path
+    ranges = (args.seed, args.reasoning_tokens, args.answer_tokens, args.faults)
+    try:
+        return EmulatedModel(*ranges, ChatTokenizer.load(path))
+    except ValueError as err:
+        log.warning("%s; using the bundled stand-in tokenizer", err)
+        return EmulatedModel(*ranges, ChatTokenizer.load(BUNDLED))
+
+
+def _usage(prompt: int, out: Generation) -> dict[str, Any]:
+    """SGLang's UsageInfo: reasoning tokens also in OpenAI's place, only when there are some."""
+    reasoning = out.reasoning_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": out.completion_tokens,
+        "total_tokens": prompt + out.completion_tokens,
+        "reasoning_tokens": reasoning,
+        "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None,
+    }
+
+
+def _no_ids_when_streaming(body: dict[str, Any]) -> None:
+    """serving_chat refuses token ids on a stream (a ValueError there: 400 "BadRequest")."""
+    if body.get("return_prompt_token_ids"):
+        raise RequestError(
+            "return_prompt_token_ids is not supported with streaming. "
+            "Please set stream=false when using return_prompt_token_ids=true.",
+            kind=VALUE_ERROR,
+        )
+    if body.get("return_token_ids"):
+        raise RequestError(
+            "return_token_ids is not supported with streaming on /v1/chat/completions. "
+            "Please set stream=false when using return_token_ids=true.",
+            kind=VALUE_ERROR,
+        )
+
+
 def _settle(future: asyncio.Future[bool], value: bool) -> None:
     if not future.done():
         future.set_result(value)
@@ -514,17 +610,33 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except ValueError as err:
-        raise RequestError(f"JSON decode error: {err}") from None
+        raise RequestError(f"JSON decode error: {err}", kind=INVALID) from None
     if not isinstance(body, dict):
-        raise RequestError("The request body must be a JSON object.")
+        raise RequestError("The request body must be a JSON object.", kind=INVALID)
     return body
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages: Field required (a non-empty list of messages)")
+    if not isinstance(messages, list):
+        raise RequestError("messages: Field required (a list of messages)", kind=INVALID)
+    if not messages:
+        raise RequestError("Messages cannot be empty.")  # serving_chat's own check
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(f"messages[{i}]: each message needs a string 'role'")
+            raise RequestError(f"messages[{i}]: each message needs a string 'role'", kind=INVALID)
     return messages
+
+
+def _check_effort(effort: Any) -> None:
+    """0.5.23's ReasoningEffortType: a named tier, or a float in [0, 0.99]; never a bool."""
+    if effort is None or effort in EFFORT_TIERS:
+        return
+    number = isinstance(effort, (int, float)) and not isinstance(effort, bool)
+    if number and 0.0 <= effort <= 0.99:
+        return
+    raise RequestError(
+        f"reasoning_effort: Input should be {', '.join(map(repr, EFFORT_TIERS))} "
+        f"or a number in [0, 0.99], got {effort!r}",
+        kind=INVALID,
+    )

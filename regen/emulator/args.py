@@ -1,17 +1,23 @@
-"""Launch flags: SGLang 0.5.23's, parsed the way `sglang serve` parses them, plus `--emu-*`.
+"""Launch flags: SGLang 0.5.23's own set, parsed the way `sglang serve` parses them, plus `--emu-*`.
 
-argparse with abbreviations on, like SGLang, so the removed `--cuda-graph-max-bs` fails
-exactly as there: "ambiguous option ... could match --cuda-graph-max-bs-decode,
---cuda-graph-max-bs-prefill", exit 2. `--config FILE.yaml` is merged as SGLang does
-(file values first, the command line wins), which is the only way 0.5.23 offers to keep
-`--api-key` out of `ps`: it reads no API-key environment variable.
+The flag set is vendored from the real parser (`sglang_flags.json`, written by
+`regen/fleet/argcheck.py flags`; tests/contract checks it still equals sglang's), so an unknown
+flag, a removed one or a value of the wrong type exits 2 here exactly as it kills a real server
+at launch: a rehearsal fails the way the GPU fleet would. argparse abbreviations stay on, like
+SGLang, so `--cuda-graph-max-bs` is "ambiguous ... could match --cuda-graph-max-bs-decode,
+--cuda-graph-max-bs-prefill". `--config FILE.yaml` is merged as SGLang does (file values first,
+the command line wins), the only way 0.5.23 offers to keep `--api-key` out of `ps`: it reads
+no API-key environment variable.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import re
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -22,29 +28,50 @@ from regen.emulator.faults import Faults, parse_faults
 DEFAULT_CONTEXT_LENGTH = 40960
 DEFAULT_MAX_RUNNING = 64
 SPECULATIVE_MAX_RUNNING = 48  # what 0.5.23 forces with speculative decoding and no flag
-
-# GPU-only flags that take a value: accepted, kept in /server_info, otherwise ignored.
-_GPU_INT_FLAGS = (
-    "--tp-size", "--dp-size", "--pp-size", "--ep-size", "--cuda-graph-max-bs-decode",
-    "--cuda-graph-max-bs-prefill", "--chunked-prefill-size", "--page-size", "--random-seed",
-    "--nnodes", "--node-rank", "--max-total-tokens", "--max-prefill-tokens",
-    "--stream-interval", "--base-gpu-id",
-)  # fmt: skip
-_GPU_FLOAT_FLAGS = ("--watchdog-timeout", "--mem-fraction-static")
-_GPU_STR_FLAGS = (
-    "--dtype", "--kv-cache-dtype", "--quantization", "--load-format", "--tokenizer-path",
-    "--attention-backend", "--sampling-backend", "--speculative-draft-model-path",
-    "--schedule-policy", "--tool-call-parser", "--dist-init-addr", "--device",
-    "--moe-runner-backend", "--mamba-ssm-dtype", "--grammar-backend", "--admin-api-key",
-    "--weight-version", "--tokenizer-mode", "--revision",
-)  # fmt: skip
-_GPU_SWITCHES = (
-    "--trust-remote-code", "--disable-cuda-graph", "--enable-torch-compile",
-    "--disable-radix-cache", "--enable-mixed-chunk", "--enable-dp-attention",
-    "--skip-server-warmup", "--enable-cache-report", "--disable-overlap-schedule",
-    "--enable-deterministic-inference", "--stream-output",
-)  # fmt: skip
+FLAGS_FILE = Path(__file__).with_name("sglang_flags.json")
+# SGLang's own defaults of the flags the emulator reads; the vendored list keeps only shapes.
+_DEFAULTS = {"host": "127.0.0.1", "port": 30000, "log_level": "info"}
 _RANGE = re.compile(r"^(\d+):(\d+)$")
+_HUMAN_INT = re.compile(r"^(?:(\d+(?:\.\d+)?)([kMGT])|(\d+)(Ki|Mi|Gi|Ti)?)$")
+_SCALE = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20}
+_SCALE |= {"Gi": 2**30, "Ti": 2**40}
+
+
+def human_readable_int(value: str) -> int:
+    """sglang's own type of --max-total-tokens and kin: 1k, 25.6k, 1Mi, same words on error."""
+    found = _HUMAN_INT.match(value.strip())
+    if not found:
+        raise argparse.ArgumentTypeError(
+            f"Invalid integer value: {value!r}. Use a plain integer, SI suffixes (1k, 1M), "
+            "or IEC suffixes (1Ki, 1Mi). Suffixes are case-sensitive."
+        )
+    number, si, whole, iec = found.groups()
+    if si:
+        return int(float(number) * _SCALE[si])
+    return int(whole) * _SCALE.get(iec or "", 1)
+
+
+def json_list_type(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"Invalid JSON list: {value}. Please provide a valid JSON list."
+        ) from None
+
+
+# The vendored type names; sglang's other custom types take any string argparse gives them.
+_TYPES: dict[str | None, Any] = {
+    "int": int, "float": float, "str": str, "json": json.loads,
+    "human_readable_int": human_readable_int, "json_list_type": json_list_type,
+}  # fmt: skip
+
+
+@cache
+def sglang_flags() -> list[dict[str, Any]]:
+    """The vendored option list of `sglang serve` 0.5.23."""
+    flags: list[dict[str, Any]] = json.loads(FLAGS_FILE.read_text())
+    return flags
 
 
 @dataclass(frozen=True)
@@ -74,7 +101,6 @@ class EmuArgs:
     faults: Faults
     # The launch arguments as SGLang names them, for /server_info.
     server_args: dict[str, Any] = field(default_factory=dict)
-    ignored: list[str] = field(default_factory=list)
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -91,34 +117,35 @@ def _positive(text: str) -> float:
     return value
 
 
+def _add_sglang_flag(p: argparse.ArgumentParser, flag: dict[str, Any]) -> None:
+    options, dest = flag["options"], flag["dest"]
+    common: dict[str, Any] = {"dest": dest, "help": argparse.SUPPRESS}
+    kind, nargs = flag["kind"], flag["nargs"]
+    if kind in ("store_true", "store_false"):
+        p.add_argument(*options, action=kind, **common)
+    elif kind == "boolean_optional":
+        p.add_argument(*options, action=argparse.BooleanOptionalAction, **common)
+    elif kind == "store_const" or nargs == 0:  # SGLang's Deprecated* actions take no value
+        p.add_argument(*options, action="store_const", const=flag["const"], **common)
+    else:
+        if nargs is not None:
+            common["nargs"] = nargs
+        if flag["choices"]:
+            common["choices"] = flag["choices"]
+        if flag["type"]:
+            common["type"] = _TYPES.get(flag["type"], str)
+        action = "append" if kind == "append" else "store"
+        p.add_argument(*options, action=action, required=flag["required"], **common)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="regen emulator",
         description="An SGLang 0.5.23 compatible server that emulates a model on a CPU.",
     )
-    p.add_argument("--model-path", "--model", required=True)
-    p.add_argument("--served-model-name")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--api-key")
-    p.add_argument("--reasoning-parser")
-    p.add_argument("--speculative-algorithm")
-    p.add_argument("--speculative-num-steps", type=int)
-    p.add_argument("--speculative-eagle-topk", type=int)
-    p.add_argument("--speculative-num-draft-tokens", type=int)
-    p.add_argument("--max-running-requests", type=int)
-    p.add_argument("--max-queued-requests", type=int)
-    p.add_argument("--context-length", type=int)
-    p.add_argument("--enable-metrics", action="store_true")
-    p.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
-    )
-    p.add_argument("--config", help="YAML file of flags, as `sglang serve --config`.")
-    for flags, kind in ((_GPU_INT_FLAGS, int), (_GPU_FLOAT_FLAGS, float), (_GPU_STR_FLAGS, str)):
-        for flag in flags:
-            p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
-    for flag in _GPU_SWITCHES:
-        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for flag in sglang_flags():
+        _add_sglang_flag(p, flag)
+    p.set_defaults(**_DEFAULTS)
     emu = p.add_argument_group("emulator")
     emu.add_argument("--emu-load-s", type=float, default=0.5, help="Simulated load time.")
     emu.add_argument("--emu-tokens-per-s", type=_positive, default=250.0)
@@ -162,19 +189,11 @@ def _merge_config(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]
     return merged + argv[:at] + argv[at + 2 :]
 
 
-def _split_unknown(parser: argparse.ArgumentParser, unknown: list[str]) -> list[str]:
-    """Unknown `--foo [value]` pairs are GPU flags this emulator has no use for."""
-    if unknown and not unknown[0].startswith("--"):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    return [item for item in unknown if item.startswith("--")]
-
-
 def parse_args(argv: list[str]) -> EmuArgs:
     """Parse like SGLang; argparse errors exit 2 with SGLang's wording."""
     parser = _parser()
     argv = _merge_config(parser, argv)
-    ns, unknown = parser.parse_known_args(argv)
-    ignored = _split_unknown(parser, unknown)
+    ns = parser.parse_args(argv)
     try:
         faults = parse_faults(ns.emu_fault)
     except ValueError as err:
@@ -186,6 +205,8 @@ def parse_args(argv: list[str]) -> EmuArgs:
         running = SPECULATIVE_MAX_RUNNING if ns.speculative_algorithm else DEFAULT_MAX_RUNNING
     if running < 1:
         parser.error("--max-running-requests must be >= 1")
+    if not isinstance(getattr(logging, ns.log_level.upper(), None), int):
+        parser.error(f"--log-level: unknown level {ns.log_level!r}")
     served = ns.served_model_name or ns.model_path
     server_args = {
         k: v for k, v in vars(ns).items() if not k.startswith("emu_") and k not in ("config",)
@@ -214,5 +235,4 @@ def parse_args(argv: list[str]) -> EmuArgs:
         answer_tokens=ns.emu_answer_tokens,
         faults=faults,
         server_args=server_args,
-        ignored=ignored,
     )

@@ -42,18 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def _described(args: EmuArgs) -> str:
-    # Launch args without the key, and never a prompt: logs end up in artifacts.
-    secrets = ("api_key", "admin_api_key")
-    shown = {k: ("<set>" if k in secrets else v) for k, v in args.server_args.items() if v}
-    return ", ".join(f"{k}={v!r}" for k, v in shown.items())
-
-
 async def serve(args: EmuArgs) -> int:
     """The whole server lifetime; returns the process exit code."""
-    log.info("server_args=ServerArgs(%s)", _described(args))
-    for flag in args.ignored:
-        log.info("Ignoring %s: not emulated (GPU-only flag)", flag)
+    # As 0.5.23's engine.py logs them: every resolved argument, api_key in clear. The fleet
+    # keeps server logs 0600 under work_dir/logs and never copies them anywhere else.
+    log.info("server_args=%s", args.server_args)
     if args.server_args.get("disable_cuda_graph"):
         log.warning("--disable-cuda-graph is deprecated.")
     stop = asyncio.Event()

@@ -1,9 +1,11 @@
-"""The emulated model: token counting, the history digest, and deterministic outputs.
+"""The emulated model: deterministic outputs, their token ids, and SGLang's Qwen3 parsing.
 
-A "token" is a word or a run of punctuation (`\\w+|[^\\w\\s]+`), the rule of the bundled
-stand-in tokenizer (a `Whitespace` pre-tokenizer), so counts made here and counts made
-with that tokenizer agree. Outputs depend only on (message history, seed): the same
-prompt always gets the same answer, and the answer names the history it saw.
+Outputs depend only on (message history, seed): the same prompt always gets the same answer,
+and the answer names the history it saw. An output is generated as single-token pieces of the
+server's tokenizer (see `regen.emulator.tokenizer`): pool words, punctuation, newlines and
+the template's tags, so its text and its ids agree and `completion_tokens` is the number of
+ids. The raw text is what the model wrote; `parse_reasoning` splits it the way SGLang
+0.5.23's Qwen3 reasoning parser does, which strips nothing but the tags.
 """
 
 from __future__ import annotations
@@ -12,24 +14,24 @@ import hashlib
 import json
 import math
 import random
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from regen.emulator.faults import OUTPUT_FAULTS, Faults
+from regen.emulator.tokenizer import ChatTokenizer
 
-TOKEN = re.compile(r"\w+|[^\w\s]+")
-EOS_TOKEN_ID = 248046  # Qwen3.6's <|im_end|>, what real servers report as matched_stop
-# <|im_start|>, the role and <|im_end|> around each message; <|im_start|>assistant at the end.
-MESSAGE_OVERHEAD = 3
-GENERATION_PROMPT = 2
+THINK_OPEN, THINK_CLOSE, EOS = "<think>", "</think>", "<|im_end|>"
 # Pieces of "[history:xxxxxxxx]", each one token, so a cut answer still tokenises the same.
 TAG_TOKENS = 5
 EMPTY_ANSWER = "OK."
-EMPTY_ANSWER_TOKENS = 6  # <think> \n\n </think> \n\n OK. <|im_end|>, the incident's loss mask
+# <think> \n\n </think> \n\n OK. <|im_end|>: the incident's 6 loss tokens, as Qwen counts them.
+EMPTY_ANSWER_PIECES = (THINK_OPEN, "\n\n", THINK_CLOSE, "\n\n", EMPTY_ANSWER, EOS)
 LOOP_LINE = "Wait , let me check the answer again ."
 RUNAWAY_CAP = 32768  # longest runaway output a fault makes when nothing else limits it
 _POOL_SIZE = 4096
+_PIECES = (THINK_OPEN, THINK_CLOSE, EOS, "\n", "\n\n", "[", "history", ":", "]", EMPTY_ANSWER)
+_DIGEST_SAMPLE = "0123abcd"  # a history digest must be one token too
+
 _VOCAB = (
     "the",
     "a",
@@ -98,11 +100,6 @@ _VOCAB = (
 )
 
 
-def count_tokens(text: str) -> int:
-    """The emulator's token count of a text (one per word or punctuation run)."""
-    return len(TOKEN.findall(text))
-
-
 def message_text(content: Any) -> str:
     """The text of an OpenAI message content: a string, or the text parts of a list."""
     if isinstance(content, str):
@@ -124,10 +121,21 @@ def history_digest(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:8]
 
 
-def prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    """Tokens of the chat-templated prompt (template framing included, like a real server)."""
-    body = sum(MESSAGE_OVERHEAD + count_tokens(message_text(m.get("content"))) for m in messages)
-    return body + GENERATION_PROMPT
+def parse_reasoning(text: str, force_reasoning: bool) -> tuple[str | None, str]:
+    """(reasoning_content, content) as SGLang 0.5.23's Qwen3Detector.detect_and_parse gives them
+    (sglang/srt/parser/reasoning_parser.py) and serving_chat reports them: nothing stripped but
+    the tags, an empty reasoning is None, a reasoning never closed takes the whole text.
+
+    `force_reasoning` is on when thinking is enabled (the parser's `enable_thinking` default).
+    """
+    if not force_reasoning and THINK_OPEN not in text:
+        return None, text
+    while text.startswith(THINK_OPEN):
+        text = text[len(THINK_OPEN) :]
+    reasoning, closed, content = text.partition(THINK_CLOSE)
+    if not closed:
+        return text or None, ""
+    return reasoning or None, content
 
 
 def unit(seed: int, salt: str, key: str) -> float:
@@ -143,14 +151,17 @@ def log_uniform(u: float, low: int, high: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Output:
-    """One finished generation, as the chat and native endpoints report it."""
+class Generation:
+    """One finished generation: the model's raw text and its token ids, end token included."""
 
-    reasoning: str | None  # None: no separate reasoning (off, inline, or leaked)
-    content: str
-    finish_reason: str  # stop | length | abort
-    completion_tokens: int
-    reasoning_tokens: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # stop | length (the server makes it abort when cut short)
+    reasoning_tokens: int  # from the first token through </think>, as SGLang counts them
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +176,34 @@ class Plan:
     answer_at: int
 
 
+class _Builder:
+    """Text and ids of single-token pieces, cut at the token budget."""
+
+    __slots__ = ("ids", "left", "parts")
+
+    def __init__(self, budget: int) -> None:
+        self.left = budget
+        self.parts: list[str] = []
+        self.ids: list[int] = []
+
+    def piece(self, text: str, token: int) -> bool:
+        if self.left <= 0:
+            return False
+        self.parts.append(text)
+        self.ids.append(token)
+        self.left -= 1
+        return True
+
+    def run(self, words: list[str], ids: list[int], space: bool) -> None:
+        """Words joined by spaces (one before them with `space`), as many as the budget takes."""
+        n = min(len(words), self.left)
+        if n <= 0:
+            return
+        self.parts.append((" " if space else "") + " ".join(words[:n]))
+        self.ids.extend(ids[:n])
+        self.left -= n
+
+
 class EmulatedModel:
     """Deterministic text for (history, seed) with lengths in the configured ranges."""
 
@@ -174,16 +213,25 @@ class EmulatedModel:
         reasoning_range: tuple[int, int],
         answer_range: tuple[int, int],
         faults: Faults,
+        tokenizer: ChatTokenizer,
     ) -> None:
+        """ValueError when the tokenizer does not make every piece of an output one token."""
         self.seed = seed
         self.reasoning_range = reasoning_range
         self.answer_range = answer_range
         self.faults = faults
+        self.tokenizer = tokenizer
         rng = random.Random(seed)
         words = [rng.choice(_VOCAB) for _ in range(_POOL_SIZE)]
         for i in range(11, _POOL_SIZE, 12):  # a sentence end now and then, so it reads as text
             words[i] = "."
+        loop = LOOP_LINE.split(" ")
+        self._id = tokenizer.piece_ids({*_PIECES, *words, *loop, _DIGEST_SAMPLE})
         self._pool = words * 2  # doubled, so any slice of up to _POOL_SIZE never wraps
+        self._pool_ids = [self._id[w] for w in self._pool]
+        self._loop = loop
+        self._loop_ids = [self._id[w] for w in loop]
+        self.eos_id = self._id[EOS]  # matched_stop of a finished answer
 
     def plan(self, messages: list[dict[str, Any]], min_tokens: int = 0) -> Plan:
         """Lengths and fault of the answer to this history, all fixed by (history, seed)."""
@@ -205,63 +253,68 @@ class EmulatedModel:
             answer_at=int(unit(self.seed, "a-at", digest) * _POOL_SIZE),
         )
 
-    def words(self, at: int, n: int) -> str:
-        """n pool tokens from position `at`, joined by spaces: exactly n tokens."""
-        if n <= _POOL_SIZE:
-            return " ".join(self._pool[at : at + n])
-        whole, rest = divmod(n, _POOL_SIZE)
-        chunks = [" ".join(self._pool[at : at + _POOL_SIZE])] * whole
-        if rest:
-            chunks.append(" ".join(self._pool[at : at + rest]))
-        return " ".join(chunks)
+    def _words(self, out: _Builder, at: int, n: int, space: bool) -> None:
+        """n pool words from position `at` (the pool repeats beyond its size)."""
+        while n > 0 and out.left > 0:
+            k = min(n, _POOL_SIZE)
+            out.run(self._pool[at : at + k], self._pool_ids[at : at + k], space)
+            n -= k
+            space = True
 
-    def answer_text(self, plan: Plan, n: int) -> str:
-        """The first n tokens of the answer: the history tag, then words."""
-        tag = ("[", "history", ":", plan.digest, "]")
-        if n <= TAG_TOKENS:
-            return "".join(tag[:n])
-        return "".join(tag) + " " + self.words(plan.answer_at, n - TAG_TOKENS)
-
-    def generate(self, plan: Plan, *, thinking: bool, separate: bool, budget: int) -> Output:
+    def generate(self, plan: Plan, *, thinking: bool, budget: int) -> Generation:
         """The output of `plan` within `budget` tokens (max_tokens, or what the context leaves).
 
-        Layout of a thinking generation: <think> reasoning </think> answer <|im_end|>; a
-        budget spent inside the thinking leaves everything in the reasoning and no answer.
+        With thinking the model opens the block itself (Qwen3's template prompts with
+        `<|im_start|>assistant\\n`): <think> \\n reasoning \\n </think> \\n\\n answer <|im_end|>.
+        A budget spent inside the thinking leaves everything in the reasoning and no answer.
         """
+        ids = self._id
         if plan.fault == "empty-answer":
-            if thinking and separate:
-                return Output("", EMPTY_ANSWER, "stop", EMPTY_ANSWER_TOKENS, 0)
-            return Output(None, f"<think>\n\n</think>\n\n{EMPTY_ANSWER}", "stop", 6, 0)
-        reasoning_len = plan.reasoning_len if thinking else 0
-        answer_len = plan.answer_len
+            out = _Builder(budget)
+            for piece in EMPTY_ANSWER_PIECES:
+                out.piece(piece, ids[piece])
+            done = len(out.ids) == len(EMPTY_ANSWER_PIECES)
+            return Generation(
+                "".join(out.parts[:-1] if done else out.parts), out.ids,
+                "stop" if done else "length", min(3, len(out.ids)) if thinking else 0,
+            )  # fmt: skip
+        reasoning_len = plan.reasoning_len
         if plan.fault in ("truncate", "repeat-loop"):
             # Runaway generation: it only stops at the budget.
             budget = min(budget, RUNAWAY_CAP)
             if plan.fault == "truncate":
                 thinking, reasoning_len = True, budget  # whatever was asked for
+        out = _Builder(budget)
+        reasoning_tokens = 0
+        if thinking:
+            out.piece(THINK_OPEN, ids[THINK_OPEN])
+            if reasoning_len:
+                out.piece("\n", ids["\n"])
+                self._words(out, plan.reasoning_at, reasoning_len, space=False)
+                out.piece("\n", ids["\n"])
             else:
-                answer_len = budget
-        overhead = 3 if thinking else 1
-        if reasoning_len + answer_len + overhead <= budget:
-            finish, used = "stop", reasoning_len + answer_len + overhead
-        else:
-            finish, used = "length", budget
-        if thinking and used < reasoning_len + 2:
-            reasoning_kept, answer_kept = max(0, used - 1), 0
-        else:
-            reasoning_kept = reasoning_len
-            answer_kept = min(answer_len, used - (reasoning_len + 2 if thinking else 0))
+                out.piece("\n\n", ids["\n\n"])
+            out.piece(THINK_CLOSE, ids[THINK_CLOSE])
+            reasoning_tokens = len(out.ids)
+            out.piece("\n\n", ids["\n\n"])
         if plan.fault == "repeat-loop":
-            per_line = count_tokens(LOOP_LINE)
-            lines = max(1, answer_kept // per_line)
-            answer = "\n".join([LOOP_LINE] * lines)
+            self._repeat(out)
         else:
-            answer = self.answer_text(plan, answer_kept) if answer_kept else ""
-        if not thinking:
-            return Output(None, answer, finish, used, 0)
-        reasoning = self.words(plan.reasoning_at, reasoning_kept)
-        if plan.fault == "think-leak" or not separate:
-            closed = answer_kept > 0 or finish == "stop"
-            inline = f"<think>\n{reasoning}" + (f"\n</think>\n\n{answer}" if closed else "")
-            return Output(None, inline, finish, used, reasoning_kept)
-        return Output(reasoning, answer, finish, used, reasoning_kept)
+            self._answer(out, plan, plan.answer_len)
+        text = "".join(out.parts)
+        finish = "stop" if out.piece(EOS, ids[EOS]) else "length"
+        return Generation(text, out.ids, finish, reasoning_tokens)
+
+    def _answer(self, out: _Builder, plan: Plan, n: int) -> None:
+        """The history tag, then pool words: n tokens, or what the budget leaves."""
+        tag = ("[", "history", ":", plan.digest, "]")
+        for piece in tag[:n]:
+            out.piece(piece, self._id.get(piece, self._id[_DIGEST_SAMPLE]))
+        self._words(out, plan.answer_at, n - TAG_TOKENS, space=True)
+
+    def _repeat(self, out: _Builder) -> None:
+        """A decoding loop: the same line over and over until the budget runs out."""
+        out.run(self._loop, self._loop_ids, space=False)
+        while out.left > 0:
+            out.piece("\n", self._id["\n"])
+            out.run(self._loop, self._loop_ids, space=False)

@@ -68,7 +68,7 @@ def _flag_name(arg: str) -> str:
     return _ALIASES.get(name, name)
 
 
-def _program(engine: EngineConfig) -> list[str]:
+def program(engine: EngineConfig) -> list[str]:
     if engine.kind == "emulator":
         return [engine.python, "-m", "regen.emulator"]
     if engine.launcher == "serve":
@@ -113,6 +113,7 @@ def _emulator_flags(emu: EmulatorConfig, index: int) -> list[str]:
     flags = [
         "--emu-load-s", str(emu.load_s),
         "--emu-tokens-per-s", str(emu.tokens_per_s),
+        "--emu-accept-length", str(emu.accept_length),
         "--emu-time-scale", str(emu.time_scale),
         "--emu-seed", str(emu.seed),
         "--emu-reasoning-tokens", emu.reasoning_tokens,
@@ -123,20 +124,33 @@ def _emulator_flags(emu: EmulatorConfig, index: int) -> list[str]:
     return flags
 
 
+def _all_flags() -> set[str]:
+    from regen.emulator.args import sglang_flags
+
+    return {option for flag in sglang_flags() for option in flag["options"]}
+
+
 def check_extra_args(extra_args: list[str], builder_flags: set[str]) -> None:
     """Refuse what would fail on the GPU node or silently override a setting regen owns."""
-    for arg in extra_args:
+    for i, arg in enumerate(extra_args):
         if not arg.startswith("--"):
             continue
         name = _flag_name(arg)
+        where = f"engine.extra_args[{i}]"
         if name in REMOVED_FLAGS:
             raise ConfigError(
-                f"engine.extra_args: {name} was removed in sglang 0.5.23; use {REMOVED_FLAGS[name]}"
+                f"{where}: {name} was removed in sglang 0.5.23; use {REMOVED_FLAGS[name]}"
+            )
+        # argparse takes a unique prefix for the whole flag: it would override regen's value.
+        owned = [f for f in builder_flags if f.startswith(name) and f != name]
+        if owned and name not in _all_flags():
+            raise ConfigError(
+                f"{where}: {name} abbreviates {owned[0]}, which regen sets from the config; "
+                "remove it from engine.extra_args"
             )
         if name in builder_flags or name == "--api-key":
             raise ConfigError(
-                f"engine.extra_args: {name} is set by regen from the config; "
-                "remove it from engine.extra_args"
+                f"{where}: {name} is set by regen from the config; remove it from engine.extra_args"
             )
         if name in DEPRECATED_FLAGS:
             log.warning("engine.extra_args: %s is deprecated in sglang 0.5.23", name)
@@ -159,7 +173,7 @@ def build_server_commands(
         flags = _sglang_flags(config, model_path, port, key_file)
         if index == 0:
             check_extra_args(engine.extra_args, {f for f in flags if f.startswith("--")})
-        argv = [*_program(engine), *flags, *engine.extra_args]
+        argv = [*program(engine), *flags, *engine.extra_args]
         if engine.kind == "emulator":
             argv += _emulator_flags(engine.emulator, index)
         commands.append(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -31,6 +32,18 @@ def write_private(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+
+
+# `'api_key': 'K'` (the args dict 0.5.23 logs) and `--api-key K` (its launch_command).
+_KEY_VALUE = re.compile(r"""(api_key['"]?\s*[:=]\s*)(['"])(?:(?!\2).)*\2""")
+_KEY_FLAG = re.compile(r"(--(?:admin-)?api-key[ =])\S+")
+
+
+def redact(text: str, key: str) -> str:
+    """`text` without `key` or any value a server logs under an API-key name."""
+    text = text.replace(key, "***") if key else text
+    text = _KEY_VALUE.sub(r"\1\2***\2", text)
+    return _KEY_FLAG.sub(r"\1***", text)
 
 
 def group_alive(pgid: int) -> bool:
@@ -108,14 +121,17 @@ class ServerProcess:
         return self.popen.poll()
 
     def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the server's log, with the API key blanked should a server echo it."""
+        """The last lines of the server's log, redacted: it ends up in errors and the fleet report.
+
+        sglang 0.5.23 logs every resolved argument, `api_key` in clear (and an admin key given
+        in engine.extra_args): blank our key wherever it shows, and any key-named value."""
         try:
             with open(self.command.log_path, "rb") as f:
                 tail = deque(f, maxlen=lines)
         except OSError:
             return "(no log)"
         text = b"".join(tail).decode("utf-8", "replace").rstrip()
-        return text.replace(self.command.api_key.get_secret_value(), "***")
+        return redact(text, self.command.api_key.get_secret_value())
 
     def terminate(self) -> None:
         signal_group(self.pid, signal.SIGTERM)

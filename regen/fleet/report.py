@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from regen.figures import NONE, sig
+
 ServerStatus = Literal["healthy", "exited", "timed_out", "unhealthy"]
 
 
@@ -60,3 +62,42 @@ def flag_slow(rows: list[FleetRow], min_relative_speed: float) -> list[FleetRow]
             reason = f"{row.tok_s:.0f} tok/s is below {min_relative_speed:g} x median {median:.0f}"
         out.append(row.model_copy(update={"flagged": slow, "reason": reason}))
     return out
+
+
+def fleet_markdown(rows: list[FleetRow]) -> str:
+    """The fleet as a table narrow enough for a ~1000 px pane: no URL (the servers are gone
+    by the time anyone reads it), figures to 3 significant digits, reasons below the table.
+
+    `probe tok/s` is the micro-benchmark's short fixed load at startup, not the run's speed.
+    """
+    healthy = sum(r.status == "healthy" for r in rows)
+    flagged = [r for r in rows if r.flagged]
+    lines = [
+        f"**{healthy} / {len(rows)} servers healthy**"
+        + (f", {len(flagged)} flagged slow" if flagged else ""),
+        "",
+        "| server | GPU | port | status | startup | probe latency | probe tok/s | accept length |",
+        "|---|--:|--:|---|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        status = r.status if r.status == "healthy" else f"**{r.status.upper()}**"
+        if r.flagged:
+            status = f"**SLOW** ({r.status})"
+        lines.append(
+            f"| {r.server} | {_cell(r.gpu)} | {_cell(r.port)} | {status} | {_secs(r.startup_s)} | "
+            f"{_secs(r.probe_latency_s)} | {sig(r.tok_s)} | {sig(r.accept_length)} |"
+        )
+    reasons = [r for r in rows if r.reason]
+    if reasons:
+        lines += ["", "Notes:", ""]
+        lines += [f"- {r.server}: {r.reason.splitlines()[0]}" for r in reasons]
+    lines += ["", "`probe tok/s`: each server's micro-benchmark at startup (`engine.bench`)."]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: int | None) -> str:
+    return NONE if value is None else str(value)
+
+
+def _secs(value: float | None) -> str:
+    return NONE if value is None else f"{sig(value)} s"

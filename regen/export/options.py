@@ -1,0 +1,71 @@
+"""What an export is asked for: a trainer's format and the filters on what goes into it.
+
+Kept apart from the exporter so that `regen.config` can embed the `export:` section without
+importing polars-heavy code or `datasets`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from regen.lossmask import Turns
+
+ExportFormat = Literal["specforge", "tokenized", "hf-dataset", "messages"]
+"""specforge: SpecForge's `conversations` JSONL; tokenized: `input_ids` + `loss_mask` JSONL
+(SpecForge's pre-tokenized input); hf-dataset: an Arrow dataset of `input_ids`, `loss_mask`,
+`seq_len` (vLLM speculators' prepared form); messages: `{"id", "messages"}` JSONL (TensorRT
+Model Optimizer)."""
+
+FORMATS: tuple[ExportFormat, ...] = ("specforge", "tokenized", "hf-dataset", "messages")
+TOKEN_FORMATS: frozenset[str] = frozenset({"tokenized", "hf-dataset"})
+
+
+class ExportOptions(BaseModel):
+    """One export: part of export.json, so a rerun with other options rewrites every file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: ExportFormat
+    turns: Turns = Field(
+        default="each",
+        description="Token formats: one sample per assistant turn (each) or the last turn only.",
+    )
+    exclude_truncated: bool = Field(
+        default=False, description="Leave out answers cut at max_tokens (finish_reason length)."
+    )
+    min_loss_tokens: int = Field(
+        default=0, ge=0, description="Leave out samples with fewer trained (response) tokens."
+    )
+
+
+class ExportConfig(BaseModel):
+    """The `export:` section of a run: formats written after a passing audit.
+
+    Each format goes to `<dest>/<format>/`, so one destination holds them all.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    dest: str = Field(min_length=1, description="A directory or s3://bucket/prefix.")
+    formats: list[ExportFormat] = Field(min_length=1)
+    turns: Turns = "each"
+    exclude_truncated: bool = False
+    min_loss_tokens: int = Field(default=0, ge=0)
+
+    def targets(self) -> list[tuple[str, ExportOptions]]:
+        """(destination, options) per format, in the order given, each format once."""
+        base = self.dest.rstrip("/")
+        return [
+            (
+                f"{base}/{fmt}",
+                ExportOptions(
+                    format=fmt,
+                    turns=self.turns,
+                    exclude_truncated=self.exclude_truncated,
+                    min_loss_tokens=self.min_loss_tokens,
+                ),
+            )
+            for fmt in dict.fromkeys(self.formats)
+        ]

@@ -1,0 +1,287 @@
+"""Request and response bodies, judged by sglang 0.5.23's own pydantic models and parser.
+
+Every body regen sends validates as a ChatCompletionRequest with no field sglang does not
+declare; every answer the emulator gives (success, stream, each error, each fault) validates
+as the response model it stands for; the emulator splits reasoning from answer exactly as
+sglang's qwen3 reasoning parser splits the raw text it would have generated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from regen.client.request import chat_request_body
+from regen.config import RegenerationConfig, SamplingConfig
+from regen.emulator.cli import READY_LINE
+from regen.fleet.bench import BENCH_MESSAGES
+from regen.fleet.probes import PROBE_MESSAGES, ProbeSettings
+from tests._fleet_helpers import MODEL_DIR, SERVED
+from tests.contract._sglang import Sglang
+
+# One worker runs them all: one driver process, so sglang is imported once per test run.
+pytestmark = pytest.mark.xdist_group("sglang")
+
+KEY = "contract-emu-key"
+USER = [{"role": "user", "content": "Explain how a queue works, step by step."}]
+MULTI_TURN = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Name a prime."},
+    {"role": "assistant", "content": "Seven."},
+    {"role": "user", "content": "And another?"},
+]
+
+
+# --- what we send ---------------------------------------------------------------------------
+
+
+def _bodies() -> dict[str, dict[str, Any]]:
+    sampling = SamplingConfig()
+    bodies = {
+        f"thinking {mode}": chat_request_body(
+            SERVED, MULTI_TURN, sampling, rid=f"r-{mode}",
+            regeneration=RegenerationConfig(thinking=mode),
+        )
+        for mode in ("save", "drop", "off")
+    }  # fmt: skip
+    for effort in ("low", "medium", "high", "none", "max"):
+        bodies[f"effort {effort}"] = chat_request_body(
+            SERVED, USER, sampling, rid="r-e", reasoning_effort=effort
+        )
+    bodies["min_p"] = chat_request_body(SERVED, USER, SamplingConfig(min_p=0.05), rid="r-p")
+    bodies["probe"] = chat_request_body(
+        SERVED, PROBE_MESSAGES, sampling, rid="regen-probe-x", max_tokens=ProbeSettings().max_tokens
+    )
+    bodies["bench"] = chat_request_body(
+        SERVED, BENCH_MESSAGES, sampling, rid="regen-bench-x", max_tokens=256
+    )
+    no_ids = RegenerationConfig(token_ids=False)
+    bodies["no token ids"] = chat_request_body(SERVED, USER, sampling, regeneration=no_ids)
+    bodies["no token ids"]["rid"] = "r-n"
+    assert bodies["thinking save"]["return_token_ids"] is True  # the default asks for them
+    return bodies
+
+
+BODIES = _bodies()
+
+
+@pytest.mark.parametrize("name", list(BODIES))
+def test_request_body_is_a_chat_completion_request(sglang: Sglang, name: str) -> None:
+    body = BODIES[name]
+    verdict = sglang.ask("request", body=body)
+    assert verdict["ok"], verdict["errors"]
+    assert verdict["unknown"] == [], f"fields sglang does not declare: {verdict['unknown']}"
+    parsed = verdict["parsed"]
+    assert "max_tokens" not in body  # deprecated in 0.5.23
+    assert parsed["max_completion_tokens"] == body["max_completion_tokens"]
+    # sglang mirrors enable_thinking into `thinking`; ours must survive as sent.
+    assert parsed["chat_template_kwargs"].items() >= body["chat_template_kwargs"].items()
+    assert parsed["separate_reasoning"] is True and parsed["rid"] == body["rid"]
+    if "reasoning_effort" in body:
+        assert parsed["reasoning_effort"] == body["reasoning_effort"]
+
+
+# --- what the emulator answers --------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Emu:
+    def __init__(self, log: Path, *flags: str) -> None:
+        self.port = _free_port()
+        self.log = log
+        argv = [
+            sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR),
+            "--served-model-name", SERVED, "--port", str(self.port), "--api-key", KEY,
+            "--reasoning-parser", "qwen3", "--context-length", "4096", "--emu-load-s", "0",
+            "--emu-reasoning-tokens", "20:60", "--emu-answer-tokens", "5:20", *flags,
+        ]  # fmt: skip
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def wait_ready(self, deadline: float) -> None:
+        while READY_LINE not in self.log.read_text():
+            assert self.proc.poll() is None, self.log.read_text()[-2000:]
+            assert time.monotonic() < deadline, self.log.read_text()[-2000:]
+            time.sleep(0.05)
+
+    def post(self, body: Any, timeout: float = 30) -> httpx.Response:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return httpx.post(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions",
+            content=content,
+            headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+            timeout=timeout,
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+SERVERS = {
+    "plain": ["--emu-time-scale", "0.01"],
+    "slow": ["--emu-time-scale", "1", "--emu-reasoning-tokens", "400:500"],
+    "empty-answer": ["--emu-time-scale", "0.01", "--emu-fault", "empty-answer=1"],
+    "truncate": ["--emu-time-scale", "0.01", "--emu-fault", "truncate=1"],
+    "think-leak": ["--emu-time-scale", "0.01", "--emu-fault", "think-leak=1"],
+    "repeat-loop": ["--emu-time-scale", "0.01", "--emu-fault", "repeat-loop=1"],
+    "http500": ["--emu-time-scale", "0.01", "--emu-fault", "http500=1"],
+}
+
+
+@pytest.fixture(scope="module")
+def emus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Emu]]:
+    logs = tmp_path_factory.mktemp("contract-emu")
+    started = {name: Emu(logs / f"{name}.log", *flags) for name, flags in SERVERS.items()}
+    try:
+        deadline = time.monotonic() + 60
+        for emu in started.values():
+            emu.wait_ready(deadline)
+        yield started
+    finally:
+        for emu in started.values():
+            emu.stop()
+
+
+def _body(ids: bool = True, **extra: Any) -> dict[str, Any]:
+    regeneration = RegenerationConfig(token_ids=ids)
+    return (
+        chat_request_body(SERVED, USER, SamplingConfig(max_tokens=400), regeneration=regeneration)
+        | extra
+    )
+
+
+def _check(sglang: Sglang, kind: str, body: Any) -> dict[str, Any]:
+    verdict = sglang.ask("response", kind=kind, body=body)
+    assert verdict["ok"], (verdict["errors"], body)
+    assert verdict["unknown"] == [], f"fields sglang does not declare: {verdict['unknown']}"
+    parsed: dict[str, Any] = verdict["parsed"]
+    return parsed
+
+
+@pytest.mark.parametrize(
+    ("server", "extra"),
+    [
+        ("plain", {}),
+        ("plain", {"chat_template_kwargs": {"enable_thinking": False}}),
+        ("plain", {"separate_reasoning": False}),
+        ("plain", {"return_meta_info": True}),
+        ("plain", {"max_completion_tokens": 8}),  # cut inside the thinking: finish "length"
+        ("empty-answer", {}),
+        ("truncate", {}),
+        ("think-leak", {}),
+        ("repeat-loop", {}),
+    ],
+)
+def test_chat_answer_is_a_chat_completion_response(
+    sglang: Sglang, emus: dict[str, Emu], server: str, extra: dict[str, Any]
+) -> None:
+    resp = emus[server].post(_body(**extra))
+    assert resp.status_code == 200, resp.text
+    parsed = _check(sglang, "chat", resp.json())
+    assert parsed["model"] == SERVED and parsed["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_stream_chunks_are_stream_responses(sglang: Sglang, emus: dict[str, Emu]) -> None:
+    body = _body(ids=False, stream=True, stream_options={"include_usage": True})
+    resp = emus["plain"].post(body)
+    assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n"), resp.text
+    events = [line.removeprefix("data: ") for line in resp.text.split("\n\n") if line]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) >= 3
+    for chunk in chunks:
+        _check(sglang, "stream", chunk)
+    assert chunks[-1]["usage"]["completion_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    ("server", "body", "status", "kind"),
+    [
+        ("plain", b"{not json", 400, "Bad Request"),
+        ("plain", {"model": SERVED, "messages": []}, 400, "BadRequestError"),
+        ("plain", _body(reasoning_effort="extreme"), 400, "Bad Request"),
+        ("plain", _body(reasoning_effort=1.5), 400, "Bad Request"),
+        ("plain", _body(max_completion_tokens=100_000), 400, "BadRequest"),
+        ("plain", _body(stream=True), 400, "BadRequest"),  # token ids on a stream
+        ("http500", _body(), 500, "InternalServerError"),
+    ],
+    ids=[
+        "bad json",
+        "no messages",
+        "effort word",
+        "effort number",
+        "over context",
+        "ids on a stream",
+        "http500",
+    ],
+)
+def test_errors_are_error_responses(
+    sglang: Sglang, emus: dict[str, Emu], server: str, body: Any, status: int, kind: str
+) -> None:
+    resp = emus[server].post(body)
+    assert resp.status_code == status, resp.text
+    parsed = _check(sglang, "error", resp.json())
+    assert parsed["type"] == kind and parsed["code"] == status
+
+
+def test_every_0523_effort_is_accepted(emus: dict[str, Emu]) -> None:
+    for effort in ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max", 0, 0.99):
+        resp = emus["plain"].post(_body(reasoning_effort=effort))
+        assert resp.status_code == 200, (effort, resp.text)
+
+
+def test_duplicate_in_flight_rid_is_refused(sglang: Sglang, emus: dict[str, Emu]) -> None:
+    slow = emus["slow"]
+    first: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: first.append(slow.post(_body(rid="same-rid"))))
+    worker.start()
+    time.sleep(0.5)  # the first is decoding (about 2 s)
+    second = slow.post(_body(rid="same-rid"))
+    worker.join()
+    assert first[0].status_code == 200
+    assert second.status_code == 400
+    parsed = _check(sglang, "error", second.json())
+    assert parsed["message"] == "Duplicate request ID detected: same-rid"
+    assert parsed["type"] == "BadRequest"
+    assert slow.post(_body(rid="same-rid")).status_code == 200  # once done, the rid is free
+
+
+# --- the reasoning split --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt", range(4))
+def test_reasoning_split_equals_sglangs_qwen3_parser(
+    sglang: Sglang, emus: dict[str, Emu], prompt: int
+) -> None:
+    """The raw text (separate_reasoning off) through sglang's parser gives the emulator's split,
+    whitespace included."""
+    messages = [{"role": "user", "content": f"Question number {prompt}: why is the sky blue?"}]
+    body = chat_request_body(SERVED, messages, SamplingConfig(max_tokens=400))
+    split = emus["plain"].post(body).json()["choices"][0]["message"]
+    raw = emus["plain"].post(body | {"separate_reasoning": False}).json()
+    text = raw["choices"][0]["message"]["content"]
+    parsed = sglang.ask("reasoning", text=text, force=False)
+    assert (split["reasoning_content"], split["content"]) == (
+        parsed["reasoning"],
+        parsed["content"],
+    )

@@ -1,0 +1,370 @@
+"""`regen export`: each format read back by its consumer's own reader (Hugging Face
+`datasets`), filters and their counts, incremental reruns, S3 on a moto server, the CLI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from regen.audit.dataset import open_dataset, scan_rows
+from regen.cli import FORMATS_CHOICES, main
+from regen.export import FORMATS, ExportOptions
+from regen.export.run import EXPORT_KEY, export_dataset
+from regen.shards import commit_shard, read_manifest, replace_shard
+from regen.storage import LocalStorage, Storage
+from tests._export_helpers import FINGERPRINT, make_export_dataset, synthetic_shard, user_text
+from tests._s3_helpers import MotoS3, moto_server
+
+datasets = pytest.importorskip("datasets")
+datasets.disable_progress_bars()
+
+ROWS, SHARD = 60, 20
+DEFECTS = {"error_every": 7, "truncated_every": 5, "no_ids_every": 11}
+
+
+def _source_rows(storage: Storage) -> pl.DataFrame:
+    """Every committed row, read here straight from the manifests (the test's own oracle)."""
+    frames = []
+    for shard in range(-(-ROWS // SHARD)):
+        manifest = read_manifest(storage, shard)
+        assert manifest is not None
+        frames.append(pl.read_parquet(storage.read_bytes(manifest.data)))
+    return pl.concat(frames)
+
+
+def _turns(rows: pl.DataFrame) -> pl.DataFrame:
+    """One row per stored turn of an ok row: id, turn, n (turns in its row), truncated, and
+    the response token count (null without ids)."""
+    return (
+        rows.filter(pl.col("error").is_null())
+        .with_columns(n=pl.col("turns").list.len())
+        .explode("turns")
+        .select(
+            "id",
+            "n",
+            pl.col("turns").struct.field("turn"),
+            (pl.col("turns").struct.field("finish_reason") == "length").alias("truncated"),
+            pl.col("turns").struct.field("response_token_ids").list.len().alias("response"),
+        )
+    )
+
+
+def _read_jsonl(dest: Path) -> Any:
+    files = json.loads((dest / EXPORT_KEY).read_text())["files"]
+    return datasets.load_dataset(
+        "json",
+        data_files=[str(dest / f) for f in files],
+        split="train",
+        cache_dir=str(dest.parent / "hf-cache"),
+    )
+
+
+def _read(dest: Path, fmt: str) -> Any:
+    if fmt == "hf-dataset":
+        return datasets.load_from_disk(str(dest))
+    return _read_jsonl(dest)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Storage]:
+    """By turns per row: 1 as `regeneration.turns: last` stores rows (the answer in `content`
+    only), 2 as `turns: all` does (every answer in `messages`)."""
+    root = tmp_path_factory.mktemp("export-src")
+    return {
+        turns: make_export_dataset(
+            root / f"turns-{turns}", rows=ROWS, shard_size=SHARD, turns=turns, **DEFECTS
+        )
+        for turns in (1, 2)
+    }
+
+
+@pytest.fixture
+def source(sources: dict[int, Storage]) -> Storage:
+    return sources[2]
+
+
+@pytest.mark.parametrize("turns", [1, 2])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_format_reads_back_with_its_consumers_reader(
+    sources: dict[int, Storage], tmp_path: Path, fmt: str, turns: int
+) -> None:
+    source = sources[turns]
+    dest = tmp_path / fmt
+    summary = export_dataset(source, LocalStorage(dest), ExportOptions(format=fmt))
+    data = _read(dest, fmt)
+    rows = _source_rows(source)
+    ok = rows.filter(pl.col("error").is_null())
+    record = json.loads((dest / EXPORT_KEY).read_text())
+    assert record["counts"] == summary.counts
+    assert record["source"]["fingerprint"] == FINGERPRINT
+    assert [e["manifest"]["sha256"] for e in record["shards"]] == [
+        read_manifest(source, k).sha256  # type: ignore[union-attr]
+        for k in range(3)
+    ]
+    assert summary.counts["error_rows"] == rows.height - ok.height > 0
+    ids = list(data["id"])
+    assert len(ids) == len(set(ids)), "every id once"
+    if fmt in {"specforge", "messages"}:
+        assert sorted(ids) == sorted(ok["id"].to_list())
+        key = "conversations" if fmt == "specforge" else "messages"
+        answers = dict(zip(ok["id"], ok["content"], strict=True))
+        for sample_id, conversation in zip(ids, data[key], strict=True):
+            roles = ["system"] + ["user", "assistant"] * turns
+            assert [m["role"] for m in conversation] == roles
+            last = conversation[-1]
+            # As SGLang returned it: SpecForge's template strips, a JSON writer must not.
+            assert last["content"] == answers[sample_id] and last["content"].startswith("\n\n")
+            assert last["reasoning_content"].endswith("\n")
+            assert all(m.get("reasoning_content") is None for m in conversation[:2])
+            assert all(m["content"] for m in conversation)
+            assert conversation[1]["content"] == user_text(sample_id, 0)
+        return
+    turns = _turns(rows).filter(pl.col("response").is_not_null())
+    expected = turns.select(
+        pl.when(pl.col("n") > 1).then(pl.format("{}#t{}", "id", "turn")).otherwise("id"),
+        "response",
+    )
+    assert sorted(ids) == sorted(expected.to_series(0).to_list())
+    response = dict(expected.iter_rows())
+    for sample_id, input_ids, loss_mask in zip(
+        ids, data["input_ids"], data["loss_mask"], strict=True
+    ):
+        assert len(input_ids) == len(loss_mask)
+        assert sum(loss_mask) == response[sample_id]
+        assert list(loss_mask) == sorted(loss_mask), "prompt 0s, then response 1s"
+    if fmt == "hf-dataset":
+        assert list(data["seq_len"]) == [len(x) for x in data["input_ids"]]
+        # speculators calls `.tolist()` on input_ids: arrays, not lists.
+        assert data[0]["input_ids"].tolist() == list(data[0]["input_ids"])
+    assert summary.counts["dropped"] == {"no_token_ids": _turns(rows)["response"].null_count()}
+
+
+def test_the_cli_offers_every_format() -> None:
+    assert tuple(FORMATS_CHOICES) == FORMATS
+
+
+@pytest.mark.parametrize("fmt", ["tokenized", "specforge"])
+def test_filters_drop_and_count_by_reason(source: Storage, tmp_path: Path, fmt: str) -> None:
+    options = ExportOptions(format=fmt, turns="last", exclude_truncated=True, min_loss_tokens=30)
+    summary = export_dataset(source, LocalStorage(tmp_path / fmt), options)
+    data = _read(tmp_path / fmt, fmt)
+    rows = _source_rows(source)
+    if fmt == "tokenized":
+        last = _turns(rows).filter(pl.col("turn") == pl.col("n"))
+        with_ids = last.filter(pl.col("response").is_not_null())
+        kept = with_ids.filter(~pl.col("truncated") & (pl.col("response") >= 30))
+        dropped = {
+            "no_token_ids": last.height - with_ids.height,
+            "truncated": int(with_ids["truncated"].sum()),
+            "min_loss_tokens": with_ids.filter(~pl.col("truncated")).height - kept.height,
+        }
+        # turns last: one sample per conversation, under the conversation's own id.
+        assert sorted(data["id"]) == sorted(kept["id"].to_list())
+        assert all(sum(m) >= 30 for m in data["loss_mask"])
+    else:
+        ok = rows.filter(pl.col("error").is_null())
+        truncated = ok["finish_reason"] == "length"
+        short = ok.filter(~truncated & (pl.col("completion_tokens") < 30)).height
+        dropped = {"truncated": int(truncated.sum()), "min_loss_tokens": short}
+        assert len(data) == ok.height - dropped["truncated"] - short
+    assert all(dropped.values()), "each filter must have something to drop here"
+    assert summary.counts["dropped"] == dropped
+    assert summary.counts["samples"] == len(data)
+
+
+def _mtimes(dest: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in dest.iterdir()}
+
+
+@pytest.mark.parametrize("fmt", ["tokenized", "hf-dataset"])
+def test_rerun_rewrites_only_what_changed(tmp_path: Path, fmt: str) -> None:
+    src = make_export_dataset(tmp_path / "ds", rows=ROWS, shard_size=SHARD, turns=2, **DEFECTS)
+    dest = tmp_path / "out"
+    options = ExportOptions(format=fmt)
+    first = export_dataset(src, LocalStorage(dest), options)
+    assert first.written == [0, 1, 2]
+    before = _mtimes(dest)
+    again = export_dataset(src, LocalStorage(dest), options)
+    assert (again.written, again.reused) == ([], [0, 1, 2])
+    assert _mtimes(dest) == before, "an unchanged dataset rewrites nothing"
+
+    # retry_errors replaces shard 1; a new shard 3 is committed: only those are written.
+    import numpy as np
+
+    rng = np.random.default_rng(9)
+    fixed = synthetic_shard(1, SHARD, SHARD, rng, turns=2).filter(
+        pl.col("id").is_in(_source_rows(src).filter(pl.col("error").is_not_null())["id"].to_list())
+    )
+    replace_shard(src, 1, fixed, fingerprint=FINGERPRINT, timings={})
+    commit_shard(
+        src, 3, synthetic_shard(3, ROWS, 5, rng, turns=2), fingerprint=FINGERPRINT, timings={}
+    )
+    third = export_dataset(src, LocalStorage(dest), options)
+    assert (third.written, third.reused) == ([1, 3], [0, 2])
+    after = _mtimes(dest)
+    assert (
+        after["shard-000000" + (".arrow" if fmt == "hf-dataset" else ".jsonl")]
+        == before["shard-000000" + (".arrow" if fmt == "hf-dataset" else ".jsonl")]
+    )
+    data = _read(dest, fmt)
+    assert third.counts["samples"] == len(data) > first.counts["samples"]
+    assert third.counts["error_rows"] == first.counts["error_rows"] - fixed.height
+    # Other options make other files: everything is written again.
+    assert (
+        export_dataset(src, LocalStorage(dest), options.model_copy(update={"turns": "last"})).reused
+        == []
+    )
+
+
+@pytest.fixture
+def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoS3]:
+    with moto_server() as server:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        yield server
+
+
+def _etags(moto: MotoS3, bucket: str, prefix: str) -> dict[str, tuple[str, object]]:
+    listed = moto.client().list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return {o["Key"]: (o["ETag"], o["LastModified"]) for o in listed.get("Contents", [])}
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "hf-dataset"])
+def test_s3_dataset_to_s3_export(moto: MotoS3, tmp_path: Path, fmt: str) -> None:
+    bucket = moto.create_bucket("regen-export")
+    src = make_export_dataset(moto.storage(bucket, "ds"), rows=ROWS, shard_size=SHARD, turns=2)
+    dest_prefix = f"exports/{fmt}"
+    code = main(
+        ["export", f"s3://{bucket}/ds", "--format", fmt, "--out", f"s3://{bucket}/{dest_prefix}"]
+    )
+    assert code == 0
+    tags = _etags(moto, bucket, dest_prefix)
+    assert f"{dest_prefix}/{EXPORT_KEY}" in tags and not any(k.endswith(".tmp") for k in tags)
+    local = tmp_path / fmt
+    for key in tags:
+        target = local / key.removeprefix(dest_prefix + "/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        moto.client().download_file(bucket, key, str(target))
+    data = _read(local, fmt)
+    assert len(data) == json.loads((local / EXPORT_KEY).read_text())["counts"]["samples"] > 0
+    assert len(set(data["id"])) == len(data)
+    assert (
+        main(
+            [
+                "export",
+                f"s3://{bucket}/ds",
+                "--format",
+                fmt,
+                "--out",
+                f"s3://{bucket}/{dest_prefix}",
+            ]
+        )
+        == 0
+    )
+    assert _etags(moto, bucket, dest_prefix) == tags, "a rerun puts nothing"
+    assert src.exists("run.json")
+
+
+def test_cli_exports_and_refuses_bad_input(
+    source: Storage, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dest = tmp_path / "tok"
+    args = ["export", source.uri, "--format", "tokenized", "--out", str(dest)]
+    assert main([*args, "--turns", "last", "--exclude-truncated"]) == 0
+    out = capsys.readouterr().out
+    assert "dropped: no_token_ids" in out and "truncated" in out and "3 written" in out
+    assert (
+        main(["export", str(tmp_path / "missing"), "--format", "specforge", "--out", str(dest)])
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert "missing" in err and "not a regen dataset" in err and "Traceback" not in err
+    assert main(["export", source.uri, "--format", "specforge", "--out", source.uri]) == 1
+    assert "dataset root" in capsys.readouterr().err
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main(["export", source.uri, "--format", "specforge", "--out", str(blocked / "x")]) == 1
+    assert "cannot write the export" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--min-loss-tokens", "-1"])
+    assert exit_info.value.code == 2
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_export_flow_writes_the_format_and_its_artifact(source: Storage, tmp_path: Path) -> None:
+    from flows.export import export_dataset_flow
+
+    counts = export_dataset_flow(source.uri, str(tmp_path / "m"), format="messages")
+    data = _read(tmp_path / "m", "messages")
+    assert counts["samples"] == len(data) > 0
+
+
+def test_hf_shard_file_is_what_save_to_disk_writes(source: Storage) -> None:
+    from regen.export.formats import shard_export
+    from regen.export.run import _arrow_bytes, _save_to_disk
+
+    view = open_dataset(source)
+    part = shard_export(
+        scan_rows(source, replace(view, committed={0: view.committed[0]})),
+        ExportOptions(format="hf-dataset"),
+    )
+    assert part.frame.height > 0
+    assert _arrow_bytes(part.frame) == _save_to_disk(part.frame)["data-00000-of-00001.arrow"]
+
+
+def test_export_section_is_checked_and_names_one_directory_per_format() -> None:
+    from regen.config import parse_config
+    from regen.errors import ConfigError
+
+    base = {"model": {"source": "m", "served_name": "m"}, "prompts": "p.jsonl", "output": "o"}
+    section = {"dest": "s3://b/train/", "formats": ["specforge", "hf-dataset", "specforge"]}
+    config = parse_config({**base, "export": {**section, "turns": "last"}})
+    assert config.export is not None
+    targets = config.export.targets()
+    assert [d for d, _ in targets] == ["s3://b/train/specforge", "s3://b/train/hf-dataset"]
+    assert {o.turns for _, o in targets} == {"last"}
+    assert parse_config(base).export is None
+    with pytest.raises(ConfigError, match=r"export\.formats\.0: Input should be"):
+        parse_config({**base, "export": {"dest": "d", "formats": ["csv"]}})
+    with pytest.raises(ConfigError, match=r"export\.min_loss_tokens"):
+        parse_config({**base, "export": {**section, "min_loss_tokens": -1}})
+
+
+def test_another_format_in_the_same_place_replaces_the_old_files(
+    source: Storage, tmp_path: Path
+) -> None:
+    dest = tmp_path / "out"
+    export_dataset(source, LocalStorage(dest), ExportOptions(format="hf-dataset"))
+    (dest / "notes.txt").write_text("mine")
+    summary = export_dataset(source, LocalStorage(dest), ExportOptions(format="specforge"))
+    assert len(summary.deleted) == 3 + 2  # three shards, state.json, dataset_info.json
+    names = sorted(p.name for p in dest.iterdir())
+    assert names == [EXPORT_KEY, "notes.txt", *(f"shard-{k:06d}.jsonl" for k in range(3))]
+
+
+def test_turns_without_ids_come_from_the_models_template_when_given(tmp_path: Path) -> None:
+    from regen.rehearsal import bundled
+
+    src = make_export_dataset(tmp_path / "ds", rows=ROWS, shard_size=SHARD, turns=2, no_ids_every=3)
+    options = ExportOptions(format="tokenized")
+    without = export_dataset(src, LocalStorage(tmp_path / "a"), options)
+    dropped = without.counts["dropped"]["no_token_ids"]
+    assert dropped > 0
+    model = bundled("emulator-model")
+    summary = export_dataset(src, LocalStorage(tmp_path / "b"), options, tokenizer_path=model)
+    assert summary.counts["dropped"] == {"no_token_ids": 0}
+    assert summary.counts["samples"] == without.counts["samples"] + dropped
+    assert summary.record["template"] is not None
+    data = _read(tmp_path / "b", "tokenized")
+    assert all(
+        len(i) == len(m) and 0 < sum(m) < len(m)
+        for i, m in zip(data["input_ids"], data["loss_mask"], strict=True)
+    )
+    # Another template (or none) is another export: a rerun with it writes every shard.
+    assert export_dataset(src, LocalStorage(tmp_path / "b"), options).reused == []

@@ -1,0 +1,151 @@
+"""Live fleet figures: each server's own /metrics, scraped while a run generates."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from regen.fleet import Endpoint
+from regen.fleet.metrics import FleetScraper
+from regen.naming import artifact_key
+from regen.ports import quiet_port_range
+from regen.progress import LiveReport, ProgressSnapshot
+from regen.rehearsal import rehearsal_config
+from tests._fleet_helpers import MODEL_DIR, SERVED
+
+
+@pytest.fixture
+def emulators(tmp_path: Path) -> Iterator[list[str]]:
+    """Two real emulators: one exporting metrics with accept length 2.5, one without metrics."""
+    base = quiet_port_range(2)
+    procs = []
+    for i, flags in enumerate(
+        (["--enable-metrics", "--emu-accept-length", "2.5"], ["--emu-accept-length", "3.1"])
+    ):
+        argv = [
+            sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR),
+            "--served-model-name", SERVED, "--port", str(base + i), "--emu-load-s", "0",
+            "--emu-time-scale", "0.01", "--speculative-algorithm", "NEXTN", *flags,
+        ]  # fmt: skip
+        log = (tmp_path / f"emu-{i}.log").open("wb")
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+    urls = [f"http://127.0.0.1:{base + i}" for i in range(2)]
+    try:
+        for url in urls:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    urllib.request.urlopen(f"{url}/v1/models", timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, f"{url} never came up"
+                    time.sleep(0.1)
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+
+
+def _chat(url: str) -> None:
+    body = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(request, timeout=30).close()
+
+
+def test_each_server_figures_come_from_its_own_metrics(emulators: list[str]) -> None:
+    scraper = FleetScraper([Endpoint(i, url) for i, url in enumerate(emulators)])
+    scraper.scrape()
+    _chat(emulators[0])
+    with_metrics, without = scraper.scrape()
+    assert with_metrics.metrics is not None and without.metrics is None
+    assert with_metrics.metrics.accept_length == 2.5
+    assert with_metrics.metrics.generation_tokens and with_metrics.tokens_per_s
+    progress = ProgressSnapshot(
+        updated_at=0, elapsed_s=1, total=10, done=5, already_done=0, ok=5, failed=0,
+        in_flight=0, queued=0, retries=0, shards_committed=1, rows_committed=5,
+        output_tokens=64, tokens_per_s=64.0, rows_per_s=5.0, eta_s=1.0, servers=(),
+    )  # fmt: skip
+    report = LiveReport(time.time(), progress, (with_metrics, without))
+    markdown = report.to_markdown()
+    assert re.search(r"\| server-0 \| [\d.,]+ \| 0 \| 0 \| [\d.]+ % \| 2.50 \|", markdown), markdown
+    assert "| server-1 | **metrics missing** |" in markdown
+    assert f"- server-1: `{emulators[1]}/metrics`" in markdown
+    assert "server-1 metrics missing" in report.log_line()
+
+
+# | server | tok/s | running | queued | KV cache | accept length |
+ROW = re.compile(
+    r"^\| (server-\d) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", re.M
+)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("prefect_harness")
+def test_live_artifact_is_updated_while_a_slowed_rehearsal_runs(tmp_path: Path) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.regenerate import regenerate_completions
+
+    # ~10 s of generation: 240 prompts, 8 in flight of ~0.3 s each; a scrape every second.
+    settings = {
+        "work_dir": str(tmp_path / "work"),
+        "shard_size": 60,
+        "concurrency_per_server": 4,
+        "generation": {"live_interval_s": 1.0},
+        "engine": {
+            "emulator": {
+                "time_scale": 0.5,
+                "reasoning_tokens": "100:200",
+                "answer_tokens": "20:50",
+                "accept_length": 2.5,  # only each server's /metrics knows it
+            },
+            "bench": {"concurrency": 2, "max_tokens": 16, "budget_s": 5},
+        },
+    }
+    (tmp_path / "slow.yaml").write_text(yaml.safe_dump(settings))
+    config = rehearsal_config(
+        config_path=tmp_path / "slow.yaml", out=str(tmp_path / "out"), servers=2
+    )
+    result: dict[str, Any] = {}
+    run = threading.Thread(
+        target=lambda: result.update(state=regenerate_completions(config, return_state=True))
+    )
+    run.start()
+    key = artifact_key("fleet-live", config.output)
+    seen: list[str] = []
+    with get_client(sync_client=True) as client:
+        while run.is_alive():
+            found = client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+            )
+            data = str(found[0].data) if found else ""
+            if ROW.search(data) and (not seen or data != seen[-1]):
+                seen.append(data)
+            time.sleep(0.2)
+    run.join()
+    print(f"\n{len(seen)} live updates seen while the run was going")
+    assert result["state"].is_completed(), result["state"].message
+    assert len(seen) >= 3, seen
+    for data in seen:
+        rows = {m[1]: m.groups() for m in ROW.finditer(data)}
+        assert set(rows) == {"server-0", "server-1"}, data
+        assert all(row[5].strip() == "2.50" for row in rows.values()), data
+    running = [float(m[3]) for data in seen for m in ROW.finditer(data)]
+    assert any(r > 0 for r in running), "no update saw a request running"
