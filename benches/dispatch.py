@@ -366,7 +366,7 @@ def main() -> None:
     setup = (
         Setup(servers=2, slots=8, requests=200, baseline_requests=100, slow_requests=100,
               multiturn_conversations=40, rss_prompts=2 * SHARD, rss_stream_shards=2,
-              rss_in_flight=2, time_scale=0.05, **{**common, **smoke})
+              rss_in_flight=2, time_scale=0.3, **{**common, **smoke})
         if a.smoke
         else Setup(servers=2, slots=16, requests=1000, baseline_requests=1000, slow_requests=1000,
               multiturn_conversations=500, rss_prompts=100_000, rss_stream_shards=4,
