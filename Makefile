@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install contract-env rehearse test lint bench clean
+.PHONY: install contract-env rehearse test lint bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -29,8 +29,14 @@ lint: install
 test: lint
 	@$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup $(ARGS)
 
+# Full sizes take minutes to an hour each and write benches/results/*.json.
 bench: install
-	@for b in benches/*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
+	@for b in benches/[!_]*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
+
+# Every bench at its smoke size (seconds each; results in benches/results/smoke/), so a bench
+# that no longer runs is seen; tests/test_benches.py runs the same in `make test`.
+bench-smoke: install
+	@for b in benches/[!_]*.py; do echo "== $$b --smoke"; $(VENV)/bin/python $$b --smoke || exit 1; done
 
 clean:
 	rm -rf $(VENV) .venv-sglang out .regen .pytest_cache .ruff_cache

@@ -7,7 +7,7 @@ and tokenizer passes scale with text length, so real datasets take longer per ro
 
 Each audit runs in a child process so its peak RSS (ru_maxrss) is its own. The tokenizer
 pass uses a byte-level BPE trained here on the pools (no model download), on 100K rows.
-Usage: python benches/audit.py [--rows N] [--tokenizer-rows N]
+Usage: python benches/audit.py [--rows N] [--tokenizer-rows N] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from regen.schema import row_schema
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benches._common import results_path
+from regen.schema import OUTPUT_MESSAGE, TURN, row_schema
 from regen.shards import commit_shard
 from regen.storage import LocalStorage
 
@@ -42,13 +45,42 @@ def _pool(rng: np.random.Generator, vocab: np.ndarray, size: int, lo: int, hi: i
     return [" ".join(chunk) for chunk in np.split(words, cuts)]
 
 
+def _struct(dtype: pl.Struct, **given: pl.Expr | pl.Series) -> pl.Expr:
+    """A struct of `dtype`'s fields in order, null where not `given`: new fields cannot break it."""
+    fields = [
+        (pl.lit(given[f.name]) if isinstance(given.get(f.name), pl.Series) else given.get(f.name))
+        for f in dtype.fields
+    ]
+    return pl.struct(
+        [
+            (pl.lit(None) if e is None else e).cast(f.dtype).alias(f.name)
+            for e, f in zip(fields, dtype.fields, strict=True)
+        ]
+    )
+
+
+def conform(columns: dict[str, pl.Expr | pl.Series]) -> pl.DataFrame:
+    """A frame of exactly `row_schema()`, its columns from `columns`, null where absent.
+
+    Built from the schema rather than beside it, so a column the output gains later (as
+    `turns` and the token ids were) is null here instead of a cast error.
+    """
+    exprs = []
+    for name, dtype in row_schema().items():
+        value = columns.get(name)
+        expr = pl.lit(value) if isinstance(value, pl.Series) else value
+        exprs.append((pl.lit(None) if expr is None else expr).cast(dtype).alias(name))
+    return pl.select(exprs)
+
+
 def generate(root: Path, rows: int, seed: int = 0) -> None:
     """Write `rows` rows as committed shards with plan.parquet and run.json."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     vocab = np.array(["".join(rng.choice(letters, rng.integers(2, 9))) for _ in range(8000)])
-    reasoning = pl.Series(_pool(rng, vocab, 20_000, 50, 100))
-    answers = pl.Series(_pool(rng, vocab, 20_000, 20, 40))
+    pool = min(20_000, max(rows, 1_000))  # a smoke run's few rows need no big pools
+    reasoning = pl.Series(_pool(rng, vocab, pool, 50, 100))
+    answers = pl.Series(_pool(rng, vocab, pool, 20, 40))
     prompts = pl.Series(_pool(rng, vocab, 5_000, 10, 30))
     (root / "shards").mkdir(parents=True)
     ids = pl.Series([f"p{i:07d}" for i in range(rows)])
@@ -66,35 +98,47 @@ def generate(root: Path, rows: int, seed: int = 0) -> None:
         empty = rng.random(n) < 0.01
         finish = np.where(rng.random(n) < 0.03, "length", "stop")
         error = [("http 500 after 4 attempts" if e else None) for e in rng.random(n) < 0.005]
-        frame = pl.DataFrame(
-            {
-                "id": ids.slice(start, n),
-                "shard": np.full(n, shard),
-                "messages": pl.select(
-                    pl.concat_list(
-                        pl.struct(
-                            role=pl.lit("user"),
-                            content=prompts.gather(rng.integers(0, len(prompts), n)),
-                        )
-                    )
-                ).to_series(),
-                "content": pl.select(
-                    pl.when(pl.Series(empty)).then(pl.lit("")).otherwise(content)
-                ).to_series(),
-                "reasoning_content": reasoning.gather(rng.integers(0, len(reasoning), n)),
-                "finish_reason": finish,
-                "prompt_tokens": np.clip(rng.lognormal(5.3, 0.8, n), 10, 30000).astype(np.int64),
-                "completion_tokens": r_tok + a_tok,
-                "reasoning_tokens": r_tok,
-                "model": np.full(n, "qwen3.6-27b"),
-                "server": [f"server-{s}" for s in rng.integers(0, SERVERS, n)],
-                "attempts": np.ones(n, dtype=np.int64),
-                "latency_s": rng.uniform(5, 60, n),
-                "error": error,
-                "turns": [[]] * n,
-            },
-            schema=row_schema(),
-        )
+        prompt_tokens = np.clip(rng.lognormal(5.3, 0.8, n), 10, 30000).astype(np.int64)
+        latency = rng.uniform(5, 60, n)
+        server = pl.Series([f"server-{s}" for s in rng.integers(0, SERVERS, n)])
+        columns: dict[str, pl.Expr | pl.Series] = {
+            "id": ids.slice(start, n),
+            "shard": pl.lit(shard, pl.Int64),
+            "messages": pl.concat_list(
+                _struct(
+                    OUTPUT_MESSAGE,
+                    role=pl.lit("user"),
+                    content=prompts.gather(rng.integers(0, len(prompts), n)),
+                )
+            ),
+            "content": pl.when(pl.Series(empty)).then(pl.lit("")).otherwise(content),
+            "reasoning_content": reasoning.gather(rng.integers(0, len(reasoning), n)),
+            "finish_reason": pl.Series(finish),
+            "prompt_tokens": pl.Series(prompt_tokens),
+            "completion_tokens": pl.Series(r_tok + a_tok),
+            "reasoning_tokens": pl.Series(r_tok),
+            "model": pl.lit("qwen3.6-27b"),
+            "server": server,
+            "attempts": pl.lit(1, pl.Int64),
+            "latency_s": pl.Series(latency),
+            "error": pl.Series(error, dtype=pl.String),
+            # One turn per row, as `regeneration.turns: last` writes; no token ids (null), as
+            # a server that returns none, so the audit takes its tokenizer path.
+            "turns": pl.concat_list(
+                _struct(
+                    TURN,
+                    turn=pl.lit(1, pl.Int64),
+                    finish_reason=pl.Series(finish),
+                    prompt_tokens=pl.Series(prompt_tokens),
+                    completion_tokens=pl.Series(r_tok + a_tok),
+                    reasoning_tokens=pl.Series(r_tok),
+                    server=server,
+                    attempts=pl.lit(1, pl.Int64),
+                    latency_s=pl.Series(latency),
+                )
+            ),
+        }
+        frame = conform(columns)
         commit_shard(storage, shard, frame, fingerprint=FINGERPRINT, timings={})
 
 
@@ -146,7 +190,10 @@ def main() -> None:
     parser.add_argument("--tokenizer-rows", type=int, default=100_000)
     parser.add_argument("--child", type=Path)
     parser.add_argument("--tokenizer", type=Path)
+    parser.add_argument("--smoke", action="store_true", help="2,000 rows, 1,000 tokenized")
     args = parser.parse_args()
+    if args.smoke:
+        args.rows, args.tokenizer_rows = 2_000, 1_000
     if args.child:
         child(args.child, args.tokenizer)
         return
@@ -173,9 +220,7 @@ def main() -> None:
     width = max(len(k) for k, _ in table)
     for key, value in table:
         print(f"{key:<{width}}  {value:>10}")
-    results = Path(__file__).parent / "results"
-    results.mkdir(exist_ok=True)
-    (results / "audit.json").write_text(
+    results_path("audit", smoke=args.smoke).write_text(
         json.dumps(
             {
                 "rows": plain["rows"],
@@ -186,6 +231,7 @@ def main() -> None:
                 "tokenizer_rows_per_s": round(rows_per_s, 1),
                 "tokenizer_peak_rss_mb": round(with_tok["peak_rss_mb"], 1),
                 "text_words": {"reasoning": [50, 100], "answer": [20, 40]},
+                "smoke": args.smoke,
             },
             indent=2,
         )

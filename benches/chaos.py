@@ -4,11 +4,18 @@ Each trial starts a rehearsal, SIGKILLs the flow process (its emulators, in thei
 sessions, are orphaned as a crashed node would leave them) before the fleet, while it starts
 or, mostly, between shard commits, then reruns the same command to completion. A trial
 resumed OK when the rerun exits 0 with every input id exactly once (read through the
-manifests), no manifest committed before the kill rewritten, and none of the killed run's
-servers alive or holding its port. One `prefect server` serves every run, so a trial pays
-interpreter and flow start-up but not an ephemeral Prefect start.
+manifests), no manifest committed before the kill rewritten, none of the killed run's
+servers alive or holding its port, and no process of either run left running: every
+descendant of the killed run (emulators, Prefect's temporary API server, anything else) and
+of the rerun is counted by kind.
 
-    python benches/chaos.py [--trials 20] [--seed 7] [--prompts 120] [--servers 2]
+By default each run uses ephemeral Prefect as a user's `regen rehearse` does (one
+PREFECT_HOME for all, so only the first run sets up the database), so a kill can orphan
+Prefect's temporary server; `--prefect server` shares one `prefect server` instead, and a
+trial then pays no ephemeral Prefect start. `--smoke` is one mid-generation trial.
+
+    python benches/chaos.py [--trials 20] [--seed 7] [--prompts 120] [--prefect ephemeral]
+                            [--smoke]
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +40,18 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' process tools
 
+from benches._common import results_path
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage
 from tests._chaos_helpers import (
     ChaosRun,
+    ProcessMark,
     dataset_ids,
+    descendants,
     input_ids,
+    kill_leftovers,
     kill_servers,
+    leftovers,
     local_marks,
     manifest_keys,
     rewritten,
@@ -49,10 +62,10 @@ from tests._chaos_helpers import (
     write_chaos_config,
     write_prompt_subset,
 )
-from tests._prefect_server import free_port, prefect_server
+from tests._prefect_server import prefect_env, prefect_server
 
-RESULTS = Path(__file__).parent / "results" / "chaos.json"
 SHARD_SIZE = 20
+KINDS = ("emulator", "prefect", "other")
 
 
 def _phases(rng: random.Random, trials: int) -> list[str]:
@@ -100,9 +113,7 @@ def trial(
     base.mkdir()
     work = base / "work"
     run = ChaosRun(
-        config=write_chaos_config(
-            base / "regen.yaml", work, shard_size=SHARD_SIZE, base_port=free_port()
-        ),
+        config=write_chaos_config(base / "regen.yaml", work, shard_size=SHARD_SIZE),
         out=str(base / "out"),
         work_dir=work,
         prompts=prompts,
@@ -110,39 +121,70 @@ def trial(
     expected = input_ids(prompts)
     proc = start_rehearsal(run, env, base, base / "killed.log")
     moment = _kill_moment(phase, rng, proc, run, -(-len(expected) // SHARD_SIZE))
+    killed_procs = descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     records = server_records(work)
     marks = local_marks(Path(run.out)) if Path(run.out, "shards").is_dir() else {}
 
     started = time.monotonic()
-    with (base / "rerun.log").open("wb") as log:
-        rerun = subprocess.run(
-            run.argv(), cwd=base, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=400
-        )
+    rc, rerun_procs = _run_watching(run, env, base, base / "rerun.log")
     resume_s = time.monotonic() - started
     orphans = surviving_servers(records, timeout_s=5.0)
-    reaped = re.search(r"stopped (\d+) orphan server", (base / "rerun.log").read_text())
+    left = leftovers(killed_procs + rerun_procs, timeout_s=5.0)
+    log = (base / "rerun.log").read_text()
+    reaped = re.search(r"stopped (\d+) orphan server", log)
+    reaped_prefect = re.search(r"stopped (\d+) orphan Prefect server", log)
     kill_servers(records + server_records(work))
+    kill_leftovers(left)
     ids = dataset_ids(LocalStorage(Path(run.out)))
     lost, doubled = ids.lost(expected), ids.doubled()
     changed = rewritten(marks, local_marks(Path(run.out)))
-    ok = rerun.returncode == 0 and not (lost or doubled or orphans or changed or ids.missing_data)
+    bad = lost or doubled or orphans or left or changed or ids.missing_data
     return {
         "trial": index,
         "killed_at": moment,
         "committed_at_kill": len(marks),
         "servers_at_kill": len(records),
+        "processes_at_kill": _by_kind(killed_procs),
         "reaped_by_rerun": int(reaped.group(1)) if reaped else 0,
-        "rerun_rc": rerun.returncode,
+        "prefect_reaped_by_rerun": int(reaped_prefect.group(1)) if reaped_prefect else 0,
+        "rerun_rc": rc,
         "resume_s": round(resume_s, 2),
         "ids_lost": len(lost),
         "ids_doubled": len(doubled),
         "orphans": len(orphans),
+        "processes_left": _by_kind(left),
         "rewritten": len(changed),
         "missing_data": len(ids.missing_data),
-        "resumed_ok": ok,
+        "resumed_ok": rc == 0 and not bad,
     }
+
+
+def _cell(value: object) -> str:
+    """Counts by kind as `emulator/prefect/other`, to keep the table narrow."""
+    if isinstance(value, dict):
+        return "/".join(str(value[k]) for k in KINDS)
+    return str(value)
+
+
+def _by_kind(marks: list[ProcessMark]) -> dict[str, int]:
+    return {kind: sum(m.kind == kind for m in marks) for kind in KINDS}
+
+
+def _run_watching(
+    run: ChaosRun, env: dict[str, str], cwd: Path, log: Path
+) -> tuple[int, list[ProcessMark]]:
+    """Run to the end, noting every process it starts, so what it leaves can be counted."""
+    proc = start_rehearsal(run, env, cwd, log)
+    seen: dict[tuple[int, float], ProcessMark] = {}
+    deadline = time.monotonic() + 400
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen.update({(m.pid, m.started): m for m in descendants(proc.pid)})
+        time.sleep(0.25)
+    if proc.poll() is None:
+        proc.kill()
+    return proc.wait(), list(seen.values())
 
 
 def main() -> int:
@@ -151,7 +193,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--prompts", type=int, default=120, help="First N sample prompts.")
     parser.add_argument("--keep", action="store_true", help="Keep the trial directories.")
+    parser.add_argument("--prefect", choices=["ephemeral", "server"], default="ephemeral")
+    parser.add_argument("--smoke", action="store_true", help="one mid-generation trial")
+    parser.add_argument(
+        "--prefect-home", type=Path, help="reuse this PREFECT_HOME (its database is set up)"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.trials, args.prompts = 1, 60
     # Stopped with SIGTERM, the bench still stops its Prefect server and any trial's servers.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rng = random.Random(args.seed)
@@ -162,9 +211,16 @@ def main() -> int:
         prompts = write_prompt_subset(
             bundled("sample_prompts.jsonl"), root / "prompts.jsonl", args.prompts
         )
-        with prefect_server(root / "prefect-home", startup_timeout=240) as server:
-            env = {**server.env, "PYTHONUNBUFFERED": "1"}
-            for index, phase in enumerate(_phases(rng, args.trials)):
+        phases = ["gen"] if args.smoke else _phases(rng, args.trials)
+        with ExitStack() as stack:
+            if args.prefect == "server":
+                home = args.prefect_home or root / "prefect-home"
+                server = stack.enter_context(prefect_server(home, 240))
+                env = {**server.env, "PYTHONUNBUFFERED": "1"}
+            else:
+                env = prefect_env(args.prefect_home or root / "prefect-home")
+                env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+            for index, phase in enumerate(phases):
                 row = trial(index, phase, rng, root, env, prompts)
                 rows.append(row)
                 console.print(row)
@@ -175,12 +231,14 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
 
     table = Table(title=f"chaos: {args.trials} kill -9 trials, {args.prompts} prompts")
-    columns = ["trial", "killed_at", "servers_at_kill", "reaped_by_rerun", "resume_s"]
-    columns += ["ids_lost", "ids_doubled", "orphans", "rewritten", "resumed_ok"]
+    columns = ["trial", "killed_at", "servers_at_kill", "reaped_by_rerun"]
+    columns += ["prefect_reaped_by_rerun", "resume_s", "ids_lost", "ids_doubled", "orphans"]
+    columns += ["processes_left", "rewritten", "resumed_ok"]
     for name in columns:
-        table.add_column(name, justify="right")
+        header = name.replace("_by_rerun", "")
+        table.add_column(f"{header} (emu/pf/other)" if name == "processes_left" else header)
     for row in rows:
-        table.add_row(*(str(row[name]) for name in columns))
+        table.add_row(*(_cell(row[name]) for name in columns))
     console.print(table)
     result = {
         "trials": len(rows),
@@ -188,17 +246,20 @@ def main() -> int:
         "ids_lost": sum(r["ids_lost"] for r in rows),
         "ids_doubled": sum(r["ids_doubled"] for r in rows),
         "orphans": sum(r["orphans"] for r in rows),
+        "processes_left": {k: sum(r["processes_left"][k] for r in rows) for k in KINDS},
+        "prefect_servers_reaped": sum(r["prefect_reaped_by_rerun"] for r in rows),
         "shards_rewritten": sum(r["rewritten"] for r in rows),
         "mean_resume_s": round(sum(r["resume_s"] for r in rows) / max(len(rows), 1), 2),
         "seed": args.seed,
         "prompts": args.prompts,
+        "prefect": args.prefect,
+        "smoke": args.smoke,
         "per_trial": rows,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    results_path("chaos", smoke=args.smoke).write_text(json.dumps(result, indent=2) + "\n")
     summary = {k: v for k, v in result.items() if k != "per_trial"}
     console.print(summary)
-    return 0
+    return 0 if result["resumed_ok"] == len(rows) else 1
 
 
 if __name__ == "__main__":

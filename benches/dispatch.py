@@ -20,7 +20,7 @@ request when it ends) until the queue runs dry (the one final drain of a run is 
 fixed cost, ~one request length out of a 1M-prompt run; the `*_full_run` figures include
 it). CPU is the bench process's CPU minus the scraper thread's own.
 
-    .venv/bin/python benches/dispatch.py [--quick] [--multiturn-only]
+    .venv/bin/python benches/dispatch.py [--quick | --smoke] [--multiturn-only]
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ from pathlib import Path
 import polars as pl
 from pydantic import SecretStr
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benches._common import results_path
 from regen.client import Dispatcher
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.fleet.endpoint import Endpoint
@@ -72,6 +75,7 @@ class Setup:
     max_tokens: int
     reasoning: str
     answer: str
+    rss_in_flight: int = 32  # the flow's thread pool
 
     def capacity(self, slow: float = 1.0) -> float:
         """Tokens/s the fleet can deliver: every slot decoding at its server's speed."""
@@ -320,7 +324,7 @@ def measure_rss(setup: Setup, endpoints: list[Endpoint], tmp: Path) -> dict[str,
     ).write_parquet(path, compression="zstd", row_group_size=SHARD, statistics=True)
     del frame
     cmd = [sys.executable, __file__, "--rss-child", str(path), str(setup.rss_stream_shards),
-           "32", *(e.url for e in endpoints)]  # fmt: skip
+           str(setup.rss_in_flight), *(e.url for e in endpoints)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -346,7 +350,8 @@ def print_runs(runs: dict[str, dict[str, float]]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="a small smoke run (~1 min)")
+    p.add_argument("--quick", action="store_true", help="a small run (~1 min)")
+    p.add_argument("--smoke", action="store_true", help="seconds: checks that it runs")
     p.add_argument("--time-scale", type=float, default=0.8, help="wall s per simulated s")
     p.add_argument("--rss-only", action="store_true", help="rerun only the RSS figure")
     p.add_argument("--multiturn-only", action="store_true", help="rerun only the multi-turn figure")
@@ -357,8 +362,13 @@ def main() -> None:
         rss_child(urls, path, int(stream), int(in_flight))
         return
     common = dict(tokens_per_s=250.0, max_tokens=4096, reasoning="200:4000", answer="20:800")
+    smoke = dict(reasoning="20:200", answer="10:50")
     setup = (
-        Setup(servers=2, slots=16, requests=1000, baseline_requests=1000, slow_requests=1000,
+        Setup(servers=2, slots=8, requests=200, baseline_requests=100, slow_requests=100,
+              multiturn_conversations=40, rss_prompts=2 * SHARD, rss_stream_shards=2,
+              rss_in_flight=2, time_scale=0.3, **{**common, **smoke})
+        if a.smoke
+        else Setup(servers=2, slots=16, requests=1000, baseline_requests=1000, slow_requests=1000,
               multiturn_conversations=500, rss_prompts=100_000, rss_stream_shards=4,
               time_scale=0.2, **common)
         if a.quick
@@ -366,8 +376,11 @@ def main() -> None:
                    slow_requests=5_000, multiturn_conversations=4_000, rss_prompts=1_000_000,
                    rss_stream_shards=64, time_scale=a.time_scale, **common)
     )  # fmt: skip
-    name = "dispatch-quick.json" if a.quick else "dispatch.json"
-    result_path = ROOT / "benches" / "results" / name
+    if a.smoke:
+        result_path = results_path("dispatch", smoke=True)
+    else:
+        name = "dispatch-quick.json" if a.quick else "dispatch.json"
+        result_path = ROOT / "benches" / "results" / name
     if a.rss_only or a.multiturn_only:
         empty = {"setup": {}, "runs": {}}
         saved = json.loads(result_path.read_text()) if result_path.exists() else empty
@@ -408,7 +421,7 @@ def main() -> None:
         "multiturn_slot_utilisation": multi["slot_utilisation"],
         "client_cpu_ms_per_request": shared["client_cpu_ms_per_request"],
         "rss_mb_1m_prompts": rss["rss_peak_mb"],
-        "setup": {**setup.__dict__, "quick": a.quick, "shard_size": SHARD},
+        "setup": {**setup.__dict__, "quick": a.quick, "smoke": a.smoke, "shard_size": SHARD},
         "runs": {
             "shared": shared, "baseline": baseline, "slow": slowed, "multiturn": multi, "rss": rss
         },

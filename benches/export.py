@@ -29,6 +29,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa  # type: ignore[import-untyped]
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benches._common import results_path
 from regen.schema import TURN, row_schema
 from regen.shards import commit_shard
 from regen.storage import LocalStorage
@@ -216,9 +219,7 @@ def main() -> None:
     width = max(len(k) for k, _ in table)
     for key, value in table:
         print(f"{key:<{width}}  {value:>10}")
-    results = Path(__file__).parent / "results"
-    results.mkdir(exist_ok=True)
-    (results / "export.json").write_text(
+    results_path("export", smoke=args.smoke).write_text(
         json.dumps(
             {
                 "rows": rows,

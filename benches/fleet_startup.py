@@ -5,7 +5,7 @@ the same fleet with no load at all as a baseline: the baseline is interpreter st
 probes (at time scale 1 the emulator's /health, like SGLang's, takes about a second), so
 the loaded run minus the baseline shows whether the load really overlaps across servers.
 
-    python benches/fleet_startup.py [--servers 8] [--load-s 2]
+    python benches/fleet_startup.py [--servers 8] [--load-s 2] [--smoke]
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benches._common import results_path
 from regen.config import parse_config
 from regen.fleet import build_server_commands, generate_api_key, launch_fleet
 from regen.ports import free_port_range, port_is_free
 from regen.rehearsal import bundled
-
-RESULTS = Path(__file__).parent / "results" / "fleet_startup.json"
 
 
 def run(servers: int, load_s: float, work_dir: Path) -> dict[str, float]:
@@ -75,7 +76,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", type=int, default=8)
     parser.add_argument("--load-s", type=float, default=2.0)
+    parser.add_argument("--smoke", action="store_true", help="2 servers, 0.2 s load")
     args = parser.parse_args()
+    if args.smoke:
+        args.servers, args.load_s = 2, 0.2
     with tempfile.TemporaryDirectory(prefix="regen-fleet-bench-") as tmp:
         baseline = run(args.servers, 0.0, Path(tmp) / "baseline")
         loaded = run(args.servers, args.load_s, Path(tmp) / "loaded")
@@ -100,15 +104,15 @@ def main() -> None:
         f"load run - baseline = {added:.2f} s (the load itself: {args.load_s:.1f} s); "
         f"teardown {loaded['teardown_s']:.2f} s (target <= 2 s)"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "servers": args.servers,
         **loaded,
         "overhead_s": round(overhead, 3),
         "baseline_ready_s": baseline["all_ready_s"],
         "baseline_teardown_s": baseline["teardown_s"],
+        "smoke": args.smoke,
     }
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    results_path("fleet_startup", smoke=args.smoke).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

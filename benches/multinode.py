@@ -20,7 +20,7 @@ allow, given what one node's generation costs them, and `cpu_core_s_per_row` sho
 the work per row stayed the same as nodes were added.
 
     python benches/multinode.py [--prompts 1200] [--shard-size 10] [--nodes 1,2,4]
-                                [--time-scale 0.25]
+                                [--time-scale 0.25] [--smoke]
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' server, S3 helpers
 
+from benches._common import results_path
 from regen.fleet import reap_orphans
 from regen.shards import Manifest, committed_shards
 from tests._multinode_helpers import REPO, parent_params, start_parent, write_prompts
 from tests._prefect_server import Server, prefect_server, prefect_worker
 from tests._s3_helpers import MotoS3, moto_server
 
-RESULTS = Path(__file__).parent / "results" / "multinode.json"
 CPU_SAMPLE_S = 0.5
 
 
@@ -380,7 +380,10 @@ def main() -> int:
     parser.add_argument("--lease-s", type=float, default=30.0)
     parser.add_argument("--case-timeout", type=float, default=900.0)
     parser.add_argument("--keep", action="store_true", help="Keep the run directories.")
+    parser.add_argument("--smoke", action="store_true", help="40 prompts on 2 nodes")
     args = parser.parse_args()
+    if args.smoke:
+        args.prompts, args.nodes, args.time_scale, args.case_timeout = 40, "2", 0.05, 300.0
     counts = sorted({int(n) for n in args.nodes.split(",")})
     # Stopped with SIGTERM, the bench still stops its workers, server and emulators.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -455,12 +458,12 @@ def main() -> int:
             "lease_s": args.lease_s,
             "storage": "moto S3 (loopback)",
         },
+        "smoke": args.smoke,
         "cases": cases,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    results_path("multinode", smoke=args.smoke).write_text(json.dumps(result, indent=2) + "\n")
     console.print({k: v for k, v in result.items() if k not in ("cases", "load")})
-    return 0
+    return 0 if all(c["parent_state"] == "Completed" for c in cases) else 1
 
 
 if __name__ == "__main__":

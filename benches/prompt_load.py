@@ -6,7 +6,7 @@ row may describe itself with (messages, prompt + system, ShareGPT, SpecForge tur
 `prompt` is prompt rows alone, half of them with a system key. Each load runs in a child
 process so its peak RSS (ru_maxrss) is its own; after the load it plans the shards and writes
 the prompt cache, as the plan stage does, for the plan stage's peak (plan_peak_rss_mib).
-Usage: python benches/prompt_load.py [--rows N ...] [--cases messages mixed prompt]
+Usage: python benches/prompt_load.py [--rows N ...] [--cases messages mixed prompt] [--smoke]
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benches._common import results_path
 
 _CHILD = """
 import resource, sys, tempfile, time
@@ -98,16 +102,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, nargs="+", default=[200_000, 1_000_000])
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=["messages", "mixed"])
+    parser.add_argument("--smoke", action="store_true", help="10,000 rows")
     args = parser.parse_args()
+    if args.smoke:
+        args.rows = [10_000]
     with tempfile.TemporaryDirectory() as tmp:
         results = [measure(rows, Path(tmp), case) for rows in args.rows for case in args.cases]
     keys = list(results[0])
     print(" | ".join(f"{k:>12}" for k in keys))
     for r in results:
         print(" | ".join(f"{r[k]:>12}" for k in keys))
-    out = Path(__file__).parent / "results" / "prompt_load.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    marked = [{**r, "smoke": args.smoke} for r in results]
+    results_path("prompt_load", smoke=args.smoke).write_text(json.dumps(marked, indent=2) + "\n")
 
 
 if __name__ == "__main__":

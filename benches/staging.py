@@ -1,7 +1,7 @@
 """Staging throughput: a synthetic multi-shard model from a directory (vs `cp -r` on the same
 disk) and from a moto S3 server, plus the time of the idempotent second staging.
 
-    python benches/staging.py [--local-mb 2000] [--s3-mb 512] [--files 4] [--dir /tmp]
+    python benches/staging.py [--local-mb 2000] [--s3-mb 512] [--files 4] [--dir /tmp] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from boto3.s3.transfer import TransferConfig
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benches._common import results_path
 from regen.s3 import client_config
 from regen.staging import stage_model
 
-RESULTS = Path(__file__).parent / "results" / "staging.json"
 _BLOCK = 16 << 20
 
 
@@ -166,7 +168,10 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--smoke", action="store_true", help="8 MB local, 8 MB S3, one run")
     args = parser.parse_args()
+    if args.smoke:
+        args.local_mb, args.s3_mb, args.runs = 8, 8, 1
 
     with tempfile.TemporaryDirectory(prefix="regen-bench-staging-", dir=args.dir) as tmp:
         local = bench_local(Path(tmp), args.local_mb, args.files, args.runs)
@@ -194,7 +199,6 @@ def main() -> None:
         f"{s3['restage_s']:.3f}",
     )
     Console().print(table)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     summary = {
         "local_vs_cp_ratio": round(local["local_vs_cp_ratio"], 3),
         "s3_mb_per_s": round(s3["s3_mb_per_s"], 1),
@@ -203,7 +207,7 @@ def main() -> None:
         "s3": s3,
         "args": {k: str(v) for k, v in vars(args).items()},
     }
-    RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
+    results_path("staging", smoke=args.smoke).write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

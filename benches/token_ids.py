@@ -23,6 +23,9 @@ from pathlib import Path
 import polars as pl
 from pydantic import SecretStr
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benches._common import results_path
 from regen.client import Dispatcher
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.fleet.endpoint import Endpoint
@@ -106,8 +109,8 @@ def main() -> None:
         "memory_bytes_per_row_with_ids": frames[True].estimated_size() / n,
     }
     result["parquet_ratio"] = _parquet_bytes(frames[True]) / _parquet_bytes(frames[False])
-    name = "token_ids-smoke.json" if a.smoke else "token_ids.json"
-    (ROOT / "benches" / "results" / name).write_text(json.dumps(result, indent=2) + "\n")
+    result["smoke"] = a.smoke
+    results_path("token_ids", smoke=a.smoke).write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'figure':36} {'value':>12}")
     for key, value in result.items():
         shown = f"{value:>12.1f}" if isinstance(value, float) else f"{value!s:>12}"

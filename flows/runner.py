@@ -10,6 +10,11 @@ from typing import TYPE_CHECKING, cast
 
 from regen.config import RegenConfig
 from regen.errors import UserError
+from regen.owned import reap_owned, tag_children
+
+# What Prefect 3.9.1 sets in the environment of the temporary API server it starts in a
+# subprocess when no server is configured (prefect.server.api.server.SubprocessASGIServer).
+EPHEMERAL_SERVER_ENV = {"PREFECT__SERVER_EPHEMERAL": "1"}
 
 if TYPE_CHECKING:
     from flows.regenerate import RunSummary
@@ -39,10 +44,27 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def _reap_ephemeral_servers() -> None:
+    """Stop the temporary Prefect servers of runs that were killed, and tag this run's own.
+
+    Prefect stops its temporary server at exit, which a kill -9 skips, and gives no way to
+    tie the server's life to ours; so a killed run's server (~200 MB) lives on until the
+    next run stops it here, found by the owner tag it inherited from its run.
+    """
+    reaped = reap_owned(EPHEMERAL_SERVER_ENV)
+    if reaped:
+        print(
+            f"regen: stopped {len(reaped)} orphan Prefect server(s) of an earlier run: {reaped}",
+            file=sys.stderr,
+        )
+    tag_children()
+
+
 def run_regenerate(config: RegenConfig) -> int:
     """Run `regenerate_completions` in this process; exit 0 on a passed or warned gate."""
     from flows.regenerate import regenerate_completions
 
+    _reap_ephemeral_servers()
     _quiet_user_tracebacks()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -50,6 +50,65 @@ class ChaosRun:
         return [sys.executable, "-m", "regen.cli", *args]
 
 
+@dataclass(frozen=True)
+class ProcessMark:
+    """A process a run started, as it was when seen: PID, start time (PIDs are reused), kind."""
+
+    pid: int
+    started: float
+    kind: str
+
+
+def _kind(proc: psutil.Process) -> str:
+    cmdline = " ".join(proc.cmdline())
+    if "prefect.server.api.server:create_app" in cmdline or " server start" in cmdline:
+        return "prefect"
+    if "regen.emulator" in cmdline or "sglang" in cmdline:
+        return "emulator"
+    return "other"
+
+
+def descendants(pid: int) -> list[ProcessMark]:
+    """Every process below `pid` right now: servers, Prefect's temporary API server, helpers."""
+    marks = []
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            marks.append(ProcessMark(child.pid, child.create_time(), _kind(child)))
+        except psutil.Error:
+            continue  # gone meanwhile: nothing left behind
+    return marks
+
+
+def _same_alive(mark: ProcessMark) -> bool:
+    try:
+        proc = psutil.Process(mark.pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - mark.started) < 1
+    except psutil.Error:
+        return False
+
+
+def leftovers(marks: list[ProcessMark], timeout_s: float = 10.0) -> list[ProcessMark]:
+    """Those of `marks` still running after `timeout_s` (the same process, not a reused PID)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [m for m in marks if _same_alive(m)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
+def kill_leftovers(marks: list[ProcessMark]) -> None:
+    """Clean-up after a failed check, so that one trial's processes do not spill into the next."""
+    for mark in marks:
+        if _same_alive(mark):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(mark.pid, signal.SIGKILL)
+
+
 def write_chaos_config(
     path: Path,
     work_dir: Path,

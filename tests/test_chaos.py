@@ -22,16 +22,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
+from flows.runner import EPHEMERAL_SERVER_ENV
+from regen.owned import OWNER_ENV, orphans
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage, Storage
 from tests._chaos_helpers import (
     ChaosRun,
     ManifestMark,
+    ProcessMark,
     dataset_ids,
+    descendants,
     input_ids,
+    kill_leftovers,
     kill_servers,
+    leftovers,
     local_marks,
     manifest_keys,
     read_progress,
@@ -42,6 +49,7 @@ from tests._chaos_helpers import (
     surviving_servers,
     wait_until,
     write_chaos_config,
+    write_prompt_subset,
 )
 from tests._prefect_server import Server, prefect_server
 from tests._s3_helpers import MotoS3, moto_server
@@ -70,13 +78,18 @@ def seed() -> int:
 class Trial:
     """One chained rehearsal setup: its runs, their logs and every server they recorded."""
 
-    def __init__(self, tmp_path: Path, out: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, tmp_path: Path, out: str, env: dict[str, str], run: ChaosRun | None = None
+    ) -> None:
         self.cwd = tmp_path
         work = tmp_path / "work"
-        config = write_chaos_config(tmp_path / "regen.yaml", work)
-        self.run = ChaosRun(config=config, out=out, work_dir=work)
+        if run is None:
+            config = write_chaos_config(tmp_path / "regen.yaml", work)
+            run = ChaosRun(config=config, out=out, work_dir=work)
+        self.run = run
         self.env = env
         self.records: dict[int, dict[str, Any]] = {}
+        self.killed: list[ProcessMark] = []  # every process of the runs killed so far
         self.attempt = 0
 
     def start(self) -> subprocess.Popen:
@@ -107,6 +120,7 @@ def cleanup() -> Iterator[list[Trial]]:
     yield trials
     for trial in trials:
         kill_servers(trial.note_servers())
+        kill_leftovers(trial.killed)
 
 
 def _mid_generation(
@@ -133,6 +147,7 @@ def _kill9(
     """kill -9 the flow process mid-generation; its servers and committed manifests."""
     proc = trial.start()
     _mid_generation(trial, proc, storage, rng, committed=0)
+    trial.killed += descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     orphans = trial.servers_of(proc)
@@ -157,6 +172,8 @@ def _rerun_completes(
     assert len(manifest_keys(storage)) == NUM_SHARDS
     assert surviving_servers(trial.note_servers()) == []
     assert server_records(trial.run.work_dir) == [], "PID files left after a clean run"
+    # Not only the servers: nothing any killed run started is still running.
+    assert leftovers(trial.killed) == [], "processes of a killed run left running"
 
 
 def _signal_stops_cleanly(
@@ -167,6 +184,7 @@ def _signal_stops_cleanly(
     proc = trial.start()
     _mid_generation(trial, proc, storage, rng, committed)
     servers = trial.servers_of(proc)
+    started = descendants(proc.pid)
     sent = time.monotonic()
     os.kill(proc.pid, sig)
     try:
@@ -178,6 +196,7 @@ def _signal_stops_cleanly(
     assert rc != 0, f"{sig.name}: exit 0 after an interrupted run"
     assert took < 15, f"{sig.name}: took {took:.1f} s to stop"
     assert surviving_servers(servers, timeout_s=5) == [], f"{sig.name}: servers left"
+    assert leftovers(started, timeout_s=5) == [], f"{sig.name}: processes left"
     assert server_records(trial.run.work_dir) == [], f"{sig.name}: PID files left"
     read_progress(storage)
     assert dataset_ids(storage).missing_data == []
@@ -244,8 +263,50 @@ def _kill9_after_last_commit(trial: Trial, storage: Storage) -> list[str]:
     """
     proc = trial.start()
     wait_until(lambda: len(manifest_keys(storage)) >= NUM_SHARDS, proc, 300, poll_s=0.02)
+    trial.killed += descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     alive = surviving_servers(trial.servers_of(proc), timeout_s=0)
     print(f"kill -9 after the last commit: {len(alive)} server(s) left running")
     return alive
+
+
+def test_kill9_leaves_no_prefect_server_after_the_next_run(
+    tmp_path: Path, regen_env: dict[str, str], cleanup: list[Trial]
+) -> None:
+    """Ephemeral Prefect, as a user's rehearsal runs it: kill -9 leaves its temporary API
+    server running (Prefect stops it only at a clean exit); the next run must stop it, and
+    leave none of its own."""
+    work = tmp_path / "work"
+    prompts = write_prompt_subset(bundled("sample_prompts.jsonl"), tmp_path / "p.jsonl", 20)
+    config = write_chaos_config(tmp_path / "regen.yaml", work, shard_size=10)
+    out = str(tmp_path / "out")
+    run = ChaosRun(config=config, out=out, work_dir=work, servers=1, prompts=prompts)
+    trial = Trial(tmp_path, out, regen_env, run)
+    cleanup.append(trial)
+    killed = trial.start()
+    # The fleet is up only once the flow runs, so Prefect's server is up and in use by then.
+    assert wait_until(lambda: bool(trial.servers_of(killed)), killed, 240), trial.output()
+    servers = [m for m in descendants(killed.pid) if m.kind == "prefect"]
+    assert len(servers) == 1, descendants(killed.pid)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait(timeout=10)
+    assert leftovers(servers, timeout_s=0) == servers, "nothing to reap: the test proves nothing"
+    try:
+        rerun = trial.start()
+        assert rerun.wait(timeout=400) == 0, trial.output()
+        assert leftovers(servers, timeout_s=5) == [], "the killed run's Prefect server lives on"
+        assert "stopped 1 orphan Prefect server" in trial.log(trial.attempt).read_text()
+        # The rerun's own server is stopped at its exit: no tagged server of either run is left.
+        owners = {killed.pid, rerun.pid}
+        left = [p for p in orphans(EPHEMERAL_SERVER_ENV) if _owner_pid(p) in owners]
+        assert left == [], left
+    finally:
+        kill_leftovers(servers)
+
+
+def _owner_pid(proc: psutil.Process) -> int | None:
+    try:
+        return int(proc.environ().get(OWNER_ENV, "").partition(":")[0])
+    except (psutil.Error, ValueError):
+        return None
