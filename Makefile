@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install contract-env rehearse test lint bench bench-smoke clean
+.PHONY: install contract-env rehearse test test-fast lint bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -28,6 +28,10 @@ lint: install
 
 test: lint
 	@$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup $(ARGS)
+
+# The fast loop: everything but the end-to-end Prefect runs and the bench smoke runs.
+test-fast: lint
+	@$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not e2e and not bench" $(ARGS)
 
 # Full sizes take minutes to an hour each and write benches/results/*.json.
 bench: install

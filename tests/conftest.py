@@ -12,6 +12,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# A test that runs Prefect (a harness, a server, or `regen` in a subprocess with its own
+# ephemeral server) is end to end: `make test-fast` leaves those out, `make test` runs all.
+_E2E_FIXTURES = frozenset({"prefect_home", "prefect_harness", "stack", "cluster", "prefect"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _E2E_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
 
 @pytest.fixture(scope="session")
 def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
