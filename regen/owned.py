@@ -71,11 +71,11 @@ def reap_owned(env_match: Mapping[str, str], grace_s: float = 5.0) -> list[int]:
         log.warning("stopping orphan pid %d of a run that is gone", proc.pid)
         with contextlib.suppress(psutil.Error):
             proc.terminate()
-    alive = _wait_gone(victims, grace_s)
+    alive = wait_gone(victims, grace_s)
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    _wait_gone(alive, 5.0)
+    wait_gone(alive, 5.0)
     return sorted(p.pid for p in victims)
 
 
@@ -86,9 +86,10 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+def wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
     """The ones still running after `timeout_s`; a zombie counts as gone, as orphans are not
-    our children and whoever adopted them reaps them in their own time."""
+    our children and whoever adopted them reaps them in their own time. Shared with
+    `regen.fleet.orphans`, which stops orphaned servers the same way."""
     deadline = time.monotonic() + timeout_s
     alive = [p for p in procs if _running(p)]
     while alive and time.monotonic() < deadline:

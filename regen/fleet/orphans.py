@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from regen.fleet.process import FLEET_ID_ENV, group_alive, signal_group
+from regen.owned import wait_gone
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,13 @@ def reap_orphans(work_dir: Path, grace_s: float = 5.0) -> list[int]:
             signal_group(proc.pid, signal.SIGTERM)
         else:
             _signal(proc, signal.SIGTERM)
-    alive = _wait_gone(list(victims.values()), grace_s)
+    alive = wait_gone(list(victims.values()), grace_s)
     for proc in alive:
         if proc.pid in groups:
             signal_group(proc.pid, signal.SIGKILL)
         else:
             _signal(proc, signal.SIGKILL)
-    _wait_gone(alive, 5.0)
+    wait_gone(alive, 5.0)
     deadline = time.monotonic() + 2.0
     while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -120,24 +121,6 @@ def reap_orphans(work_dir: Path, grace_s: float = 5.0) -> list[int]:
         path.unlink(missing_ok=True)
         (Path(work_dir) / "secrets" / f"{path.stem}.yaml").unlink(missing_ok=True)
     return sorted(victims)
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    """Wait until each process exited; a zombie counts as gone, since orphans are not our
-    children and whoever adopted them may reap them late or never."""
-    deadline = time.monotonic() + timeout_s
-    alive = [p for p in procs if _running(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [p for p in alive if _running(p)]
-    return alive
 
 
 def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
