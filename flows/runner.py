@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from types import FrameType
@@ -51,7 +52,9 @@ def _reap_ephemeral_servers() -> None:
     tie the server's life to ours; so a killed run's server (~200 MB) lives on until the
     next run stops it here, found by the owner tag it inherited from its run.
     """
-    reaped = reap_owned(EPHEMERAL_SERVER_ENV)
+    # Only servers of this Prefect home: another home's orphan is that setup's next run's to
+    # reap, and a parallel run of another home never has its own taken from under it.
+    reaped = reap_owned({**EPHEMERAL_SERVER_ENV, "PREFECT_HOME": os.environ.get("PREFECT_HOME")})
     if reaped:
         print(
             f"regen: stopped {len(reaped)} orphan Prefect server(s) of an earlier run: {reaped}",

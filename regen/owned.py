@@ -45,8 +45,9 @@ def _owner_alive(tag: str) -> bool:
         return False
 
 
-def orphans(env_match: Mapping[str, str]) -> list[psutil.Process]:
-    """Processes tagged by an owner that is gone and whose environment has `env_match`."""
+def orphans(env_match: Mapping[str, str | None]) -> list[psutil.Process]:
+    """Processes tagged by an owner that is gone and whose environment has `env_match`
+    (a None value: the variable must be unset)."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter():
@@ -64,7 +65,7 @@ def orphans(env_match: Mapping[str, str]) -> list[psutil.Process]:
     return found
 
 
-def reap_owned(env_match: Mapping[str, str], grace_s: float = 5.0) -> list[int]:
+def reap_owned(env_match: Mapping[str, str | None], grace_s: float = 5.0) -> list[int]:
     """Stop (SIGTERM, then SIGKILL after `grace_s`) the orphans of `env_match`; their PIDs."""
     victims = orphans(env_match)
     for proc in victims:
