@@ -660,7 +660,7 @@ def test_sample_prompt_set_is_valid_and_varied() -> None:
 def test_small_batches_read_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Validation runs batch by batch: cut anywhere (a line longer than a batch, blank lines at
     a cut, a last line with no line end, a duplicate in a later batch), the result is the same."""
-    import regen.prompts
+    import regen.prompts.load
 
     rows: list[str | dict[str, Any]] = [
         GOOD,
@@ -688,7 +688,7 @@ def test_small_batches_read_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     ]
     assert (first[jsonl].rows_checked, first[jsonl].valid) == (4, 3)
     for size in (1, 40, 200):
-        monkeypatch.setattr(regen.prompts, "_BATCH_BYTES", size)
+        monkeypatch.setattr(regen.prompts.load, "_BATCH_BYTES", size)
         for path in (jsonl, parquet):
             ps = load_prompts(str(path))
             assert ps.formats == whole[path].formats, (size, path)

@@ -1,0 +1,43 @@
+"""Read the prompt set (JSONL or Parquet) into validated chat rows, with every unusable row
+set aside with its line number and reason, so one bad line never stops a million-row run.
+
+Three row formats, and each row describes itself: OpenAI `messages`, `prompt` (+ `system`), and
+ShareGPT `conversations` ({from: human/gpt/system, value}, + `system`), which is normalised to
+messages. One file may hold rows of all three; each row is read by its own format, and only a
+row whose own format is missing or ambiguous (the keys of two formats) is rejected. The layouts
+training sets come in are read as they are: `conversations` of {role, content} turns
+(SpecForge's prepare_data) are messages rows, and UltraChat's `prompt` beside `messages` is its
+first user message again.
+
+The modules, in the order a file meets them: `facts` (what the file is: fingerprint, Parquet or
+text, UTF-8, NUL bytes), `jsonl` and `parquet` (rows read batch by batch into one column
+layout), `rules` (each row's format, reject reason, normalised messages and id; `formats` holds
+the words they share), and `load` (the batches validated into a `PromptSet`).
+"""
+
+from regen.prompts.formats import FORMAT_KEYS, MIXED, format_counts, format_name
+from regen.prompts.load import (
+    REJECTS_KEY,
+    REJECTS_SCHEMA,
+    PromptPreview,
+    PromptSet,
+    load_prompts,
+    load_prompts_file,
+    preview,
+    write_rejects,
+)
+
+__all__ = [
+    "FORMAT_KEYS",
+    "MIXED",
+    "REJECTS_KEY",
+    "REJECTS_SCHEMA",
+    "PromptPreview",
+    "PromptSet",
+    "format_counts",
+    "format_name",
+    "load_prompts",
+    "load_prompts_file",
+    "preview",
+    "write_rejects",
+]

@@ -1,0 +1,62 @@
+"""The three row formats and the words they share: OpenAI `messages`, `prompt` (+ `system`)
+and ShareGPT `conversations`, whichever file type (JSONL or Parquet) they come in."""
+
+from __future__ import annotations
+
+import polars as pl
+
+ROLES = ("system", "user", "assistant")
+# ShareGPT speaker names and the chat roles they stand for: ShareGPT dumps name the assistant
+# chatgpt, bing or bard in places, and some converters write user/assistant.
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+# Format name -> the key (column) that carries it.
+FORMAT_KEYS = {"messages": "messages", "prompt": "prompt", "sharegpt": "conversations"}
+MIXED = "mixed"
+# A row's format once known, as a small categorical column.
+FORMAT = pl.Enum(list(FORMAT_KEYS))
+
+# A `conversations` turn as read: ShareGPT's {from, value}, or {role, content} as SpecForge's
+# prepare_data writes it (those rows are OpenAI messages under another key).
+ANY_TURN = pl.Struct(
+    {"from": pl.String, "value": pl.String, "role": pl.String, "content": pl.String}
+)
+
+
+def format_name(formats: dict[str, int]) -> str:
+    """The one format of a file's valid rows, or `mixed` when they use several."""
+    return next(iter(formats)) if len(formats) == 1 else MIXED
+
+
+def format_counts(formats: dict[str, int]) -> str:
+    """`messages 600, prompt 400`: the per-format figure a user sees."""
+    return ", ".join(f"{fmt} {count}" for fmt, count in formats.items())
+
+
+def split_conversations(messages: pl.Expr, turns: pl.Expr) -> tuple[pl.Expr, pl.Expr, pl.Expr]:
+    """(messages, conversations, turns_as_roles): `conversations` of {role, content} turns
+    become `messages` (unless the row has those too); ShareGPT turns stay `conversations` as
+    {from, value}. An empty list is left as `conversations`, which says it is empty."""
+    turn = pl.element().struct
+    as_roles = (
+        messages.is_null()
+        & turns.list.eval(turn.field("role").is_not_null()).list.any()
+        & ~turns.list.eval(
+            turn.field("from").is_not_null() | turn.field("value").is_not_null()
+        ).list.any()
+    )
+    chat = turns.list.eval(pl.struct(turn.field("role"), turn.field("content")))
+    sharegpt = turns.list.eval(pl.struct(turn.field("from"), turn.field("value")))
+    return (
+        pl.when(as_roles).then(chat).otherwise(messages).alias("messages"),
+        pl.when(as_roles).then(None).otherwise(sharegpt).alias("conversations"),
+        as_roles.fill_null(False).alias("turns_as_roles"),
+    )

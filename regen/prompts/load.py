@@ -1,0 +1,178 @@
+"""A prompt file validated batch by batch into a PromptSet (or a quick PromptPreview).
+
+A file is validated some `_BATCH_BYTES` at a time (JSONL cut at line ends, Parquet in row
+slices), so a million-row file never has all its working columns in memory at once; only line,
+id, reason, format and the usable rows' messages are kept, and duplicate ids are found across
+the whole file at the end.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from regen.errors import UserError
+from regen.prompts import jsonl, parquet
+from regen.prompts.facts import FileFacts, download, file_facts
+from regen.prompts.formats import FORMAT, FORMAT_KEYS, format_name
+from regen.prompts.rules import check_rows, row_format
+from regen.storage import Storage
+
+REJECTS_KEY = "rejects/rejects.parquet"
+# Validation works on this much of the file at a time: its working columns take some ten times
+# the batch, and freed batches' pages stay with the allocator, so smaller batches keep the peak
+# down (8 MiB: 632 MB at a million prompts, 2 MiB: 550 MB) at no cost in speed.
+_BATCH_BYTES = 2 << 20
+
+REJECTS_SCHEMA = pl.Schema({"line": pl.Int64, "id": pl.String, "reason": pl.String})
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Validated rows (`id`, `line`, `messages`) and the rejected ones (`line`, `id`, `reason`).
+
+    `line` is the 1-based line of a JSONL file or the 1-based row of a Parquet file.
+    `fingerprint` is the sha256 of the file's bytes: any edit of the input changes it.
+    `formats` counts the valid rows of each format present, in `FORMAT_KEYS` order.
+    """
+
+    path: str
+    formats: dict[str, int]
+    fingerprint: str
+    valid: pl.DataFrame
+    rejects: pl.DataFrame
+
+    @property
+    def format(self) -> str:
+        return format_name(self.formats)
+
+    @property
+    def num_valid(self) -> int:
+        return self.valid.height
+
+    @property
+    def num_rejected(self) -> int:
+        return self.rejects.height
+
+
+@dataclass(frozen=True)
+class PromptPreview:
+    """What a quick look at the first rows found, for the provisioning check."""
+
+    path: str
+    formats: dict[str, int]
+    rows_checked: int
+    valid: int
+    rejected: int
+    first_reason: str | None
+
+    @property
+    def format(self) -> str:
+        return format_name(self.formats)
+
+
+def load_prompts(path_or_uri: str, *, max_prompt_bytes: int = 1_000_000) -> PromptSet:
+    """Load a local path or an `s3://bucket/key` URL (downloaded to a temp file first)."""
+    if "://" not in path_or_uri:
+        return load_prompts_file(Path(path_or_uri), max_prompt_bytes=max_prompt_bytes)
+    with tempfile.TemporaryDirectory(prefix="regen-prompts-") as tmp:
+        local = download(path_or_uri, Path(tmp))
+        return load_prompts_file(local, max_prompt_bytes=max_prompt_bytes, name=path_or_uri)
+
+
+def load_prompts_file(
+    path: Path, *, max_prompt_bytes: int = 1_000_000, name: str | None = None
+) -> PromptSet:
+    """Validate a local file; `name` is how messages name it (default: the path)."""
+    name = name or str(path)
+    facts = file_facts(path, name)
+    formats, valid, rejects = _load(path, name, facts, max_prompt_bytes, n_rows=None)
+    return PromptSet(name, formats, facts.fingerprint, valid, rejects)
+
+
+def preview(path_or_uri: str, n: int = 1000, *, max_prompt_bytes: int = 1_000_000) -> PromptPreview:
+    """Validate only the first `n` rows: cheap enough to run before any GPU is rented."""
+    if "://" in path_or_uri:
+        with tempfile.TemporaryDirectory(prefix="regen-prompts-") as tmp:
+            local = download(path_or_uri, Path(tmp))
+            return _preview(local, path_or_uri, n, max_prompt_bytes)
+    return _preview(Path(path_or_uri), path_or_uri, n, max_prompt_bytes)
+
+
+def write_rejects(storage: Storage, prompt_set: PromptSet) -> None:
+    """Always written, even empty, so the audit can tell "no rejects" from "not recorded"."""
+    storage.write_bytes(REJECTS_KEY, _parquet_bytes(prompt_set.rejects))
+
+
+def _preview(path: Path, name: str, n: int, max_prompt_bytes: int) -> PromptPreview:
+    facts = file_facts(path, name, fingerprint=False)
+    formats, valid, rejects = _load(path, name, facts, max_prompt_bytes, n_rows=n)
+    first = rejects.sort("line").row(0, named=True)["reason"] if rejects.height else None
+    return PromptPreview(
+        name, formats, valid.height + rejects.height, valid.height, rejects.height, first
+    )
+
+
+def _parquet_bytes(df: pl.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    df.write_parquet(buf, compression="zstd")
+    return buf.getvalue()
+
+
+def _load(
+    path: Path, name: str, facts: FileFacts, max_prompt_bytes: int, n_rows: int | None
+) -> tuple[dict[str, int], pl.DataFrame, pl.DataFrame]:
+    """Validate batch by batch: only one batch's working columns are held at a time; of the
+    rows checked only the usable ones (id, line, format, messages) and the rejects are kept."""
+    if facts.is_parquet:
+        batches = parquet.batches(path, name, facts.size, n_rows, _BATCH_BYTES)
+    elif path.suffix.lower() == ".parquet":
+        raise UserError(f"{name}: not a Parquet file (no PAR1 magic bytes)")
+    else:
+        batches = jsonl.batches(path, name, facts.utf8, n_rows, _BATCH_BYTES)
+    valid_parts, reject_parts = [], []
+    for fields in batches:
+        valid, rejects = _checked_batch(fields, max_prompt_bytes)
+        valid_parts.append(valid)
+        reject_parts.append(rejects)
+    if not valid_parts:
+        raise UserError(f"{name}: no prompts (only blank lines)")
+    valid, duplicates = _split_duplicates(pl.concat(valid_parts))
+    rejects = pl.concat([*reject_parts, duplicates]).sort("line")
+    counted = dict(valid.get_column("row_format").cast(pl.String).value_counts().iter_rows())
+    formats = {fmt: counted[fmt] for fmt in FORMAT_KEYS if fmt in counted}
+    if valid.height == 0:
+        where = "row" if facts.is_parquet else "line"
+        first = rejects.row(0, named=True)
+        raise UserError(
+            f"{name}: {where} {first['line']}: {first['reason']}; "
+            f"no usable rows ({rejects.height} rejected)"
+        )
+    return formats, valid.select("id", "line", "messages"), rejects
+
+
+def _checked_batch(
+    fields: pl.DataFrame, max_prompt_bytes: int
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A batch's usable rows (id, line, row_format, messages) and its rejects."""
+    checked = check_rows(fields.with_columns(row_format=row_format()), max_prompt_bytes)
+    ok = pl.col("reason").is_null()
+    valid = checked.filter(ok).select("id", "line", pl.col("row_format").cast(FORMAT), "messages")
+    return valid, checked.filter(~ok).select("line", "id", "reason").cast(REJECTS_SCHEMA)
+
+
+def _split_duplicates(valid: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A usable row whose id an earlier usable row has is rejected, naming that row's line.
+    Only a file with duplicates pays for a second copy of the usable rows."""
+    marked = valid.select("line", "id", pl.col("line").min().over("id").alias("first"))
+    duplicate = marked.get_column("line") != marked.get_column("first")
+    if not duplicate.any():
+        return valid, pl.DataFrame(schema=REJECTS_SCHEMA)
+    rejects = marked.filter(duplicate).select(
+        "line", "id", pl.format("duplicate id (first on line {})", "first").alias("reason")
+    )
+    return valid.filter(~duplicate), rejects
