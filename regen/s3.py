@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from pydantic import BaseModel, Field
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay
 
 from regen.errors import UserError
 
@@ -43,6 +43,9 @@ _TRANSIENT_CODES = frozenset(
         "BandwidthLimitExceeded",
     }
 )
+# What is retried: a transient ClientError (the others are turned into the caller's error
+# first) and a connection that failed or broke.
+_TRANSIENT_ERRORS = (ClientError, BotoConnectionError, HTTPClientError)
 _MISSING_BUCKET_CODES = frozenset({"NoSuchBucket"})
 _DENIED_CODES = frozenset(
     {
@@ -143,27 +146,37 @@ class S3Storage:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _call(self, op: str, key: str, fn: Callable[[BaseClient], T]) -> T:
-        started = time.monotonic()
-        attempt = 0
-        while True:
+        """`fn` with the client, transient failures retried until the policy's deadline."""
+
+        def attempt() -> T:
             try:
                 return fn(self._client())
             except NoCredentialsError as err:
                 raise UserError(f"{self.uri}: no AWS credentials found") from err
             except ClientError as err:
+                # Permanent failures leave here as the error the caller gets: not retried.
                 if not _is_transient(err):
                     raise self._permanent(err, op, key) from err
-                last: Exception = err
-            except (BotoConnectionError, HTTPClientError) as err:
-                last = err
-            remaining = self.retry.deadline_s - (time.monotonic() - started)
-            if remaining <= 0:
-                raise UserError(
-                    f"s3://{self.bucket}: {op} failed for {self.retry.deadline_s:g} s "
-                    f"({type(last).__name__}); is {self._client().meta.endpoint_url} reachable?"
-                ) from last
-            time.sleep(min(self.retry.delay(attempt), remaining))
-            attempt += 1
+                raise
+
+        deadline = self.retry.deadline_s
+        retrying = Retrying(
+            retry=retry_if_exception_type(_TRANSIENT_ERRORS),
+            stop=stop_after_delay(deadline),
+            # The last sleep ends at the deadline, so one more try comes right at it.
+            wait=lambda state: min(
+                self.retry.delay(state.attempt_number - 1),
+                deadline - (state.seconds_since_start or 0.0),
+            ),
+        )
+        try:
+            return retrying(attempt)
+        except RetryError as gave_up:
+            last = gave_up.last_attempt.exception()
+            raise UserError(
+                f"s3://{self.bucket}: {op} failed for {deadline:g} s "
+                f"({type(last).__name__}); is {self._client().meta.endpoint_url} reachable?"
+            ) from last
 
     def _permanent(self, err: ClientError, op: str, key: str) -> Exception:
         code = str(err.response.get("Error", {}).get("Code", ""))
