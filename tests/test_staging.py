@@ -1,20 +1,29 @@
-"""Model staging from a directory and from a real S3 API (moto) into a tmp dir standing in for
-/dev/shm: identical content, marker last, idempotent, partial copies repaired, refusals named."""
+"""Model staging from a directory, a real S3 API (moto) and a loopback Hugging Face Hub into a tmp
+dir standing in for /dev/shm: identical content, marker last, idempotent, partial copies
+repaired, refusals named."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
 import psutil
 import pytest
 
 from regen.errors import UserError
-from regen.staging import MARKER_NAME, StageMarker, check_space, stage_model
+from regen.staging import MARKER_NAME, StageMarker, StageResult, check_space, stage_model
+from regen.staging.layout import PART_SUFFIX
 from tests._s3_helpers import MotoS3, moto_server
 
 MODEL_FILES = {
@@ -191,3 +200,156 @@ def test_bad_sources_are_user_errors(tmp_path: Path, moto: MotoS3) -> None:
     with pytest.raises(UserError, match=r"s3://regen-no-such-models: bucket does not exist"):
         stage_model("s3://regen-no-such-models/m", tmp_path / "t", s3_client_factory=moto.client)
     assert time.monotonic() - started < 5
+
+
+# --- the Hugging Face Hub, as a loopback server speaking the Hub's HTTP API ---------------------
+
+HUB_REPO = "org/qwen"
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+# Weights are LFS files (the Hub lists their sha256); the small JSON files are plain git blobs.
+HUB_LFS = {name for name in MODEL_FILES if name.endswith(".safetensors")}
+
+
+class FakeHub(ThreadingHTTPServer):
+    """Serves MODEL_FILES as `org/qwen` at one commit: the model info, the file tree and the
+    resolve URLs `huggingface_hub` calls; counts the file bodies it sends."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _HubHandler)
+        self.files = dict(MODEL_FILES)
+        self.sent: list[str] = []
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def entry(self, name: str, sha_key: str = "sha256") -> dict[str, Any]:
+        data = MODEL_FILES[name]  # what the listing promises; `files` is what is sent
+        lfs = {sha_key: hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 130}
+        oid = hashlib.sha1(data, usedforsecurity=False).hexdigest()
+        return {
+            "path": name,
+            "size": len(data),
+            "oid": oid,
+            "lfs": lfs if name in HUB_LFS else None,
+        }
+
+
+class _HubHandler(BaseHTTPRequestHandler):
+    server: FakeHub
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def _answer(self, body: bool) -> None:
+        path = urlparse(self.path).path
+        info = f"/api/models/{HUB_REPO}"
+        resolve = f"/{HUB_REPO}/resolve/{HUB_COMMIT}/"
+        hub = self.server
+        if path in (info, f"{info}/revision/main"):
+            siblings = [
+                {"rfilename": e["path"], "size": e["size"], "blobId": e["oid"], "lfs": e["lfs"]}
+                for e in map(hub.entry, MODEL_FILES)
+            ]
+            self._json({"id": HUB_REPO, "sha": HUB_COMMIT, "siblings": siblings})
+        elif path == f"{info}/tree/{HUB_COMMIT}":
+            # The tree calls an LFS file's sha256 `oid` where the model info says `sha256`.
+            self._json([{"type": "file", **hub.entry(name, "oid")} for name in MODEL_FILES])
+        elif path.startswith(resolve) and (name := path.removeprefix(resolve)) in hub.files:
+            entry, data = hub.entry(name), hub.files[name]
+            self.send_response(200)
+            self.send_header("X-Repo-Commit", HUB_COMMIT)
+            self.send_header(
+                "ETag", f'"{entry["lfs"]["sha256"] if entry["lfs"] else entry["oid"]}"'
+            )
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if body:
+                hub.sent.append(name)
+                self.wfile.write(data)
+        else:
+            self.send_error(404)
+
+    def _json(self, value: object) -> None:
+        data = json.dumps(value).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def hub() -> Iterator[FakeHub]:
+    server = FakeHub()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+_STAGE_FROM_HUB = """
+import sys
+from pathlib import Path
+from regen.errors import UserError
+from regen.staging import stage_model
+try:
+    result = stage_model("hf://org/qwen", Path(sys.argv[1]), workers=2)
+except UserError as err:
+    sys.exit(str(err))
+print(result.model_dump_json())
+"""
+
+
+def _stage_from_hub(hub: FakeHub, target: Path) -> StageResult:
+    """A staging in a child process: huggingface_hub reads HF_ENDPOINT when it is imported."""
+    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(target.parent / "hf-home")}
+    env.update(HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_OFFLINE="0")
+    done = subprocess.run(
+        [sys.executable, "-c", _STAGE_FROM_HUB, str(target)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        raise UserError(done.stderr.strip().splitlines()[-1])
+    return StageResult.model_validate_json(done.stdout.splitlines()[-1])
+
+
+def test_stage_from_the_hub_fetches_only_what_is_missing(hub: FakeHub, tmp_path: Path) -> None:
+    target = tmp_path / "shm" / "qwen"
+    first = _stage_from_hub(hub, target)
+    _assert_staged(target)
+    assert not first.skipped and first.copied_files == len(MODEL_FILES)
+    assert sorted(hub.sent) == sorted(MODEL_FILES)
+    assert not [p for p in target.rglob("*") if PART_SUFFIX in p.name or p.name == ".cache"]
+
+    hub.sent.clear()
+    assert _stage_from_hub(hub, target).skipped and hub.sent == []
+
+    (target / "model-00002-of-00002.safetensors").unlink()
+    with (target / "config.json").open("r+b") as fh:
+        fh.truncate(3)
+    repaired = _stage_from_hub(hub, target)
+    assert not repaired.skipped and repaired.copied_files == 2
+    assert sorted(hub.sent) == ["config.json", "model-00002-of-00002.safetensors"]
+    _assert_staged(target)
+
+
+def test_hub_bytes_that_do_not_match_the_listing_are_refused(hub: FakeHub, tmp_path: Path) -> None:
+    shard = "model-00001-of-00002.safetensors"
+    hub.files[shard] = bytes(len(MODEL_FILES[shard]))  # the right size, the wrong bytes
+    target = tmp_path / "t"
+    with pytest.raises(UserError, match=rf"hf://org/qwen/{shard}: sha256 does not match"):
+        _stage_from_hub(hub, target)
+    assert not (target / MARKER_NAME).exists() and not (target / shard).exists()
