@@ -15,6 +15,8 @@ from regen.errors import UserError
 MARKER_NAME = ".regen-staged.json"
 # Everything unfinished carries this suffix, so one sweep removes an interrupted copy's leftovers.
 PART_SUFFIX = ".regen-part"
+# Where huggingface_hub downloads a Hub model's files before each is verified and renamed.
+HUB_DOWNLOAD = ".regen-hub-download"
 
 
 class SourceFile(BaseModel):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -141,8 +140,13 @@ def _copy_all(
     target.mkdir(parents=True, exist_ok=True)
 
     def place(file: SourceFile, written: Path) -> None:
-        # A file appears under its own name only once verified: what is there is whole.
-        _verify(written, file, source)
+        # A file appears under its own name only once verified: what is there is whole. One
+        # that fails goes, so that no later staging resumes from its bytes.
+        try:
+            _verify(written, file, source)
+        except UserError:
+            written.unlink(missing_ok=True)
+            raise
         dest = target / file.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(written, dest)
@@ -212,12 +216,9 @@ def _clear(
                 (target / file.name).unlink(missing_ok=True)
     (target / MARKER_NAME).unlink(missing_ok=True)
     if target.is_dir():
-        # Leftovers of an interrupted copy: part files and the Hub's download directory.
-        for part in sorted(target.rglob(f"*{PART_SUFFIX}*"), reverse=True):
-            if part.is_dir():
-                shutil.rmtree(part, ignore_errors=True)
-            else:
-                part.unlink(missing_ok=True)
+        # Leftovers of an interrupted copy (the Hub's download directory is resumed instead).
+        for part in target.rglob(f"*{PART_SUFFIX}"):
+            part.unlink(missing_ok=True)
 
 
 def _read_marker(target: Path) -> StageMarker | None:

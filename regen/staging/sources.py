@@ -15,14 +15,13 @@ from boto3.s3.transfer import TransferConfig
 
 from regen.errors import UserError
 from regen.s3 import S3Storage, parse_s3_url
-from regen.staging.layout import PART_SUFFIX, SourceFile, hidden, part_path
+from regen.staging.layout import HUB_DOWNLOAD, SourceFile, hidden, part_path
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
 
 # Verifies a file written at the path and moves it to its place in the target.
 Place = Callable[[SourceFile, Path], None]
-Fetch = Callable[[SourceFile, Path, Callable[[int], None]], None]
 
 
 class ModelSource(Protocol):
@@ -41,7 +40,45 @@ class ModelSource(Protocol):
         """Bring `files` into `target`, `workers` at a time, each finished one through `place`."""
 
 
-class LocalSource:
+class _FileByFile:
+    """A source read one file at a time: `workers` threads, each file fetched to its part name
+    beside its place, then placed."""
+
+    def copy(
+        self,
+        files: list[SourceFile],
+        target: Path,
+        workers: int,
+        progress: Callable[[int], None],
+        place: Place,
+    ) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="stage") as pool:
+            futures = [pool.submit(self._copy_one, target, f, progress, place) for f in files]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+
+    def _copy_one(
+        self, target: Path, file: SourceFile, progress: Callable[[int], None], place: Place
+    ) -> None:
+        dest = target / file.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = part_path(dest)
+        try:
+            self._fetch(file, part, progress)
+            place(file, part)
+        finally:
+            part.unlink(missing_ok=True)
+
+    def _fetch(self, file: SourceFile, dest: Path, progress: Callable[[int], None]) -> None:
+        """Write the file's bytes to `dest`, reporting bytes to `progress` as they arrive."""
+        raise NotImplementedError
+
+
+class LocalSource(_FileByFile):
     """A directory; size and mtime stand in for a checksum, as hashing would double the I/O."""
 
     def __init__(self, root: Path) -> None:
@@ -58,23 +95,13 @@ class LocalSource:
                 )
         return files
 
-    def copy(
-        self,
-        files: list[SourceFile],
-        target: Path,
-        workers: int,
-        progress: Callable[[int], None],
-        place: Place,
-    ) -> None:
-        _copy_each(self._fetch, files, target, workers, progress, place)
-
     def _fetch(self, file: SourceFile, dest: Path, progress: Callable[[int], None]) -> None:
         # copyfile uses sendfile(2) on Linux: kernel-to-kernel, as fast as cp.
         shutil.copyfile(self.root / file.name, dest)
         progress(file.size)
 
 
-class S3Source:
+class S3Source(_FileByFile):
     """An S3 prefix; single-part ETags (an MD5) are checked after download."""
 
     def __init__(self, storage: S3Storage, transfer: TransferConfig) -> None:
@@ -87,16 +114,6 @@ class S3Source:
             for o in self.storage.list_objects()
             if not o.key.endswith("/") and not hidden(o.key)
         ]
-
-    def copy(
-        self,
-        files: list[SourceFile],
-        target: Path,
-        workers: int,
-        progress: Callable[[int], None],
-        place: Place,
-    ) -> None:
-        _copy_each(self._fetch, files, target, workers, progress, place)
 
     def _fetch(self, file: SourceFile, dest: Path, progress: Callable[[int], None]) -> None:
         self.storage.download(file.name, dest, self.transfer, progress)
@@ -139,24 +156,23 @@ class HubSource:
     ) -> None:
         from huggingface_hub import snapshot_download
 
-        # Inside the target, so each file is renamed into place on the same filesystem; the
-        # part suffix lets the next staging sweep away what an interrupted one left.
-        scratch = target / f".hub{PART_SUFFIX}"
-        try:
-            snapshot_download(
-                self.repo_id,
-                revision=self._commit or self.revision,
-                token=self.token,
-                local_dir=scratch,
-                # Only the files still to copy; escaped, as the patterns are fnmatch globs.
-                allow_patterns=[glob.escape(f.name) for f in files],
-                max_workers=max(1, workers),
-            )
-            for file in files:
-                place(file, scratch / file.name)
-                progress(file.size)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        # Inside the target, so each file is renamed into place on the same filesystem. It is
+        # kept when the download fails: huggingface_hub's own metadata in it lets the next
+        # staging skip the files that arrived, as a file-by-file copy would.
+        scratch = target / HUB_DOWNLOAD
+        snapshot_download(
+            self.repo_id,
+            revision=self._commit or self.revision,
+            token=self.token,
+            local_dir=scratch,
+            # Only the files still to copy; escaped, as the patterns are fnmatch globs.
+            allow_patterns=[glob.escape(f.name) for f in files],
+            max_workers=max(1, workers),
+        )
+        for file in files:
+            place(file, scratch / file.name)
+            progress(file.size)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def open_source(
@@ -184,35 +200,3 @@ def open_source(
     if not root.is_dir():
         raise UserError(f"{source}: model directory does not exist")
     return LocalSource(root)
-
-
-def _copy_each(
-    fetch: Fetch,
-    files: list[SourceFile],
-    target: Path,
-    workers: int,
-    progress: Callable[[int], None],
-    place: Place,
-) -> None:
-    """Each file fetched to its part name by one of `workers` threads, then placed."""
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="stage") as pool:
-        futures = [pool.submit(_copy_one, fetch, target, f, progress, place) for f in files]
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-
-
-def _copy_one(
-    fetch: Fetch, target: Path, file: SourceFile, progress: Callable[[int], None], place: Place
-) -> None:
-    dest = target / file.name
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = part_path(dest)
-    try:
-        fetch(file, part, progress)
-        place(file, part)
-    finally:
-        part.unlink(missing_ok=True)
