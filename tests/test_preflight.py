@@ -242,6 +242,17 @@ def test_storage_ok_and_unwritable(tmp_path: Path) -> None:
     assert row.status == "fail" and f"{blocker / 'out'}: not writable" in row.figure
 
 
+def test_storage_row_probes_the_output_the_run_opened(tmp_path: Path) -> None:
+    """A run hands its own opened storage in, so the output is opened once, not per stage."""
+    from regen.storage import open_storage
+
+    opened = open_storage(str(tmp_path / "opened"))
+    cfg = make_config(tmp_path)
+    rows = run_checks(cfg, packages=[], open_output=lambda: opened).rows
+    row = next(r for r in rows if r.name == "storage")
+    assert row.status == "pass" and row.figure == f"{opened.uri} writable and readable"
+
+
 # --- engine: real interpreters, one with a fake sglang ----------------------------------------
 
 

@@ -9,6 +9,7 @@ look at: the engine (engine.py), the node (machine.py), the model (model.py), th
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from regen.config import RegenConfig
 from regen.gpus import GpuProbe, NvmlProbe
@@ -18,6 +19,9 @@ from regen.preflight.engine import check_config, check_engine, check_flags
 from regen.preflight.machine import check_gpus, check_memory, check_ports
 from regen.preflight.model import check_model, check_stage_space, model_bytes
 from regen.preflight.report import CheckRow, PreflightReport, print_report
+
+if TYPE_CHECKING:
+    from regen.storage import Storage
 
 __all__ = [
     "CheckRow",
@@ -43,11 +47,13 @@ def run_checks(
     gpu_probe: GpuProbe | None = None,
     *,
     packages: Sequence[str],
+    open_output: Callable[[], Storage] | None = None,
 ) -> PreflightReport:
     """All checks, each isolated: one that raises becomes a failed row, the others still run.
 
     `packages` are the ones the code check compiles and imports: the caller's, since the
     layers that import this library (and that a run runs too) are theirs to name.
+    `open_output` opens the output the run will keep using, so it is opened once.
     """
     size = model_bytes(config)
     checks: list[tuple[str, Callable[[], CheckRow]]] = [
@@ -56,7 +62,7 @@ def run_checks(
         ("code", lambda: check_code(packages)),
         ("model", lambda: check_model(config)),
         ("prompts", lambda: check_prompts(config)),
-        ("storage", lambda: check_storage(config)),
+        ("storage", lambda: check_storage(config, open_output)),
         ("engine", lambda: check_engine(config)),
         ("gpus", lambda: check_gpus(config, gpu_probe or NvmlProbe(), size)),
         ("ports", lambda: check_ports(config)),

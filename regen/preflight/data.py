@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from regen.config import RegenConfig
 from regen.errors import UserError
 from regen.preflight.report import CheckRow
 
+if TYPE_CHECKING:
+    from regen.storage import Storage
 
-def check_storage(config: RegenConfig) -> CheckRow:
+
+def check_storage(
+    config: RegenConfig, open_output: Callable[[], Storage] | None = None
+) -> CheckRow:
+    """`open_output`: the run's own opening of its output, so the run opens it once."""
     from regen.storage import open_storage, probe
 
-    storage = open_storage(config.output)
+    storage = open_output() if open_output else open_storage(config.output)
     probe(storage)
     return CheckRow(name="storage", status="pass", figure=f"{storage.uri} writable and readable")
 
