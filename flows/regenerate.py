@@ -7,6 +7,7 @@ from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
 
+from flows import CODE_PACKAGES
 from flows.hooks import reap_fleet_on_exit
 from flows.labels import label_flow_run, regenerate_name
 from flows.params import resolve_config
@@ -74,7 +75,7 @@ def regenerate_completions(
     # Servers of a run killed with SIGKILL hold the ports and GPUs that provisioning checks,
     # and a rerun with nothing left to generate launches no fleet: reap them before either.
     reap_orphans(config.work_dir)
-    provision(config)
+    provision(config, CODE_PACKAGES)
     hf_token = run.hf_token.get_secret_value() if run.hf_token else None
     model_path = stage_model(config, hf_token=hf_token)
     plan = plan_run(config)

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from regen.config import RegenConfig
 from regen.errors import UserError
@@ -18,6 +18,8 @@ from regen.owned import reap_owned, tag_children
 EPHEMERAL_SERVER_ENV = {"PREFECT__SERVER_EPHEMERAL": "1"}
 
 if TYPE_CHECKING:
+    from prefect.client.schemas.objects import State
+
     from flows.regenerate import RunSummary
 
 
@@ -84,13 +86,18 @@ def run_regenerate(config: RegenConfig) -> int:
         )
         print(f"audit: {summary.verdict} (report: {summary.output}/report/audit.md)")
         return 0
-    message = (state.message or state.name or "").strip().splitlines()[0]
-    raised = "Flow run encountered an exception: "
-    if message.startswith(raised):
-        # "...: ProvisioningFailed: provisioning failed ..." -> the user's part only. A failed
-        # gate is a Failed state whose message is already the user's ("FAIL: audit failed ...").
-        head, _, rest = message.removeprefix(raised).partition(": ")
-        message = rest if rest and head.isidentifier() else message.removeprefix(raised)
-    print(f"regen: run {(state.name or state.type.value).lower()}: {message}", file=sys.stderr)
+    ended = (state.name or state.type.value).lower()
+    print(f"regen: run {ended}: {failure_reason(state)}", file=sys.stderr)
     print(f"dataset: {config.output} (committed shards are kept)", file=sys.stderr)
     return 1
+
+
+def failure_reason(state: State[Any]) -> str:
+    """One line: what the run raised, in its own words (a UserError's are the user's), or
+    else the state's message (a failed gate's verdict, "FAIL: audit failed ...", or a crash)."""
+    raised = state.result(raise_on_failure=False) if state.is_failed() else None
+    if isinstance(raised, Exception):
+        text = str(raised) or type(raised).__name__
+    else:
+        text = state.message or state.name or state.type.value
+    return (text.strip().splitlines() or [text])[0]

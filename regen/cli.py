@@ -174,10 +174,11 @@ def _run_flow(config: object) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from flows import CODE_PACKAGES
     from regen.config import load_config
     from regen.preflight import print_report, run_checks
 
-    report = run_checks(load_config(args.config))
+    report = run_checks(load_config(args.config), packages=CODE_PACKAGES)
     print_report(report)
     return 0 if report.ok else 1
 

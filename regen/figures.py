@@ -36,3 +36,8 @@ def duration(seconds: float | None) -> str:
     if seconds < 5400:
         return f"{sig(seconds / 60)} min"
     return f"{sig(seconds / 3600)} h"
+
+
+def gb(nbytes: float) -> str:
+    """Bytes in decimal gigabytes, one decimal: how disks and GPU memory are quoted."""
+    return f"{nbytes / 1e9:.1f} GB"

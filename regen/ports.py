@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 # Below this no Linux kernel hands out client ports, whatever its configured range.
@@ -50,3 +51,12 @@ def quiet_port_range(count: int, host: str = "127.0.0.1") -> int:
     """
     top = max(_QUIET_FLOOR + 1, ephemeral_low() - count - 100)
     return free_port_range(count, random.randrange(_QUIET_FLOOR, top), host)
+
+
+def taken_ports(addresses: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The (host, port) pairs of `addresses` that something already holds, in their order.
+
+    The one port check: the provisioning table and the fleet's launch both ask it, so a
+    port a rehearsal passes is never refused at launch by another rule.
+    """
+    return [(host, port) for host, port in addresses if not port_is_free(host, port)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
@@ -18,10 +20,11 @@ class ProvisioningFailed(UserError):
 
 
 @task(name="provision", persist_result=False)
-def provision(config: RegenConfig) -> PreflightReport:
-    """Run every check, publish the table, and stop the run before a GPU is touched."""
+def provision(config: RegenConfig, packages: Sequence[str]) -> PreflightReport:
+    """Run every check (`packages`: the code the run imports, named by the flow), publish the
+    table, and stop the run before a GPU is touched."""
     logger = get_run_logger()
-    report = run_checks(config)
+    report = run_checks(config, packages=packages)
     create_table_artifact(
         key=artifact_key("provisioning-checks", config.output),
         # Failures and warnings first, in capitals: they are what the reader came for.

@@ -345,7 +345,7 @@ def test_bom_and_crlf_are_accepted(tmp_path: Path, tally: Tally) -> None:
             and first.endswith("result."),  # no "\r", no BOM left in the text
         )
         row = prompts_row(tmp_path, path)
-        assert row.status == "ok" and row.figure == "2 of first 2 rows valid (messages 2)", row
+        assert row.status == "pass" and row.figure == "2 of first 2 rows valid (messages 2)", row
 
 
 # --- the environment: model, output, flags, GPUs ----------------------------------------------

@@ -5,7 +5,13 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from regen.ports import ephemeral_low, free_port_range, port_is_free, quiet_port_range
+from regen.ports import (
+    ephemeral_low,
+    free_port_range,
+    port_is_free,
+    quiet_port_range,
+    taken_ports,
+)
 
 
 def test_ephemeral_low_reads_the_kernel_range_and_falls_back(tmp_path: Path) -> None:
@@ -33,3 +39,14 @@ def test_free_range_steps_past_a_listening_port() -> None:
         port = held.getsockname()[1]
         assert not port_is_free("127.0.0.1", port)
         assert free_port_range(2, port) > port
+
+
+def test_taken_ports_names_only_the_held_ones_in_order() -> None:
+    """The one port check the provisioning table and the fleet launch share."""
+    with socket.socket() as held:
+        base = quiet_port_range(3)
+        held.bind(("127.0.0.1", base + 1))
+        held.listen()
+        addresses = [("127.0.0.1", base + i) for i in (2, 1, 0)]
+        assert taken_ports(addresses) == [("127.0.0.1", base + 1)]
+    assert taken_ports(addresses) == []

@@ -88,7 +88,7 @@ def listening() -> Iterator[int]:
 
 
 def test_config_ok_and_concurrency_over_server_slots_fails(tmp_path: Path) -> None:
-    assert check_config(make_config(tmp_path)).status == "ok"
+    assert check_config(make_config(tmp_path)).status == "pass"
     row = check_config(make_config(tmp_path, concurrency_per_server=100))
     assert row.status == "fail"
     assert "concurrency_per_server 100 > engine.max_running_requests 64" in row.figure
@@ -103,8 +103,8 @@ def test_max_tokens_filling_the_context_fails(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "status", "words"),
     [
-        ([], "ok", "2 server commands, 0 extra flags"),
-        (["--watchdog-timeout", "600"], "ok", "1 extra flags"),
+        ([], "pass", "2 server commands, 0 extra flags"),
+        (["--watchdog-timeout", "600"], "pass", "1 extra flags"),
         (["--cuda-graph-max-bs", "64"], "fail", "--cuda-graph-max-bs was removed in sglang 0.5.23"),
         (["--cuda-graph-max-bs=64"], "fail", "use --cuda-graph-max-bs-decode"),
         (["--api-key", "k"], "fail", "--api-key is set by regen from the config"),
@@ -147,7 +147,7 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[s
 def test_code_ok_counts_modules(package: tuple[str, Path]) -> None:
     name, _ = package
     row = check_code([name])
-    assert row.status == "ok", row
+    assert row.status == "pass", row
     assert row.figure == "2 modules compile and import"  # sub, sub.good; __main__ not imported
 
 
@@ -187,7 +187,7 @@ def test_missing_package_fails(tmp_path: Path) -> None:
 
 
 def test_model_ok_missing_files_and_missing_dir(tmp_path: Path) -> None:
-    assert check_model(make_config(tmp_path)).status == "ok"
+    assert check_model(make_config(tmp_path)).status == "pass"
     model = tmp_path / "model"
     shutil.copytree(bundled("emulator-model"), model)
     (model / "config.json").unlink()
@@ -200,7 +200,7 @@ def test_model_ok_missing_files_and_missing_dir(tmp_path: Path) -> None:
 
 def test_remote_model_is_left_to_staging(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, model={"source": "s3://b/models/m", "served_name": "m"})
-    assert check_model(cfg).status == "skip"
+    assert check_model(cfg).status == "skipped"
 
 
 def test_prompts_ok_warn_and_fail(tmp_path: Path) -> None:
@@ -217,7 +217,7 @@ def test_prompts_ok_warn_and_fail(tmp_path: Path) -> None:
     )
     row = check_prompts(make_config(tmp_path, prompts=str(formats)))
     assert (row.status, row.figure) == (
-        "ok",
+        "pass",
         "4 of first 4 rows valid (messages 1, prompt 2, sharegpt 1)",
     )
     bad = tmp_path / "bad.jsonl"
@@ -230,7 +230,7 @@ def test_prompts_ok_warn_and_fail(tmp_path: Path) -> None:
 
 def test_storage_ok_and_unwritable(tmp_path: Path) -> None:
     row = check_storage(make_config(tmp_path))
-    assert row.status == "ok" and "writable" in row.figure
+    assert row.status == "pass" and "writable" in row.figure
     assert not list((tmp_path / "out").iterdir()), "the probe object was left behind"
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -240,6 +240,17 @@ def test_storage_ok_and_unwritable(tmp_path: Path) -> None:
         check_storage(cfg)
     row = next(r for r in run_checks(cfg, packages=[]).rows if r.name == "storage")
     assert row.status == "fail" and f"{blocker / 'out'}: not writable" in row.figure
+
+
+def test_storage_row_probes_the_output_the_run_opened(tmp_path: Path) -> None:
+    """A run hands its own opened storage in, so the output is opened once, not per stage."""
+    from regen.storage import open_storage
+
+    opened = open_storage(str(tmp_path / "opened"))
+    cfg = make_config(tmp_path)
+    rows = run_checks(cfg, packages=[], open_output=lambda: opened).rows
+    row = next(r for r in rows if r.name == "storage")
+    assert row.status == "pass" and row.figure == f"{opened.uri} writable and readable"
 
 
 # --- engine: real interpreters, one with a fake sglang ----------------------------------------
@@ -267,12 +278,12 @@ def sglang_config(tmp_path: Path, python: Path | str) -> RegenConfig:
 
 def test_emulator_engine_ok(tmp_path: Path) -> None:
     row = check_engine(make_config(tmp_path))
-    assert row.status == "ok" and row.figure.startswith("regen.emulator ok in")
+    assert row.status == "pass" and row.figure.startswith("regen.emulator ok in")
 
 
 def test_known_sglang_version_ok(tmp_path: Path) -> None:
     row = check_engine(sglang_config(tmp_path, fake_interpreter(tmp_path, None, "0.5.23")))
-    assert row.status == "ok", row
+    assert row.status == "pass", row
     assert row.figure.startswith("sglang 0.5.23 in")
 
 
@@ -302,7 +313,7 @@ def test_slow_import_fails_with_the_network_fs_hint(tmp_path: Path) -> None:
 
 def test_external_engine_skips(tmp_path: Path) -> None:
     engine = {"kind": "external", "urls": ["http://127.0.0.1:1"]}
-    assert check_engine(make_config(tmp_path, engine=engine)).status == "skip"
+    assert check_engine(make_config(tmp_path, engine=engine)).status == "skipped"
 
 
 # --- GPUs, through a probe the test states ----------------------------------------------------
@@ -315,7 +326,7 @@ def gpu_config(tmp_path: Path, gpus: list[int]) -> RegenConfig:
 def test_gpus_ok_reports_count_and_driver(tmp_path: Path) -> None:
     probe = StaticGpuProbe([b200(0), b200(1), b200(2)])
     row = check_gpus(gpu_config(tmp_path, [0, 2]), probe, model_bytes=52 * GB)
-    assert row.status == "ok"
+    assert row.status == "pass"
     assert row.figure == "2 of 3 GPUs, driver 580.82.07"
 
 
@@ -356,14 +367,14 @@ def test_unreachable_driver_fails(tmp_path: Path) -> None:
 def test_emulator_needs_no_gpu(tmp_path: Path) -> None:
     probe = StaticGpuProbe(error=AssertionError("an emulator run must not probe GPUs"))
     row = check_gpus(make_config(tmp_path), probe, model_bytes=None)
-    assert row.status == "skip" and row.figure == "not needed (emulator)"
+    assert row.status == "skipped" and row.figure == "not needed (emulator)"
 
 
 # --- ports, stage dir, ram --------------------------------------------------------------------
 
 
 def test_ports_free_and_taken(tmp_path: Path, listening: int) -> None:
-    assert check_ports(make_config(tmp_path)).status == "ok"
+    assert check_ports(make_config(tmp_path)).status == "pass"
     engine = {"kind": "emulator", "gpus": [0, 1], "base_port": listening}
     row = check_ports(make_config(tmp_path, engine=engine))
     assert row.status == "fail" and row.figure.startswith(f"in use: [{listening}")
@@ -373,16 +384,16 @@ def test_stage_space_ok_fail_and_skip(tmp_path: Path) -> None:
     model = {"source": "s3://b/m", "served_name": "m", "stage_dir": str(tmp_path / "stage" / "m")}
     cfg = make_config(tmp_path, model=model)
     row = check_stage_space(cfg, model_bytes=10**6)
-    assert row.status == "ok" and str(tmp_path / "stage" / "m") in row.figure
+    assert row.status == "pass" and str(tmp_path / "stage" / "m") in row.figure
     row = check_stage_space(cfg, model_bytes=10**18)
     assert row.status == "fail" and "needs 1000000000.0 GB" in row.figure and "free" in row.figure
-    assert check_stage_space(cfg, model_bytes=None).status == "skip"
-    assert check_stage_space(make_config(tmp_path), model_bytes=10**6).status == "skip"
+    assert check_stage_space(cfg, model_bytes=None).status == "skipped"
+    assert check_stage_space(make_config(tmp_path), model_bytes=10**6).status == "skipped"
 
 
 def test_ram_row(tmp_path: Path) -> None:
     row = check_memory(make_config(tmp_path))
-    assert row.status in ("ok", "warn") and "GB available of" in row.figure
+    assert row.status in ("pass", "warn") and "GB available of" in row.figure
 
 
 # --- the whole table --------------------------------------------------------------------------
@@ -422,7 +433,7 @@ def test_every_check_runs_when_several_fail(tmp_path: Path, listening: int) -> N
 def test_clean_report_is_ok(tmp_path: Path, package: tuple[str, Path]) -> None:
     report = run_checks(make_config(tmp_path), packages=[package[0]])
     assert report.ok, report.summary()
-    assert {r.status for r in report.rows} <= {"ok", "skip", "warn"}
+    assert {r.status for r in report.rows} <= {"pass", "skipped", "warn"}
 
 
 def _write_yaml(path: Path, cfg: RegenConfig) -> Path:

@@ -8,8 +8,8 @@ from pydantic import BaseModel, Field
 
 from regen.audit.thresholds import Threshold
 from regen.figures import pct, sig
+from regen.status import Status
 
-Status = Literal["pass", "warn", "fail", "skipped"]
 Verdict = Literal["pass", "warn", "fail"]
 _SEVERITY: dict[Status, int] = {"skipped": 0, "pass": 0, "warn": 1, "fail": 2}
 

@@ -5,15 +5,9 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from regen.audit.result import AuditResult, Status
+from regen.audit.result import AuditResult
 from regen.figures import pct
-
-_STYLE: dict[Status, str] = {
-    "pass": "green",
-    "warn": "yellow",
-    "fail": "bold red",
-    "skipped": "dim",
-}
+from regen.status import STYLE
 
 
 def audit_table(result: AuditResult) -> Table:
@@ -25,7 +19,7 @@ def audit_table(result: AuditResult) -> Table:
     for c in result.ordered_checks():
         table.add_row(
             c.title,
-            f"[{_STYLE[c.status]}]{c.status}[/]",
+            f"[{STYLE[c.status]}]{c.status}[/]",
             pct(c.figure),
             pct(c.warn),
             pct(c.fail),

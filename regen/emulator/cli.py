@@ -15,8 +15,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from regen.emulator.app import EmulatorServer
 from regen.emulator.args import EmuArgs, parse_args
+from regen.emulator.routes import EmulatorServer
 
 log = logging.getLogger("regen.emulator")
 READY_LINE = "The server is fired up and ready to roll!"
@@ -81,10 +81,10 @@ async def serve(args: EmuArgs) -> int:
         return 1
     log.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", args.host, args.port)
     if not args.skip_server_warmup:
-        await asyncio.sleep(server.wall_per_token)  # the one-token warm-up generation
+        await asyncio.sleep(server.scheduler.wall_per_token)  # the one-token warm-up generation
     server.ready = True
     log.info(READY_LINE)
-    reporter = asyncio.create_task(server.report_loop())
+    reporter = asyncio.create_task(server.scheduler.report_loop())
     await stop.wait()
     log.info("Shutting down.")
     reporter.cancel()

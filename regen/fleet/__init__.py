@@ -9,7 +9,6 @@ from regen.fleet.launch import FleetPortInUse, attach_fleet, launch_fleet
 from regen.fleet.orphans import reap_orphans
 from regen.fleet.probes import ProbeResult, ProbeSettings, ProbeTarget, reprobe
 from regen.fleet.report import FleetRow
-from regen.fleet.signals import install_signal_teardown
 
 __all__ = [
     "Endpoint",
@@ -24,7 +23,6 @@ __all__ = [
     "benchmark_fleet",
     "build_server_commands",
     "generate_api_key",
-    "install_signal_teardown",
     "launch_fleet",
     "reap_orphans",
     "reprobe",

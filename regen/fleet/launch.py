@@ -25,7 +25,7 @@ from regen.fleet.handle import Fleet, Member
 from regen.fleet.probes import ProbeSettings, ProbeTarget, probe_server
 from regen.fleet.process import ServerProcess, stop_processes
 from regen.fleet.report import FleetRow
-from regen.ports import port_is_free
+from regen.ports import taken_ports
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +160,10 @@ def _apply_policy(members: list[Member], min_servers: int, grace_s: float, what:
         )
 
 
-def check_ports(commands: list[ServerCommand]) -> None:
+def _refuse_taken_ports(commands: list[ServerCommand]) -> None:
     """Fail before anything starts when a port is taken, naming the port and the server."""
-    taken = [c for c in commands if not port_is_free(c.host, c.port)]
+    held = set(taken_ports((c.host, c.port) for c in commands))
+    taken = [c for c in commands if (c.host, c.port) in held]
     if taken:
         names = ", ".join(f"port {c.port} ({c.name}) on {c.host}" for c in taken)
         raise FleetPortInUse(
@@ -187,7 +188,7 @@ def launch_fleet(
     """
     if not commands:
         raise FleetError("fleet: no server commands to launch (engine.gpus is empty)")
-    check_ports(commands)
+    _refuse_taken_ports(commands)
     target = ProbeTarget(config.model.served_name, api_key, config.sampling)
     settings = probe_settings or ProbeSettings()
     timeout_s = startup_timeout_s or config.engine.startup_timeout_s

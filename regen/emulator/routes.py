@@ -1,0 +1,330 @@
+"""The HTTP server: SGLang 0.5.23's routes over the emulated model.
+
+All state lives in one `EmulatorServer` stored on the aiohttp app, so two servers in one
+process (or one test) never share anything. The bodies are wire.py's, the pacing and the
+run-time faults runtime.py's; a handler here reads a request and puts those together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import orjson
+from aiohttp import web
+
+from regen.emulator import wire
+from regen.emulator.args import DEFAULT_CONTEXT_LENGTH, EmuArgs
+from regen.emulator.metrics import Counters, render
+from regen.emulator.model import EmulatedModel, Generation, message_text, parse_reasoning
+from regen.emulator.runtime import FaultRuntime, Scheduler
+from regen.emulator.tokenizer import BUNDLED, ChatTokenizer
+from regen.emulator.wire import INVALID, VALUE_ERROR, RequestError, error_response
+
+log = logging.getLogger("regen.emulator")
+
+# Paths SGLang leaves open with --api-key (sglang/srt/utils/auth.py, prefix match).
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+# http_server.py HEALTH_CHECK_TIMEOUT: /health gives up on its 1-token generation after this.
+HEALTH_CHECK_TIMEOUT_S = 20.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _model_config(model_path: str) -> dict[str, Any]:
+    config = Path(model_path).expanduser() / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class EmulatorServer:
+    """One emulated SGLang server: model, scheduler, counters and fault state."""
+
+    def __init__(self, args: EmuArgs) -> None:
+        self.args = args
+        self.config = _model_config(args.model_path)
+        self.context_length = (
+            args.context_length
+            or int(self.config.get("max_position_embeddings") or 0)
+            or DEFAULT_CONTEXT_LENGTH
+        )
+        self.model = _load_model(args)
+        self.tokenizer = self.model.tokenizer
+        self.scheduler = Scheduler(args, self.model, self.context_length)
+        self.faults = FaultRuntime(args.faults, args.seed)
+        self.counters = Counters()
+        self.ready = False
+        self.startup_time = time.time()
+
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth], client_max_size=64 * 1024 * 1024)
+        app[SERVER] = self
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health)
+        r.add_get("/ready", self.liveness)
+        r.add_get("/ping", self.liveness)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/model_info", self.model_info)
+        r.add_get("/get_model_info", self.model_info)
+        r.add_get("/server_info", self.server_info)
+        r.add_get("/get_server_info", self.server_info)
+        r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_post("/abort_request", self.abort_request)
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/generate", self.generate)
+        if self.args.enable_metrics:
+            r.add_get("/metrics", self.metrics)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        key = self.args.api_key
+        if key and request.method != "OPTIONS" and not request.path.startswith(OPEN_PREFIXES):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or token != key:
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    # -- probes and info ---------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        """0.5.23's /health: a 1-token generation, polled once a second, 200 once it answers.
+
+        A hung scheduler (the hang fault) never answers it: 503 after HEALTH_CHECK_TIMEOUT_S
+        simulated seconds, as the real server logs "Health check failed" and gives up.
+        """
+        if not self.ready:
+            return web.Response(status=503)
+        if self.faults.hung:
+            await asyncio.sleep(HEALTH_CHECK_TIMEOUT_S * self.args.time_scale)
+            log.error(
+                "Health check failed. Server couldn't get a response from detokenizer for last "
+                "%d seconds.",
+                HEALTH_CHECK_TIMEOUT_S,
+            )
+            return web.Response(status=503)
+        await asyncio.sleep(min(1.0, self.args.time_scale))
+        return web.Response(status=200)
+
+    async def liveness(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.ready else 503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        name = self.args.served_model_name
+        card = {
+            "id": name,
+            "object": "model",
+            "created": int(self.startup_time),
+            "owned_by": "sglang",
+            "root": name,  # 0.5.23 puts the served name here, not the path
+            "parent": None,
+            "max_model_len": self.context_length,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        if request.path == "/get_model_info":
+            log.warning("Endpoint '/get_model_info' is deprecated; use '/model_info'.")
+        return web.json_response(
+            {
+                "model_path": self.args.model_path,
+                "served_model_name": self.args.served_model_name,
+                "tokenizer_path": self.args.server_args.get("tokenizer_path")
+                or self.args.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": "auto",
+                "reasoning_parser": self.args.reasoning_parser,
+                "tool_call_parser": self.args.server_args.get("tool_call_parser"),
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": self.config.get("model_type"),
+                "architectures": self.config.get("architectures"),
+            }
+        )
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """Launch args as SGLang names them (api_key included, as the real one does)."""
+        if request.path == "/get_server_info":
+            log.warning("Endpoint '/get_server_info' is deprecated; use '/server_info'.")
+        state: dict[str, Any] = {
+            "last_gen_throughput": self.scheduler.last_gen_throughput,
+            "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": 0},
+        }
+        if self.args.speculative_algorithm:
+            state["avg_spec_accept_length"] = self.args.accept_length
+        info = {
+            **self.args.server_args,
+            "context_length": self.context_length,
+            "startup_time": self.startup_time,
+            "internal_states": [state],
+            "version": wire.VERSION,
+            "frontend": "python",
+        }
+        return web.json_response(info)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        slots = self.scheduler.slots
+        text = render(
+            self.counters,
+            model=self.args.served_model_name,
+            running=slots.running,
+            queued=slots.queued,
+            gen_throughput=self.scheduler.last_gen_throughput,
+            token_usage=self.scheduler.token_usage,
+            accept_length=self.args.accept_length,
+        )
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    # -- control -----------------------------------------------------------------------
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        slots = self.scheduler.slots
+        if slots.running or slots.queued:
+            return web.Response(status=400, text="Cache not flushed: requests are running.\n")
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. (When there are "
+            "running or waiting requests, the operation will not be performed.)\n"
+        )
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"error": {"message": "invalid JSON"}}, status=400)
+        if not isinstance(body, dict):
+            return web.json_response({"error": {"message": "expected an object"}}, status=400)
+        self.scheduler.abort(None if body.get("abort_all") else str(body.get("rid")))
+        return web.Response(status=200)
+
+    # -- generation --------------------------------------------------------------------
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        try:
+            body = wire.json_object(await request.read())
+            messages = wire.messages_of(body)
+            thinking = bool(self.args.reasoning_parser)
+            kwargs = body.get("chat_template_kwargs") or {}
+            if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False:
+                thinking = False
+            separate = body.get("separate_reasoning", True) is not False
+            prompt_ids = self._prompt_ids(messages, kwargs)
+            prompt = len(prompt_ids)
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+            budget = wire.token_budget(prompt, max_tokens, self.context_length)
+            min_tokens = body.get("min_tokens") or 0
+            if not isinstance(min_tokens, int):
+                raise RequestError(
+                    f"min_tokens must be an integer, got {min_tokens!r}", kind=INVALID
+                )
+            wire.check_effort(body.get("reasoning_effort"))
+            if body.get("stream"):
+                wire.no_ids_when_streaming(body)
+        except RequestError as err:
+            return error_response(err.status, str(err), err.kind)
+        await self.faults.arrive()
+        if self.faults.http500():
+            return error_response(500, "Internal server error (emulated).", "InternalServerError")
+        rid = str(body.get("rid") or uuid.uuid4().hex)
+        if self.scheduler.in_flight(rid):  # tokenizer_manager: a rid in flight is a ValueError
+            return error_response(400, f"Duplicate request ID detected: {rid}", VALUE_ERROR)
+        plan = self.model.plan(messages, min_tokens)
+        try:
+            out = await self.scheduler.run(rid, plan, budget, prompt, thinking)
+        except RequestError as err:
+            return error_response(err.status, str(err), err.kind)
+        latency = time.monotonic() - started
+        self.counters.record(prompt, out.completion_tokens, latency)
+        parsed: wire.Parsed
+        if not self.args.reasoning_parser or not separate or plan.fault == "think-leak":
+            parsed = (None, out.text)  # think-leak: as if the parser had missed the tags
+        else:
+            parsed = parse_reasoning(out.text, force_reasoning=thinking)
+        await self.faults.before_answer()
+        model, eos = self.args.served_model_name, self.model.eos_id
+        if body.get("stream"):
+            stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await stream.prepare(request)
+            for event in wire.stream_events(rid, out, parsed, prompt, model, eos, body):
+                await stream.write(event)
+            await stream.write_eof()
+            self.faults.after_answer()
+            return stream
+        meta = self._meta_info(rid, out, prompt, latency)
+        answer = wire.completion(rid, out, parsed, prompt_ids, meta, model, eos, body)
+        # orjson, as SGLang's ORJSONResponse: thousands of token ids per answer.
+        response = web.Response(body=orjson.dumps(answer), content_type="application/json")
+        await response.prepare(request)
+        await response.write_eof()
+        self.faults.after_answer()
+        return response
+
+    def _prompt_ids(self, messages: list[dict[str, Any]], kwargs: Any) -> list[int]:
+        """The prompt as the server's chat template renders it, tokenized."""
+        if any(not isinstance(m.get("content"), str) for m in messages):
+            messages = [{**m, "content": message_text(m.get("content"))} for m in messages]
+        try:
+            text = self.tokenizer.render(messages, kwargs if isinstance(kwargs, dict) else {})
+        except jinja2.TemplateError as err:
+            raise RequestError(f"chat template: {err}", kind=VALUE_ERROR) from None
+        return self.tokenizer.encode(text)
+
+    def _meta_info(self, rid: str, out: Generation, prompt: int, latency: float) -> dict[str, Any]:
+        return wire.meta_info(rid, out, prompt, latency, self.model.eos_id, self.args.accept_length)
+
+    async def generate(self, request: web.Request) -> web.Response:
+        """Native /generate: raw text in, raw text out, no chat template and no parser."""
+        started = time.monotonic()
+        try:
+            body = wire.json_object(await request.read())
+            text = body.get("text")
+            if not isinstance(text, str):
+                raise RequestError("text must be a string (batches are not emulated)")
+            params = body.get("sampling_params") or {}
+            if not isinstance(params, dict):
+                raise RequestError("sampling_params must be an object")
+            messages = [{"role": "user", "content": text}]
+            prompt = len(self.tokenizer.encode(text))
+            budget = wire.token_budget(prompt, params.get("max_new_tokens"), self.context_length)
+            rid = str(body.get("rid") or uuid.uuid4().hex)
+            plan = self.model.plan(messages, int(params.get("min_new_tokens") or 0))
+            out = await self.scheduler.run(rid, plan, budget, prompt, thinking=False)
+        except RequestError as err:
+            return web.json_response({"error": {"message": str(err)}}, status=err.status)
+        latency = time.monotonic() - started
+        self.counters.record(prompt, out.completion_tokens, latency)
+        return web.json_response(
+            {
+                "text": out.text,
+                "output_ids": out.token_ids,
+                "meta_info": self._meta_info(rid, out, prompt, latency),
+            }
+        )
+
+
+SERVER = web.AppKey("emulator", EmulatorServer)
+
+
+def _load_model(args: EmuArgs) -> EmulatedModel:
+    """The model over the tokenizer of --tokenizer-path or the model directory, as SGLang
+    loads it; the bundled stand-in where that one cannot spell the emulator's outputs."""
+    path = args.server_args.get("tokenizer_path") or args.model_path
+    ranges = (args.seed, args.reasoning_tokens, args.answer_tokens, args.faults)
+    try:
+        return EmulatedModel(*ranges, ChatTokenizer.load(path))
+    except ValueError as err:
+        log.warning("%s; using the bundled stand-in tokenizer", err)
+        return EmulatedModel(*ranges, ChatTokenizer.load(BUNDLED))

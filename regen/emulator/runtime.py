@@ -1,0 +1,166 @@
+"""The emulated engine at run time: the scheduler that paces decoding, and the faults that
+fire over a server's life (a hang, a crash, transient 500s).
+
+The output faults (empty answers, leaked think tags...) belong to the model's plan; these
+are the ones that depend on what the server has served so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import random
+
+from regen.emulator.args import EmuArgs
+from regen.emulator.capacity import Slots
+from regen.emulator.faults import Faults
+from regen.emulator.model import EmulatedModel, Generation, Plan
+from regen.emulator.wire import RequestError
+
+log = logging.getLogger("regen.emulator")
+
+
+class Scheduler:
+    """Slots, decode time and aborts: a request holds a slot for one sleep of its decode."""
+
+    def __init__(self, args: EmuArgs, model: EmulatedModel, context_length: int) -> None:
+        self.model = model
+        self.slots = Slots(args.max_running_requests)
+        self.max_queued = args.max_queued_requests
+        self.context_length = context_length
+        self.accept_length = args.accept_length
+        # Per-request decode speed in simulated tokens/s, and wall seconds per token.
+        self.speed = args.tokens_per_s * args.faults.slow
+        self.wall_per_token = args.time_scale / self.speed
+        self.last_gen_throughput = 0.0
+        self.tokens_in_use = 0
+        self.activity = False
+        self._aborts: dict[str, asyncio.Future[bool]] = {}
+
+    @property
+    def token_usage(self) -> float:
+        """The KV cache's share in use, as SGLang's `token usage` reports it."""
+        return self.tokens_in_use / (self.slots.limit * self.context_length)
+
+    def in_flight(self, rid: str) -> bool:
+        return rid in self._aborts
+
+    def abort(self, rid: str | None) -> None:
+        """Cut one request short (None: every one), as /abort_request does."""
+        rids = list(self._aborts) if rid is None else [rid]
+        for each in rids:
+            future = self._aborts.get(each)
+            if future is not None and not future.done():
+                future.set_result(True)
+
+    async def run(
+        self, rid: str, plan: Plan, budget: int, prompt: int, thinking: bool
+    ) -> Generation:
+        """Queue for a slot, then sleep the decode time once; an abort cuts it short."""
+        out = self.model.generate(plan, budget=budget, thinking=thinking)
+        full = self.slots.running >= self.slots.limit
+        if self.max_queued is not None and full and self.slots.queued >= self.max_queued:
+            raise RequestError("The request queue is full.", 503, "ServiceUnavailableError")
+        loop = asyncio.get_running_loop()
+        aborted: asyncio.Future[bool] = loop.create_future()
+        self._aborts[rid] = aborted
+        try:
+            await self.slots.acquire()
+            self.activity = True
+            self.tokens_in_use += prompt + out.completion_tokens
+            self._note_throughput()
+            started = loop.time()
+            seconds = out.completion_tokens * self.wall_per_token
+            timer = loop.call_later(seconds, _settle, aborted, False)
+            try:
+                if await aborted:
+                    done = int((loop.time() - started) / self.wall_per_token)
+                    cut = self.model.generate(plan, budget=min(done, budget), thinking=thinking)
+                    out = dataclasses.replace(cut, finish_reason="abort")
+            finally:
+                timer.cancel()
+                self.tokens_in_use -= prompt + out.completion_tokens
+                self.slots.release()
+                self._note_throughput()
+        finally:
+            self._aborts.pop(rid, None)
+        return out
+
+    def _note_throughput(self) -> None:
+        # The decode rate the running batch gives, in simulated tokens/s; kept when idle,
+        # like SGLang's "last" gen throughput.
+        if self.slots.running:
+            self.last_gen_throughput = self.slots.running * self.speed
+
+    async def report_loop(self) -> None:
+        """SGLang-like 'Decode batch' lines, so a server log shows load as a real one does."""
+        while True:
+            await asyncio.sleep(5.0)
+            if self.activity or self.slots.running:
+                self.activity = False
+                log.info(
+                    "Decode batch, #running-req: %d, #queue-req: %d, token usage: %.2f, "
+                    "accept len: %.2f, gen throughput (token/s): %.2f",
+                    self.slots.running,
+                    self.slots.queued,
+                    self.token_usage,
+                    self.accept_length,
+                    self.last_gen_throughput,
+                )
+
+
+class FaultRuntime:
+    """The faults that count what was served: hang after N chats, crash after N answers,
+    a drawn fraction of 500s. One per server, so two servers never share a count."""
+
+    def __init__(self, faults: Faults, seed: int) -> None:
+        self.faults = faults
+        self._http500 = random.Random(f"http500:{seed}")
+        self._arrivals = 0
+        self._completed = 0
+        self._crashing = False
+
+    @property
+    def hung(self) -> bool:
+        hang = self.faults.hang_after
+        return hang is not None and self._arrivals > hang
+
+    async def arrive(self) -> None:
+        """Count a chat request; past hang-after=N it is never answered (sglang#6624)."""
+        arrival = self._arrivals
+        self._arrivals += 1
+        hang = self.faults.hang_after
+        if hang is not None and arrival >= hang:
+            await asyncio.get_running_loop().create_future()
+
+    def http500(self) -> bool:
+        """Whether this request draws the transient 500 (`http500=FRACTION`)."""
+        fraction = self.faults.fractions.get("http500", 0.0)
+        return bool(fraction) and self._http500.random() < fraction
+
+    async def before_answer(self) -> None:
+        """crash-after=N: the (N+1)th answer is never sent; the process is going down."""
+        crash = self.faults.crash_after
+        if crash is not None and (self._crashing or self._completed >= crash):
+            self._crash()
+            await asyncio.get_running_loop().create_future()
+        self._completed += 1
+
+    def after_answer(self) -> None:
+        crash = self.faults.crash_after
+        if crash is not None and self._completed >= crash:
+            self._crash()
+
+    def _crash(self) -> None:
+        if not self._crashing:
+            self._crashing = True
+            log.error("Scheduler hit an exception (emulated fault crash-after); exiting.")
+            # A moment for the answer just written to leave the socket buffer.
+            asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)

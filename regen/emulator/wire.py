@@ -1,0 +1,238 @@
+"""SGLang 0.5.23's wire shapes: what a request must look like, and every answer body.
+
+Pure functions of their inputs (no server state), so the exact bytes a client parses are
+in one place, next to the words SGLang refuses a request with.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from regen.emulator.model import Generation
+
+VERSION = "0.5.23"
+# 0.5.23's error `type` strings: a request the pydantic model refuses (FastAPI's validation
+# handler: HTTPStatus.BAD_REQUEST.phrase), a ValueError while serving it (context length,
+# duplicate rid), and a check of the serving layer itself (empty messages).
+INVALID = "Bad Request"
+VALUE_ERROR = "BadRequest"
+REFUSED = "BadRequestError"
+EFFORT_TIERS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
+# The reasoning and the answer, as the reasoning parser split them (no parser: no reasoning).
+Parsed = tuple[str | None, str]
+
+
+class RequestError(Exception):
+    """A request SGLang would refuse; becomes an error body with `status`."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = REFUSED) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def error_response(status: int, message: str, kind: str = REFUSED) -> web.Response:
+    """The OpenAI-style error body SGLang's OpenAI endpoints answer with."""
+    body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+    return web.json_response(body, status=status)
+
+
+# -- requests ------------------------------------------------------------------------------
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError as err:
+        raise RequestError(f"JSON decode error: {err}", kind=INVALID) from None
+    if not isinstance(body, dict):
+        raise RequestError("The request body must be a JSON object.", kind=INVALID)
+    return body
+
+
+def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise RequestError("messages: Field required (a list of messages)", kind=INVALID)
+    if not messages:
+        raise RequestError("Messages cannot be empty.")  # serving_chat's own check
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError(f"messages[{i}]: each message needs a string 'role'", kind=INVALID)
+    return messages
+
+
+def check_effort(effort: Any) -> None:
+    """0.5.23's ReasoningEffortType: a named tier, or a float in [0, 0.99]; never a bool."""
+    if effort is None or effort in EFFORT_TIERS:
+        return
+    number = isinstance(effort, (int, float)) and not isinstance(effort, bool)
+    if number and 0.0 <= effort <= 0.99:
+        return
+    raise RequestError(
+        f"reasoning_effort: Input should be {', '.join(map(repr, EFFORT_TIERS))} "
+        f"or a number in [0, 0.99], got {effort!r}",
+        kind=INVALID,
+    )
+
+
+def no_ids_when_streaming(body: dict[str, Any]) -> None:
+    """serving_chat refuses token ids on a stream (a ValueError there: 400 "BadRequest")."""
+    if body.get("return_prompt_token_ids"):
+        raise RequestError(
+            "return_prompt_token_ids is not supported with streaming. "
+            "Please set stream=false when using return_prompt_token_ids=true.",
+            kind=VALUE_ERROR,
+        )
+    if body.get("return_token_ids"):
+        raise RequestError(
+            "return_token_ids is not supported with streaming on /v1/chat/completions. "
+            "Please set stream=false when using return_token_ids=true.",
+            kind=VALUE_ERROR,
+        )
+
+
+def token_budget(prompt: int, max_tokens: Any, context_length: int) -> int:
+    """SGLang's context checks (tokenizer_manager._validate_one_request), same words."""
+    ctx = context_length
+    if prompt >= ctx:
+        raise RequestError(
+            f"The input ({prompt} tokens) is longer than the model's context length "
+            f"({ctx} tokens).",
+            kind=VALUE_ERROR,
+        )
+    if max_tokens is None:
+        return ctx - prompt
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+        raise RequestError(
+            f"max_tokens must be a non-negative integer, got {max_tokens!r}", kind=INVALID
+        )
+    if prompt + max_tokens > ctx:
+        raise RequestError(
+            f"Requested token count exceeds the model's maximum context length of {ctx} "
+            f"tokens. You requested a total of {prompt + max_tokens} tokens: {prompt} "
+            f"tokens from the input messages and {max_tokens} tokens for the completion. "
+            "Please reduce the number of tokens in the input messages or the completion "
+            "to fit within the limit.",
+            kind=VALUE_ERROR,
+        )
+    return max_tokens
+
+
+# -- answers -------------------------------------------------------------------------------
+
+
+def usage(prompt: int, out: Generation) -> dict[str, Any]:
+    """SGLang's UsageInfo: reasoning tokens also in OpenAI's place, only when there are some."""
+    reasoning = out.reasoning_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": out.completion_tokens,
+        "total_tokens": prompt + out.completion_tokens,
+        "reasoning_tokens": reasoning,
+        "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None,
+    }
+
+
+def meta_info(
+    rid: str, out: Generation, prompt: int, latency: float, eos_id: int, accept_length: float
+) -> dict[str, Any]:
+    finish: dict[str, Any] = {"type": out.finish_reason}
+    if out.finish_reason == "stop":
+        finish["matched"] = eos_id
+    elif out.finish_reason == "length":
+        finish["length"] = out.completion_tokens
+    return {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": prompt,
+        "completion_tokens": out.completion_tokens,
+        "cached_tokens": 0,
+        "spec_accept_length": accept_length,
+        "e2e_latency": latency,
+    }
+
+
+def completion(
+    rid: str,
+    out: Generation,
+    parsed: Parsed,
+    prompt_ids: list[int],
+    meta: dict[str, Any],
+    model: str,
+    eos_id: int,
+    body: dict[str, Any],
+) -> dict[str, Any]:
+    """A chat.completion; `meta` goes in only when the request asked for it."""
+    reasoning, content = parsed
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": reasoning,
+        },  # 0.5.23 drops a null tool_calls from the message
+        "logprobs": None,
+        "finish_reason": out.finish_reason,
+        "matched_stop": eos_id if out.finish_reason == "stop" else None,
+    }
+    # serving_chat drops both keys when not asked for (return_token_ids implies the prompt).
+    if body.get("return_token_ids") or body.get("return_prompt_token_ids"):
+        choice["prompt_token_ids"] = prompt_ids
+    if body.get("return_token_ids"):
+        choice["response_token_ids"] = out.token_ids
+    if body.get("return_meta_info"):
+        choice["meta_info"] = meta
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {"prompt_tokens_details": None, **usage(len(prompt_ids), out)},
+        "metadata": {"weight_version": "default"},
+    }
+
+
+def stream_events(
+    rid: str,
+    out: Generation,
+    parsed: Parsed,
+    prompt: int,
+    model: str,
+    eos_id: int,
+    body: dict[str, Any],
+) -> list[bytes]:
+    """SSE in OpenAI's chunk format: the whole output in a few chunks, then [DONE]."""
+    base = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
+    reasoning, content = parsed
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if reasoning:
+        deltas.append({"reasoning_content": reasoning})
+    if content:
+        deltas.append({"content": content})
+    events = []
+    for i, delta in enumerate(deltas):
+        finish = out.finish_reason if i == len(deltas) - 1 else None
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if finish == "stop":
+            choice["matched_stop"] = eos_id
+        events.append(_sse({**base, "choices": [choice]}))
+    options = body.get("stream_options") or {}
+    if isinstance(options, dict) and options.get("include_usage"):
+        events.append(_sse({**base, "choices": [], "usage": usage(prompt, out)}))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"

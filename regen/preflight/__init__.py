@@ -1,0 +1,79 @@
+"""Provisioning checks: everything that can be known before a GPU is rented or a server starts.
+
+Every check runs even when another fails, so one rehearsal shows every problem at once;
+any failed row stops the run before staging or launch. The checks are grouped by what they
+look at: the engine (engine.py), the node (machine.py), the model (model.py), the data
+(data.py) and the code (codecheck.py); report.py holds the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from regen.config import RegenConfig
+from regen.gpus import GpuProbe, NvmlProbe
+from regen.preflight.codecheck import check_code
+from regen.preflight.data import check_prompts, check_storage
+from regen.preflight.engine import check_config, check_engine, check_flags
+from regen.preflight.machine import check_gpus, check_memory, check_ports
+from regen.preflight.model import check_model, check_stage_space, model_bytes
+from regen.preflight.report import CheckRow, PreflightReport, print_report
+
+if TYPE_CHECKING:
+    from regen.storage import Storage
+
+__all__ = [
+    "CheckRow",
+    "PreflightReport",
+    "check_code",
+    "check_config",
+    "check_engine",
+    "check_flags",
+    "check_gpus",
+    "check_memory",
+    "check_model",
+    "check_ports",
+    "check_prompts",
+    "check_stage_space",
+    "check_storage",
+    "print_report",
+    "run_checks",
+]
+
+
+def run_checks(
+    config: RegenConfig,
+    gpu_probe: GpuProbe | None = None,
+    *,
+    packages: Sequence[str],
+    open_output: Callable[[], Storage] | None = None,
+) -> PreflightReport:
+    """All checks, each isolated: one that raises becomes a failed row, the others still run.
+
+    `packages` are the ones the code check compiles and imports: the caller's, since the
+    layers that import this library (and that a run runs too) are theirs to name.
+    `open_output` opens the output the run will keep using, so it is opened once.
+    """
+    size = model_bytes(config)
+    checks: list[tuple[str, Callable[[], CheckRow]]] = [
+        ("config", lambda: check_config(config)),
+        ("flags", lambda: check_flags(config)),
+        ("code", lambda: check_code(packages)),
+        ("model", lambda: check_model(config)),
+        ("prompts", lambda: check_prompts(config)),
+        ("storage", lambda: check_storage(config, open_output)),
+        ("engine", lambda: check_engine(config)),
+        ("gpus", lambda: check_gpus(config, gpu_probe or NvmlProbe(), size)),
+        ("ports", lambda: check_ports(config)),
+        ("stage dir", lambda: check_stage_space(config, size)),
+        ("ram", lambda: check_memory(config)),
+    ]
+    rows = []
+    for name, check in checks:
+        try:
+            rows.append(check())
+        except Exception as err:  # a check that cannot run is a failed check, not a crash
+            first = (str(err).splitlines() or [type(err).__name__])[0]
+            rows.append(CheckRow(name=name, status="fail", figure=first))
+    return PreflightReport(rows=rows)

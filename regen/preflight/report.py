@@ -1,0 +1,51 @@
+"""The provisioning table: one row per check, the report that gates a run, and its printing."""
+
+from __future__ import annotations
+
+import shutil
+
+from pydantic import BaseModel
+
+from regen.status import STYLE, Status
+
+
+class CheckRow(BaseModel):
+    """One line of the provisioning table: what was checked, what was found, how to fix it."""
+
+    name: str
+    status: Status
+    figure: str = ""
+    hint: str = ""
+
+
+class PreflightReport(BaseModel):
+    rows: list[CheckRow]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status != "fail" for r in self.rows)
+
+    def failures(self) -> list[CheckRow]:
+        return [r for r in self.rows if r.status == "fail"]
+
+    def summary(self) -> str:
+        """One line per failed check, for the error that fails the stage."""
+        return "; ".join(
+            f"{r.name}: {r.figure} ({r.hint})" if r.hint else f"{r.name}: {r.figure}"
+            for r in self.failures()
+        )
+
+
+def print_report(report: PreflightReport) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="regen provisioning checks")
+    for col in ("check", "status", "figure", "fix"):
+        table.add_column(col)
+    for r in report.rows:
+        # Figures quote paths and pip extras ("regen[sglang]") that rich would read as markup.
+        table.add_row(r.name, f"[{STYLE[r.status]}]{r.status}[/]", escape(r.figure), escape(r.hint))
+    Console(width=max(120, shutil.get_terminal_size().columns)).print(table)
+    print("provisioning: " + ("ok" if report.ok else "FAILED"))
