@@ -27,8 +27,8 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benches._common import results_path
+from regen.dataset import commit_shard
 from regen.schema import OUTPUT_MESSAGE, TURN, row_schema
-from regen.shards import commit_shard
 from regen.storage import LocalStorage
 
 SHARD = 500

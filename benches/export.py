@@ -32,8 +32,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benches._common import results_path
+from regen.dataset import commit_shard
 from regen.schema import TURN, row_schema
-from regen.shards import commit_shard
 from regen.storage import LocalStorage
 
 SHARD = 500

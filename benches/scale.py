@@ -229,9 +229,9 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
 def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, result: Path) -> None:
     """The same prompt cache through one Dispatcher and commit per shard, no Prefect at all."""
     from regen.client import Dispatcher
+    from regen.dataset import commit_shard, prompts_for_shard, read_manifest
     from regen.fleet import build_server_commands, generate_api_key, launch_fleet
     from regen.rehearsal import rehearsal_config
-    from regen.shards import commit_shard, prompts_for_shard, read_manifest
     from regen.storage import open_storage
 
     cache = Path(json.loads(result.read_text())["cache"])
@@ -280,7 +280,7 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
 
 def exactly_once(prompts: Path, out: Path) -> dict[str, Any]:
     """Every input id once in the committed shards the manifests name; counts of what is not."""
-    from regen.shards import Manifest
+    from regen.dataset import Manifest
 
     root = out / "shards"
     files = [

@@ -38,6 +38,7 @@ from typing import Any
 
 import polars as pl
 
+from regen.dataset.keys import REJECTS_KEY
 from regen.errors import UserError
 from regen.schema import MESSAGE
 from regen.storage import Storage, open_storage
@@ -57,7 +58,6 @@ SHAREGPT_ROLES = {
 }
 # Format name -> the key (column) that carries it.
 FORMAT_KEYS = {"messages": "messages", "prompt": "prompt", "sharegpt": "conversations"}
-REJECTS_KEY = "rejects/rejects.parquet"
 
 # A `conversations` turn as read: ShareGPT's {from, value}, or {role, content} as SpecForge's
 # prepare_data writes it (those rows are OpenAI messages under another key).

@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 import yaml
 
+from regen.dataset import Manifest
 from regen.emulator import history_digest
-from regen.shards import Manifest
 from regen.storage import LocalStorage
 from tests._chaos_helpers import (
     ChaosRun,

@@ -25,9 +25,9 @@ import polars as pl
 import psutil
 import pytest
 
+from regen.dataset import committed_shards, read_shard
 from regen.fleet import reap_orphans
 from regen.naming import artifact_key
-from regen.shards import committed_shards, read_shard
 from regen.storage import Storage
 from tests._multinode_helpers import REPO, parent_params, start_parent, write_prompts
 from tests._prefect_server import Server, Worker, prefect_server, prefect_worker, stop_worker
