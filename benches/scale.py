@@ -280,13 +280,10 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
 
 def exactly_once(prompts: Path, out: Path) -> dict[str, Any]:
     """Every input id once in the committed shards the manifests name; counts of what is not."""
-    from regen.dataset import Manifest
+    from regen.dataset import read_committed
+    from regen.storage import LocalStorage
 
-    root = out / "shards"
-    files = [
-        str(out / Manifest.from_json(p.read_bytes()).data) for p in sorted(root.glob("*.json"))
-    ]
-    got = pl.scan_parquet(files).select("id")
+    got = read_committed(LocalStorage(out)).scan().select("id")
     want = pl.scan_ndjson(prompts).select("id")
     lost = want.join(got, on="id", how="anti").select(pl.len()).collect().item()
     extra = got.join(want, on="id", how="anti").select(pl.len()).collect().item()

@@ -132,7 +132,12 @@ def test_known_manifests_are_not_read_again(
     commit_shard(storage, 1, rows(1, ["b"]), fingerprint=FP, timings={})
     read: list[str] = []
     real = storage.read_bytes
-    monkeypatch.setattr(storage, "read_bytes", lambda key: read.append(key) or real(key))
+
+    def counting(key: str) -> bytes:
+        read.append(key)
+        return real(key)
+
+    monkeypatch.setattr(storage, "read_bytes", counting)
     again = read_committed(storage, FP, known=first.manifests)
     assert again.shards == [0, 1]
     assert read == [manifest_key(1)]
