@@ -113,7 +113,8 @@ def take_census(
             manifest = known.get(shard) or Manifest.from_json(storage.read_bytes(key))
         except (FileNotFoundError, ValueError, TypeError):
             return None, "unusable"
-        if manifest.shard != shard or fingerprint not in (None, manifest.fingerprint):
+        other_run = fingerprint is not None and manifest.fingerprint != fingerprint
+        if manifest.shard != shard or other_run:
             return manifest, "unusable"
         if manifest.data not in present:
             return manifest, "without_data"
