@@ -31,7 +31,7 @@ class DatasetView:
     """Shard number -> data key, for every shard whose manifest and data both exist."""
     manifest_without_data: list[int]
     unusable_manifests: list[int]
-    """Unreadable, or written by a run with another fingerprint."""
+    """Unreadable, naming another shard, or written by a run with another fingerprint."""
     plan: pl.DataFrame | None
     """Columns id, shard: every valid input id; None when the root has no plan.parquet."""
 
