@@ -27,8 +27,8 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benches._common import results_path
+from regen.dataset import commit_shard, read_committed
 from regen.schema import OUTPUT_MESSAGE, TURN, row_schema
-from regen.shards import commit_shard
 from regen.storage import LocalStorage
 
 SHARD = 500
@@ -146,7 +146,7 @@ def train_tokenizer(root: Path, out: Path) -> Path:
     """A byte-level BPE (8K vocab) with Qwen's special tokens, trained on the dataset's texts."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    texts = pl.read_parquet(root / "shards" / "shard-000000*.parquet")
+    texts = read_committed(LocalStorage(root), FINGERPRINT).scan([0]).collect()
     corpus = texts["reasoning_content"].drop_nulls().to_list() + texts["content"].to_list()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -32,8 +32,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benches._common import results_path
+from regen.dataset import commit_shard, read_committed
 from regen.schema import TURN, row_schema
-from regen.shards import commit_shard
 from regen.storage import LocalStorage
 
 SHARD = 500
@@ -142,11 +142,9 @@ def child(kind: str, root: Path, dest: Path) -> None:
         out = {"rows": result.rows, "verdict": result.verdict}
     elif kind == "loss-mask":
         # The id-based loss mask alone over every row, streamed: what check 10 computes.
-        from regen.audit.dataset import open_dataset, scan_rows
         from regen.lossmask import samples_from_ids
 
-        storage = LocalStorage(root)
-        rows = scan_rows(storage, open_dataset(storage)).filter(pl.col("error").is_null())
+        rows = read_committed(LocalStorage(root)).scan().filter(pl.col("error").is_null())
         figures = (
             samples_from_ids(rows)
             .select(pl.len().alias("samples"), pl.col("loss_tokens").sum())

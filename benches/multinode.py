@@ -49,8 +49,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' server, S3 helpers
 
 from benches._common import results_path
+from regen.dataset import Manifest, committed_shards
 from regen.fleet import reap_orphans
-from regen.shards import Manifest, committed_shards
 from tests._multinode_helpers import REPO, parent_params, start_parent, write_prompts
 from tests._prefect_server import Server, prefect_server, prefect_worker
 from tests._s3_helpers import MotoS3, moto_server

@@ -26,7 +26,7 @@ _CHILD = """
 import resource, sys, tempfile, time
 from pathlib import Path
 from regen.prompts import load_prompts
-from regen.shards import cache_prompts, plan_shards
+from regen.dataset import cache_prompts, plan_shards
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 def cpu():

@@ -229,9 +229,9 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
 def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, result: Path) -> None:
     """The same prompt cache through one Dispatcher and commit per shard, no Prefect at all."""
     from regen.client import Dispatcher
+    from regen.dataset import commit_shard, prompts_for_shard, read_manifest
     from regen.fleet import build_server_commands, generate_api_key, launch_fleet
     from regen.rehearsal import rehearsal_config
-    from regen.shards import commit_shard, prompts_for_shard, read_manifest
     from regen.storage import open_storage
 
     cache = Path(json.loads(result.read_text())["cache"])
@@ -280,13 +280,10 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
 
 def exactly_once(prompts: Path, out: Path) -> dict[str, Any]:
     """Every input id once in the committed shards the manifests name; counts of what is not."""
-    from regen.shards import Manifest
+    from regen.dataset import read_committed
+    from regen.storage import LocalStorage
 
-    root = out / "shards"
-    files = [
-        str(out / Manifest.from_json(p.read_bytes()).data) for p in sorted(root.glob("*.json"))
-    ]
-    got = pl.scan_parquet(files).select("id")
+    got = read_committed(LocalStorage(out)).scan().select("id")
     want = pl.scan_ndjson(prompts).select("id")
     lost = want.join(got, on="id", how="anti").select(pl.len()).collect().item()
     extra = got.join(want, on="id", how="anti").select(pl.len()).collect().item()

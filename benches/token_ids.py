@@ -76,7 +76,7 @@ def _generate(port: int, rows: pl.DataFrame, token_ids: bool) -> pl.DataFrame:
 
 def _parquet_bytes(frame: pl.DataFrame) -> int:
     buf = io.BytesIO()
-    frame.write_parquet(buf, compression="zstd")  # as regen.shards commits a shard
+    frame.write_parquet(buf, compression="zstd")  # as regen.dataset commits a shard
     return len(buf.getvalue())
 
 

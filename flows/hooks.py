@@ -13,8 +13,8 @@ from prefect.states import State
 
 from flows.params import resolve_config
 from regen.config import parse_config
+from regen.dataset import progress_key
 from regen.fleet import reap_orphans
-from regen.progress import progress_key
 from regen.storage import open_storage
 
 

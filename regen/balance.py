@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from regen.claims import ShardClaims
-from regen.shards import manifested_shards, read_manifest
+from regen.claims import ShardClaims, started_shards
+from regen.dataset import manifested_shards, read_manifest
 
 
 class ShardPicker:
@@ -40,7 +40,7 @@ class ShardPicker:
     def next(self) -> int | None:
         """Claim and return the next shard to generate, or None if none is free right now."""
         done = manifested_shards(self.claims.storage)
-        started = self._started()
+        started = started_shards(self.claims.storage)
         for shard in self._candidates(done, started):
             if self._take(shard):
                 return shard
@@ -58,10 +58,6 @@ class ShardPicker:
         done = manifested_shards(self.claims.storage)
         skip = done | self.mine | self.given_up
         return [s for s in self.shards if s not in skip]
-
-    def _started(self) -> set[int]:
-        prefix = self.claims.storage.list("claims/")
-        return {int(key.split("shard-")[1][:6]) for key in prefix if "shard-" in key}
 
     def _candidates(self, done: set[int], started: set[int]) -> Iterator[int]:
         skip = done | self.mine | self.given_up

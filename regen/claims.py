@@ -1,6 +1,7 @@
 """Leased shard claims, so several nodes can share one dataset root without a coordinator.
 
-Design: a claim is a sequence of generation files `claims/shard-000042.<n>.json`, each
+Design: a claim is a sequence of generation files `claims/shard-000042.<n>.json` (keys of
+`regen.dataset.keys`), each
 created with `Storage.create_exclusive`, and the highest `n` is the live record. Every change
 (first claim, takeover of an expired lease, renewal, release) creates generation `n + 1`,
 never rewrites one, so each change is a single atomic create-if-absent: of any number of
@@ -27,9 +28,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from regen.dataset.keys import (
+    CLAIMS_PREFIX,
+    claim_key,
+    claim_prefix,
+    heartbeat_key,
+    parse_claim_key,
+)
 from regen.storage import Storage
-
-PREFIX = "claims/"
 
 
 class ClaimLost(RuntimeError):
@@ -45,13 +51,10 @@ class Claim:
     expires_at: float
 
 
-def _stem(shard: int) -> str:
-    return f"{PREFIX}shard-{shard:06d}."
-
-
-def _key(shard: int, generation: int) -> str:
-    # Zero-padded so the sorted listing is in generation order too.
-    return f"{_stem(shard)}{generation:09d}.json"
+def started_shards(storage: Storage) -> set[int]:
+    """Shards some node has ever claimed (a released or expired claim still counts)."""
+    keys = storage.list(CLAIMS_PREFIX)
+    return {parsed[0] for key in keys if (parsed := parse_claim_key(key)) is not None}
 
 
 class ShardClaims:
@@ -73,7 +76,7 @@ class ShardClaims:
 
     def latest(self, shard: int) -> Claim | None:
         """The live (highest) generation, or None if the shard was never claimed."""
-        keys = self.storage.list(_stem(shard))
+        keys = self.storage.list(claim_prefix(shard))
         if not keys:
             return None
         record = json.loads(self.storage.read_bytes(keys[-1]))
@@ -82,15 +85,16 @@ class ShardClaims:
     def _create(self, shard: int, generation: int, node: str | None, expires_at: float) -> bool:
         body = {"generation": generation, "node": node, "expires_at": expires_at}
         created = self.storage.create_exclusive(
-            _key(shard, generation), json.dumps(body, sort_keys=True).encode()
+            claim_key(shard, generation), json.dumps(body, sort_keys=True).encode()
         )
         if created:
             self._prune(shard, generation)
         return created
 
     def _prune(self, shard: int, newest: int) -> None:
-        for key in self.storage.list(_stem(shard)):
-            if int(key.removeprefix(_stem(shard)).split(".")[0]) < newest - 1:
+        for key in self.storage.list(claim_prefix(shard)):
+            parsed = parse_claim_key(key)
+            if parsed is not None and parsed[1] < newest - 1:
                 self.storage.delete(key)
 
     def _live(self, claim: Claim | None) -> bool:
@@ -129,11 +133,6 @@ class ShardClaims:
             return
         # Losing this race means another node already took over: nothing left to release.
         self._create(shard, current.generation + 1, None, 0.0)
-
-    def holder(self, shard: int) -> str | None:
-        """The node holding a live lease on the shard, or None."""
-        current = self.latest(shard)
-        return current.node if self._live(current) and current is not None else None
 
 
 class LeaseKeeper:
@@ -203,10 +202,6 @@ class LeaseKeeper:
                 self.renew_all()
             except Exception:  # a storage hiccup: the next round retries, the fence still holds
                 continue
-
-
-def heartbeat_key(node: str) -> str:
-    return f"nodes/{node}.json"
 
 
 def read_heartbeat(storage: Storage, node: str) -> dict[str, object] | None:

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from regen.claims import read_heartbeat
 from regen.config import RegenConfig, parse_config
+from regen.dataset import Manifest, read_committed
 from regen.errors import ConfigError
-from regen.shards import Manifest, manifested_shards, read_manifest
 from regen.storage import Storage
 
 
@@ -129,8 +129,8 @@ def split_ranges(pending: list[int], weights: dict[str, float]) -> dict[str, lis
 class NodeTally:
     """What the nodes have committed so far, read incrementally from the manifests.
 
-    A committed manifest never changes within a run, so each is read once: a poll costs one
-    listing plus the manifests that are new since the last one.
+    A committed manifest never changes within a multi-node run (it refuses retry_errors), so
+    each is read once: a poll costs one listing plus the manifests new since the last one.
     """
 
     def __init__(self, storage: Storage, fingerprint: str, num_shards: int) -> None:
@@ -140,10 +140,8 @@ class NodeTally:
         self.manifests: dict[int, Manifest] = {}
 
     def refresh(self) -> NodeTally:
-        for shard in sorted(manifested_shards(self.storage) - set(self.manifests)):
-            manifest = read_manifest(self.storage, shard)
-            if manifest is not None and manifest.fingerprint == self.fingerprint:
-                self.manifests[shard] = manifest
+        found = read_committed(self.storage, self.fingerprint, known=self.manifests)
+        self.manifests = found.manifests
         return self
 
     @property

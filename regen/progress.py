@@ -22,6 +22,7 @@ from typing import Protocol
 from rich.progress import Progress, TaskID
 
 from regen.client.stats import DispatchStats
+from regen.dataset.keys import progress_key
 from regen.figures import NONE, duration, pct, sig
 from regen.fleet.metrics import FleetScraper, ServerFigures
 from regen.storage import Storage
@@ -177,11 +178,6 @@ class ProgressMeter:
         )
 
 
-def progress_key(node: str | None = None) -> str:
-    """Where a run's progress is written; each node of a multi-node run has its own."""
-    return f"nodes/{node}.progress.json" if node else "progress.json"
-
-
 class ProgressWriter:
     """Rewrites `progress.json` every `interval_s` from a background thread, and on close.
 
@@ -200,7 +196,7 @@ class ProgressWriter:
         on_update: Callable[[ProgressSnapshot], None] | None = None,
         show_bar: bool | None = None,
         window_s: float = 60.0,
-        key: str = "progress.json",
+        key: str = progress_key(),
     ) -> None:
         self._storage = storage
         self._dispatcher = dispatcher

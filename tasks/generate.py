@@ -35,14 +35,7 @@ from regen.balance import ShardPicker
 from regen.claims import LeaseKeeper, ShardClaims
 from regen.client import Dispatcher
 from regen.config import RegenConfig
-from regen.errors import FleetError, UserError
-from regen.fleet import Fleet
-from regen.fleet.metrics import FleetScraper
-from regen.naming import artifact_key, dataset_markdown, dataset_name
-from regen.nodes import NodeAssignment
-from regen.progress import LiveReport, LiveWatch, ProgressSnapshot, ProgressWriter, progress_key
-from regen.prompts import load_prompts, write_rejects
-from regen.shards import (
+from regen.dataset import (
     Manifest,
     cache_prompts,
     commit_shard,
@@ -53,10 +46,18 @@ from regen.shards import (
     parse_shard_range,
     pending_shards,
     plan_shards,
+    progress_key,
     prompts_for_shard,
     read_manifest,
     replace_shard,
 )
+from regen.errors import FleetError, UserError
+from regen.fleet import Fleet
+from regen.fleet.metrics import FleetScraper
+from regen.naming import artifact_key, dataset_markdown, dataset_name
+from regen.nodes import NodeAssignment
+from regen.progress import LiveReport, LiveWatch, ProgressSnapshot, ProgressWriter
+from regen.prompts import load_prompts, write_rejects
 from regen.storage import open_storage
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import polars as pl
 
+from regen.dataset import commit_shard, data_key
 from regen.schema import row_schema
-from regen.shards import commit_shard, data_key
 from regen.storage import LocalStorage
 from tests._lossmask_helpers import qwen3_model_dir
 
@@ -190,7 +190,7 @@ def make_dataset(
         out.append(extra)
         ds.unplanned.append(extra["id"])
     frame = pl.DataFrame(out, schema=row_schema())
-    # A duplicate goes to the next shard: a shard itself refuses an id twice (regen.shards).
+    # A duplicate goes to the next shard: a shard itself refuses an id twice (regen.dataset).
     dup_shift = (
         pl.col("id").is_in(ds.duplicated)
         & pl.col("id").is_duplicated()

@@ -26,7 +26,7 @@ import polars as pl
 import psutil
 import yaml
 
-from regen.shards import Manifest
+from regen.dataset import Manifest
 from regen.storage import Storage
 
 MANIFEST_SUFFIX = ".json"

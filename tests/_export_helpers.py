@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from regen.dataset import commit_shard
 from regen.schema import OUTPUT_MESSAGE, TURN, row_schema
-from regen.shards import commit_shard
 from regen.storage import LocalStorage, Storage
 
 FINGERPRINT = "export-synthetic"

@@ -10,9 +10,9 @@ import polars as pl
 import pytest
 
 from regen.audit import AuditConfig, run_audit
+from regen.dataset import commit_shard
 from regen.lossmask import ChatTemplate, load_template
 from regen.schema import row_schema
-from regen.shards import commit_shard
 from regen.storage import LocalStorage
 from tests._lossmask_helpers import QWEN3_TEMPLATE, qwen3_model_dir, write_chat_template
 

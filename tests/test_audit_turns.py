@@ -7,8 +7,8 @@ from pathlib import Path
 import polars as pl
 
 from regen.audit import AuditConfig, run_audit
+from regen.dataset import commit_shard
 from regen.schema import row_schema
-from regen.shards import commit_shard
 from regen.storage import LocalStorage
 
 ANSWER = "the capital of {} is a city with a long history and a busy river port"

@@ -24,10 +24,12 @@ import pytest
 
 from regen.cli import main
 from regen.config import parse_config
+from regen.dataset import read_committed
 from regen.gpus import GpuInfo
 from regen.preflight import CheckRow, check_prompts, run_checks
 from regen.prompts import load_prompts
 from regen.rehearsal import bundled
+from regen.storage import LocalStorage
 from tests._bad_input_helpers import (
     Tally,
     Verdict,
@@ -462,7 +464,7 @@ def test_rejected_rows_do_not_stop_a_run(mixed_run: dict[str, Any], tally: Tally
     work, proc = mixed_run["work"], mixed_run["proc"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = work / "out"
-    data = pl.read_parquet(sorted((out / "shards").glob("shard-*.parquet")))
+    data = read_committed(LocalStorage(out)).collect()
     rejects = pl.read_parquet(out / "rejects" / "rejects.parquet").sort("line")
     ok = (
         sorted(data["id"].to_list()) == mixed_run["good"]

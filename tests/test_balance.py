@@ -20,11 +20,11 @@ import regen.nodes
 from regen.balance import ShardPicker
 from regen.claims import ClaimLost, LeaseKeeper, ShardClaims, read_heartbeat
 from regen.config import RegenConfig, parse_config
+from regen.dataset import commit_shard, manifested_shards, parse_manifest_key, read_manifest
 from regen.errors import ConfigError
 from regen.nodes import NodeConfig, NodeTally, check_nodes, heartbeat_age, split_ranges
 from regen.rehearsal import bundled
 from regen.schema import row_schema
-from regen.shards import commit_shard, manifested_shards, read_manifest
 from regen.storage import LocalStorage, Storage
 
 FP = "balance-run"
@@ -87,6 +87,12 @@ def drain(p: ShardPicker) -> list[int]:
     return out
 
 
+def holder(claims: ShardClaims, shard: int) -> str | None:
+    """The node holding a live lease on the shard, or None: what a racer reading it sees."""
+    claim = claims.latest(shard)
+    return claim.node if claim is not None and claim.expires_at > claims.clock() else None
+
+
 def claim_keys(storage: Storage, shard: int) -> list[str]:
     return storage.list(f"claims/shard-{shard:06d}.")
 
@@ -130,8 +136,8 @@ def test_own_range_front_to_back_then_back_of_the_other_range(tmp_path: Path) ->
     b = picker(storage, "b", ranges)
     assert [b.next() for _ in range(3)] == [5, 6, 7]
     assert a.next() is None and b.next() is None
-    assert all(a.claims.holder(s) == "a" for s in [0, 1, 2, 3, 4, 8, 9])
-    assert all(a.claims.holder(s) == "b" for s in [5, 6, 7])
+    assert all(holder(a.claims, s) == "a" for s in [0, 1, 2, 3, 4, 8, 9])
+    assert all(holder(a.claims, s) == "b" for s in [5, 6, 7])
 
 
 def test_steals_from_the_node_with_most_unstarted_work_per_weight(tmp_path: Path) -> None:
@@ -244,7 +250,7 @@ def test_dead_nodes_shards_are_taken_over_after_the_lease(tmp_path: Path) -> Non
     clock.now += 2
     assert drain(a) == [5, 6, 7]
     assert a.outstanding() == []
-    assert all(a.claims.holder(s) == "a" for s in [5, 6, 7])
+    assert all(holder(a.claims, s) == "a" for s in [5, 6, 7])
     # b, if it comes back, finds out at its fence and its renewal.
     assert not b.claims.owns(5)
     with pytest.raises(ClaimLost):
@@ -286,7 +292,7 @@ def test_a_claimed_shard_with_a_manifest_is_handed_back(
     latest = a2.claims.latest(2)
     assert latest is not None
     assert latest.generation == generation.generation + 2, "claimed, then released again"
-    assert latest.node is None and a2.claims.holder(2) is None
+    assert latest.node is None and holder(a2.claims, 2) is None
     assert 2 not in a2.mine
 
     # A manifest of another run (another fingerprint) does not count as committed.
@@ -305,7 +311,7 @@ def test_failed_shard_is_given_up_here_and_free_for_others(tmp_path: Path) -> No
     a = picker(storage, "a", ranges)
     assert a.next() == 0
     a.finish(0, failed=True)
-    assert a.claims.holder(0) is None, "failing releases the claim"
+    assert holder(a.claims, 0) is None, "failing releases the claim"
     assert 0 not in a.outstanding()
     assert drain(a) == [1, 2, 3]
     assert 0 not in a.outstanding()
@@ -319,7 +325,7 @@ def test_failed_shard_is_given_up_here_and_free_for_others(tmp_path: Path) -> No
     b = picker(storage, "b", ranges)
     assert b.outstanding() == [0]
     assert b.next() == 0
-    assert b.claims.holder(0) == "b"
+    assert holder(b.claims, 0) == "b"
     assert a.next() is None
 
 
@@ -362,7 +368,7 @@ def test_lease_keeper_keeps_a_claim_and_notices_a_takeover(tmp_path: Path) -> No
         assert keeper.lost(7)
         assert not keeper.lost(8)
         assert not claims.owns(7) and claims.owns(8)
-        assert b.holder(7) == "b", "the keeper's renewals never overwrite b's claim"
+        assert holder(b, 7) == "b", "the keeper's renewals never overwrite b's claim"
         time.sleep(lease_s / 2)
         beat = read_heartbeat(storage, "a")
         assert beat is not None and beat["held"] == [8]
@@ -466,14 +472,15 @@ def test_node_tally_reads_incrementally_and_groups_by_node(
     commit_shard(storage, 2, rows(2, 5), fingerprint=FP, timings={}, node="b")
     commit_shard(storage, 3, rows(3, 9), fingerprint="another-run", timings={}, node="a")
 
-    read: list[int] = []
-    real_read = regen.nodes.read_manifest
+    read: list[int] = []  # the shards whose manifest the tally read
+    real_read = storage.read_bytes
 
-    def counting(storage: Storage, shard: int) -> Any:
-        read.append(shard)
-        return real_read(storage, shard)
+    def counting(key: str) -> bytes:
+        if (shard := parse_manifest_key(key)) is not None:
+            read.append(shard)
+        return real_read(key)
 
-    monkeypatch.setattr(regen.nodes, "read_manifest", counting)
+    monkeypatch.setattr(storage, "read_bytes", counting)
 
     tally = NodeTally(storage, FP, num_shards=5)
     assert tally.rows == 0 and tally.by_node() == {} and not tally.complete

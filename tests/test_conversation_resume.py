@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 import yaml
 
+from regen.dataset import read_committed
 from regen.emulator import history_digest
-from regen.shards import Manifest
 from regen.storage import LocalStorage
 from tests._chaos_helpers import (
     ChaosRun,
@@ -80,12 +80,7 @@ def test_kill9_mid_conversation_then_rerun_regenerates_each_once(tmp_path: Path)
     found = dataset_ids(storage)
     assert sorted(found.ids) == ids, (found.lost(ids), found.doubled())
     assert rewritten(before, local_marks(out)) == [], "a committed shard was generated again"
-    rows = pl.concat(
-        [
-            pl.read_parquet(storage.read_bytes(Manifest.from_json(storage.read_bytes(k)).data))
-            for k in manifest_keys(storage)
-        ]
-    )
+    rows = read_committed(storage).collect()
     assert rows["error"].null_count() == CONVERSATIONS
     turns = rows["turns"].list.eval(pl.element().struct.field("turn")).to_list()
     assert all(t == [1, 2, 3] for t in turns)

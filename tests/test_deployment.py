@@ -19,9 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
+from regen.dataset import manifested_shards, read_committed
 from regen.fleet.process import group_alive
 from regen.naming import artifact_key
 from regen.ports import port_is_free, quiet_port_range
+from regen.storage import LocalStorage
 from tests._prefect_server import Server, Worker, prefect_server, prefect_worker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,9 +176,9 @@ def test_rehearsal_deployment_runs_to_completed(stack: Stack) -> None:
     } <= _artifact_keys(stack.server, run_id)
 
     out = root / "out"
-    manifests = sorted((out / "shards").glob("shard-*.json"))
-    assert manifests and all(m.with_suffix(".parquet").is_file() for m in manifests)
-    assert [f"generate-shard-{m.stem.removeprefix('shard-')}" for m in manifests] == sorted(
+    found = read_committed(LocalStorage(out))
+    assert found.shards and not (found.census.without_data or found.census.unusable)
+    assert [f"generate-shard-{s:06d}" for s in found.shards] == sorted(
         n for n in names if n.startswith("generate-shard-")
     )
     for key in ("run.json", "plan.parquet", "progress.json", "report/audit.json"):
@@ -207,10 +209,10 @@ def test_cancelled_run_stops_its_servers_and_keeps_committed_shards(stack: Stack
     base_port = config["engine"]["base_port"]
     run_id = _start_run(stack.server, config)
 
-    shards = root / "out" / "shards"
+    storage = LocalStorage(root / "out")
     with _client(stack.server) as client:
         deadline = time.monotonic() + 150
-        while not list(shards.glob("shard-*.json")):
+        while not manifested_shards(storage):
             run = client.read_flow_run(uuid.UUID(run_id))
             assert not run.state.is_final(), _failure(stack, run)
             assert time.monotonic() < deadline, "no shard committed in time"
@@ -226,8 +228,9 @@ def test_cancelled_run_stops_its_servers_and_keeps_committed_shards(stack: Stack
         time.sleep(0.5)
     assert not _server_processes(root / "work")
     assert all(port_is_free("127.0.0.1", base_port + i) for i in range(SERVERS))
-    manifests = sorted(shards.glob("shard-*.json"))
-    assert all(m.with_suffix(".parquet").is_file() for m in manifests)
+    found = read_committed(storage)
+    assert not (found.census.without_data or found.census.unusable), found.census
+    manifests = found.shards
     num_shards = json.loads((root / "out" / "run.json").read_text())["num_shards"]
     assert len(manifests) < num_shards, "cancelled after the last shard: make generation slower"
     progress = json.loads((root / "out" / "progress.json").read_text())

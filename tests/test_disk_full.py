@@ -11,8 +11,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from regen.dataset import commit_shard, committed_shards
 from regen.schema import row_schema
-from regen.shards import commit_shard, committed_shards
 from regen.storage import LocalStorage, Storage
 
 

@@ -14,9 +14,9 @@ import pytest
 
 from regen.audit.dataset import open_dataset, scan_rows
 from regen.cli import FORMATS_CHOICES, main
+from regen.dataset import commit_shard, read_manifest, replace_shard
 from regen.export import FORMATS, ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset
-from regen.shards import commit_shard, read_manifest, replace_shard
 from regen.storage import LocalStorage, Storage
 from tests._export_helpers import FINGERPRINT, make_export_dataset, synthetic_shard, user_text
 from tests._s3_helpers import MotoS3, moto_server

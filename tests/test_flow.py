@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from regen.config import RegenConfig
+from regen.dataset import read_committed
 from regen.naming import dataset_slug, node_name
 from regen.rehearsal import bundled, rehearsal_config
-from regen.storage import open_storage
+from regen.storage import LocalStorage, open_storage
 from tests._s3_helpers import MotoS3, moto_server
 
 if TYPE_CHECKING:
@@ -35,13 +36,7 @@ def _config(tmp_path: Path, output: str, **extra: object) -> RegenConfig:
 
 
 def _ids(storage_uri: str) -> list[str]:
-    storage = open_storage(storage_uri)
-    frames = [
-        pl.read_parquet(storage.read_bytes(k))
-        for k in storage.list("shards/")
-        if k.endswith(".parquet")
-    ]
-    return pl.concat(frames)["id"].to_list()
+    return read_committed(open_storage(storage_uri)).collect()["id"].to_list()
 
 
 def _sample_ids() -> list[str]:
@@ -148,11 +143,9 @@ async def test_every_stage_and_shard_is_a_prefect_task_run(good_run: Run) -> Non
     tokens = json.loads((exports / "tokenized" / "export.json").read_text())["counts"]
     assert (tokens["samples"], tokens["dropped"]) == (240, {"no_token_ids": 0})
     samples = pl.read_ndjson(sorted((exports / "tokenized").glob("shard-*.jsonl")))
-    stored = pl.concat(
-        pl.read_parquet(open_storage(config.output).read_bytes(k))
-        for k in open_storage(config.output).list("shards/")
-        if k.endswith(".parquet")
-    ).select("id", "completion_tokens")
+    stored = (
+        read_committed(open_storage(config.output)).scan().select("id", "completion_tokens")
+    ).collect()
     joined = samples.join(stored, on="id", validate="1:1")
     assert joined.height == 240
     assert (joined["input_ids"].list.len() == joined["loss_mask"].list.len()).all()
@@ -297,7 +290,7 @@ def test_a_mixed_format_prompt_file_is_generated_in_full(tmp_path: Path) -> None
         (9, "x1", "has both conversations and prompt"),
         (10, "x2", "has neither messages nor prompt nor conversations"),
     ]
-    data = pl.concat(pl.read_parquet(p) for p in sorted((out / "shards").glob("shard-*.parquet")))
+    data = read_committed(LocalStorage(out)).collect()
     assert data["error"].null_count() == data.height
     # Each row went out as its own format reads: the prompt row's system key leads its chat.
     sent = {

@@ -25,9 +25,9 @@ import polars as pl
 import psutil
 import pytest
 
+from regen.dataset import read_committed
 from regen.fleet import reap_orphans
 from regen.naming import artifact_key
-from regen.shards import committed_shards, read_shard
 from regen.storage import Storage
 from tests._multinode_helpers import REPO, parent_params, start_parent, write_prompts
 from tests._prefect_server import Server, Worker, prefect_server, prefect_worker, stop_worker
@@ -149,10 +149,8 @@ def _artifact(cluster: Cluster, run_id: str, kind: str, bucket: str) -> Any:
 
 
 def _dataset(storage: Storage) -> tuple[pl.DataFrame, dict[int, Any]]:
-    fingerprint = json.loads(storage.read_bytes("run.json"))["fingerprint"]
-    manifests = committed_shards(storage, fingerprint, verify=True)
-    frames = [read_shard(storage, m) for m in manifests.values()]
-    return pl.concat(frames) if frames else pl.DataFrame(), manifests
+    found = read_committed(storage, verify=True)  # of run.json's fingerprint
+    return found.collect(), found.manifests
 
 
 def _assert_exactly_once(storage: Storage, rows: int) -> dict[int, Any]:

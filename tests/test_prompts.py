@@ -11,8 +11,9 @@ from typing import Any
 import polars as pl
 import pytest
 
+from regen.dataset import REJECTS_KEY
 from regen.errors import UserError
-from regen.prompts import REJECTS_KEY, load_prompts, preview, write_rejects
+from regen.prompts import load_prompts, preview, write_rejects
 from regen.storage import LocalStorage
 
 GOOD = {"id": "good", "messages": [{"role": "user", "content": "Hello"}]}

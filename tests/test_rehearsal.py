@@ -9,13 +9,15 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from regen.dataset import read_committed
+from regen.storage import LocalStorage
 from tests.conftest import run_regen
 
 pytestmark = pytest.mark.timeout(400)
 
 
 def _dataset(out: Path) -> pl.DataFrame:
-    return pl.read_parquet(sorted((out / "shards").glob("shard-*.parquet")))
+    return read_committed(LocalStorage(out)).collect()
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,8 @@ def test_rehearsal_writes_every_sample_once_and_passes_audit(first_run) -> None:
     assert (data["reasoning_content"].str.len_chars() > 0).all()
     for name in ("run.json", "progress.json", "report/audit.md", "report/audit.json"):
         assert (out / name).is_file(), name
-    manifests = sorted((out / "shards").glob("shard-*.json"))
-    assert len(manifests) == len(list((out / "shards").glob("shard-*.parquet")))
+    census = read_committed(LocalStorage(out)).census
+    assert not (census.orphans or census.without_data or census.unusable), census
     assert json.loads((out / "progress.json").read_text())["done"] == data.height
 
 

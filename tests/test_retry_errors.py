@@ -25,9 +25,8 @@ import polars as pl
 import pytest
 import yaml
 
-from regen.progress import progress_key
+from regen.dataset import Manifest, manifest_key, progress_key, read_manifest
 from regen.rehearsal import bundled, rehearsal_config
-from regen.shards import Manifest, manifest_key, read_manifest
 from regen.storage import Storage, open_storage
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.usefixtures("prefect_harness")]

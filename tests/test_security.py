@@ -35,9 +35,11 @@ import pytest
 from pydantic import SecretStr
 
 from regen.config import parse_config
+from regen.dataset import read_committed
 from regen.errors import ConfigError
 from regen.fleet.commands import build_server_commands
 from regen.rehearsal import bundled
+from regen.storage import LocalStorage
 from tests._bad_input_helpers import base_config, write_yaml
 from tests.conftest import REPO
 
@@ -274,8 +276,7 @@ def test_the_key_is_in_the_private_server_logs_only(watched: Watched) -> None:
 
 def test_the_marker_is_where_it_belongs(watched: Watched) -> None:
     """The scan must be able to fail: the marker is in the dataset, so it would be found."""
-    shards = sorted((watched.work / "out" / "shards").glob("shard-*.parquet"))
-    data = pl.read_parquet(shards)
+    data = read_committed(LocalStorage(watched.work / "out")).collect()
     planted = data.filter(
         pl.col("messages").list.last().struct.field("content").str.contains(MARKER)
     )

@@ -9,10 +9,7 @@ import polars as pl
 import pytest
 
 from regen.config import parse_config
-from regen.errors import FingerprintMismatch, UserError
-from regen.prompts import PromptSet, load_prompts
-from regen.schema import row_schema
-from regen.shards import (
+from regen.dataset import (
     PLAN_KEY,
     RUN_KEY,
     cache_prompts,
@@ -30,6 +27,9 @@ from regen.shards import (
     read_shard,
     replace_shard,
 )
+from regen.errors import FingerprintMismatch, UserError
+from regen.prompts import PromptSet, load_prompts
+from regen.schema import row_schema
 from regen.storage import LocalStorage
 
 FP = "f" * 64

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import polars as pl
 import pytest
 import yaml
 
 from regen.audit import AuditConfig, run_audit
+from regen.dataset import read_committed
 from regen.rehearsal import rehearsal_config
 from regen.storage import open_storage
 
@@ -37,13 +37,7 @@ def test_thinking_mode_decides_what_is_stored(tmp_path: Path, thinking: str) -> 
     assert state.is_completed(), state.message
     storage = open_storage(out)
     assert json.loads(storage.read_bytes("run.json"))["regeneration"]["thinking"] == thinking
-    rows = pl.concat(
-        [
-            pl.read_parquet(storage.read_bytes(k))
-            for k in storage.list("shards/")
-            if k.endswith(".parquet")
-        ]
-    )
+    rows = read_committed(storage).collect()
     assert rows.height == 240 and rows["error"].null_count() == 240
     stored = rows["reasoning_content"].drop_nulls().str.len_bytes().gt(0).sum()
     # The emulator thinks only when enable_thinking is true; off also spends no reasoning tokens.

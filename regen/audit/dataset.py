@@ -1,25 +1,26 @@
 """The parts of a dataset root the audit reads: committed shards, the plan and run.json.
 
-A shard is read only through its manifest (regen.shards' commit mark): data without one is
-an interrupted write, a replaced shard has two generations for a moment, and a manifest of
-another run's fingerprint belongs to superseded data.
+All of it comes from `regen.dataset`, the layout's one owner: shards through their manifests
+(`read_committed`), so data without a manifest, a replaced shard's old generation and another
+run's manifest are never read as rows.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import polars as pl
 
-from regen.errors import UserError
+from regen.dataset import (
+    read_committed,
+    read_plan,
+    read_run,
+    require_dataset,
+    scan_data,
+    thinking_mode,
+)
 from regen.schema import row_schema
 from regen.storage import Storage
-
-_MANIFEST = re.compile(r"^shards/shard-(\d{6,})\.json$")
 
 
 @dataclass(frozen=True)
@@ -30,52 +31,23 @@ class DatasetView:
     """Shard number -> data key, for every shard whose manifest and data both exist."""
     manifest_without_data: list[int]
     unusable_manifests: list[int]
-    """Unreadable, or written by a run with another fingerprint."""
+    """Unreadable, naming another shard, or written by a run with another fingerprint."""
     plan: pl.DataFrame | None
     """Columns id, shard: every valid input id; None when the root has no plan.parquet."""
 
 
 def open_dataset(storage: Storage, *, workers: int = 16) -> DatasetView:
     """Read every manifest (in parallel: on S3 each is a GET) and the plan."""
-    keys = storage.list("shards/")
-    present = set(keys)
-    numbered = [(int(m.group(1)), k) for k in keys if (m := _MANIFEST.match(k))]
-    run = _read_run(storage)
-    fingerprint = run.get("fingerprint")
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        manifests = list(pool.map(lambda nk: _read_manifest(storage, nk[1]), numbered))
-    committed: dict[int, str] = {}
-    without_data: list[int] = []
-    unusable: list[int] = []
-    for (shard, _), manifest in zip(numbered, manifests, strict=True):
-        manifest = manifest or {}
-        data = manifest.get("data")
-        if not isinstance(data, str) or (
-            fingerprint and manifest.get("fingerprint") != fingerprint
-        ):
-            unusable.append(shard)
-        elif data not in present:
-            without_data.append(shard)
-        else:
-            committed[shard] = data
-    plan = _read_plan(storage)
-    if not keys and plan is None:
-        raise UserError(f"{storage.uri}: no shards/ and no plan.parquet: not a regen dataset")
-    return DatasetView(dict(sorted(committed.items())), without_data, unusable, plan)
+    found = read_committed(storage, workers=workers)
+    require_dataset(storage, found)
+    census = found.census
+    committed = {shard: m.data for shard, m in found.manifests.items()}
+    return DatasetView(committed, census.without_data, census.unusable, read_plan(storage))
 
 
 def scan_rows(storage: Storage, view: DatasetView) -> pl.LazyFrame:
     """All committed rows, lazily, in shard order; an empty frame when nothing is committed."""
-    if not view.committed:
-        return pl.LazyFrame(schema=row_schema())
-    paths = [storage.polars_path(key) for key in view.committed.values()]
-    return pl.scan_parquet(
-        paths,
-        schema=row_schema(),
-        storage_options=storage.polars_options(),
-        missing_columns="insert",
-        extra_columns="ignore",
-    )
+    return scan_data(storage, list(view.committed.values()))
 
 
 def per_turn(rows: pl.LazyFrame) -> pl.LazyFrame:
@@ -116,57 +88,13 @@ def per_turn(rows: pl.LazyFrame) -> pl.LazyFrame:
 def thinking_requested(storage: Storage) -> bool:
     """Whether stored rows should carry reasoning: run.json's `regeneration.thinking` is
     `save` (the default when it is not said); `drop` and `off` store none by design."""
-    run = _read_run(storage)
-    regeneration = run.get("regeneration")
-    if isinstance(regeneration, dict) and isinstance(regeneration.get("thinking"), str):
-        return regeneration["thinking"] == "save"
-    sampling = run.get("sampling")
-    value = sampling.get("enable_thinking") if isinstance(sampling, dict) else None
-    return value if isinstance(value, bool) else True
+    return thinking_mode(read_run(storage)) == "save"
 
 
 def thinking_enabled(storage: Storage) -> bool:
     """Whether requests asked for thinking (`enable_thinking`): run.json's
     `regeneration.thinking` is not `off`; templates render another generation prompt."""
-    run = _read_run(storage)
-    regeneration = run.get("regeneration")
-    if isinstance(regeneration, dict) and isinstance(regeneration.get("thinking"), str):
-        return regeneration["thinking"] != "off"
-    sampling = run.get("sampling")
-    value = sampling.get("enable_thinking") if isinstance(sampling, dict) else None
-    return value if isinstance(value, bool) else True
-
-
-def _read_run(storage: Storage) -> dict[str, Any]:
-    if not storage.exists("run.json"):
-        return {}
-    try:
-        run = json.loads(storage.read_bytes("run.json"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{storage.uri}/run.json: not valid JSON: {err}") from None
-    return run if isinstance(run, dict) else {}
-
-
-def _read_manifest(storage: Storage, key: str) -> dict[str, Any] | None:
-    try:
-        manifest = json.loads(storage.read_bytes(key))
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return manifest if isinstance(manifest, dict) else None
-
-
-def _read_plan(storage: Storage) -> pl.DataFrame | None:
-    if not storage.exists("plan.parquet"):
-        return None
-    try:
-        plan = pl.read_parquet(
-            storage.polars_path("plan.parquet"),
-            columns=["id", "shard"],
-            storage_options=storage.polars_options(),
-        )
-    except (pl.exceptions.PolarsError, OSError) as err:
-        raise UserError(f"{storage.uri}/plan.parquet: unreadable: {err}") from None
-    return plan.with_columns(pl.col("id").cast(pl.String), pl.col("shard").cast(pl.Int64))
+    return thinking_mode(read_run(storage)) != "off"
 
 
 def answer_snippets(rows: pl.LazyFrame, ids: list[str], chars: int = 60) -> dict[str, str]:

@@ -17,18 +17,24 @@ import os
 import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from regen.audit.dataset import DatasetView, open_dataset, scan_rows
+from regen.dataset import (
+    Committed,
+    read_committed,
+    read_run,
+    require_dataset,
+    run_fingerprint_of,
+    thinking_mode,
+)
 from regen.errors import UserError
 from regen.export.formats import ShardExport, shard_export
 from regen.export.options import TOKEN_FORMATS, ExportOptions
 from regen.lossmask import load_template
-from regen.shards import read_manifest
 from regen.storage import Storage
 
 EXPORT_KEY = "export.json"
@@ -67,18 +73,19 @@ def export_dataset(
     turns that have no stored ids with the model's chat template (regen.lossmask)."""
     if source.uri.rstrip("/") == dest.uri.rstrip("/"):
         raise UserError(f"{dest.uri}: the export must not be written into the dataset root")
-    view = open_dataset(source)
-    if not view.committed:
+    run = read_run(source)
+    fingerprint = run_fingerprint_of(run)
+    committed = read_committed(source, fingerprint)
+    require_dataset(source, committed)
+    if not committed.manifests:
         raise UserError(f"{source.uri}: no committed shards to export")
-    run = _read_json(source, "run.json") or {}
-    fingerprint = run.get("fingerprint") if isinstance(run.get("fingerprint"), str) else None
     template = None
     if tokenizer_path is not None and options.format in TOKEN_FORMATS:
         template, why = load_template(Path(tokenizer_path))
         if template is None:
             raise UserError(why)
-    enable_thinking = _enable_thinking(run)
-    manifests = _manifests(source, view)
+    enable_thinking = thinking_mode(run) != "off"
+    manifests = _manifests(committed)
     old_record = _read_json(dest, EXPORT_KEY)
     used = str(template.path) if template is not None else None
     previous = _previous(old_record, options, fingerprint, used)
@@ -94,9 +101,8 @@ def export_dataset(
             todo.append(shard)
 
     def one(shard: int) -> dict[str, Any]:
-        single = replace(view, committed={shard: view.committed[shard]})
         part = shard_export(
-            scan_rows(source, single), options, template, enable_thinking=enable_thinking
+            committed.scan([shard]), options, template, enable_thinking=enable_thinking
         )
         return _write_shard(dest, shard, part, options) | {"manifest": manifests[shard]}
 
@@ -119,24 +125,12 @@ def export_dataset(
     return ExportSummary(dest.uri, sorted(todo), sorted(set(entries) - set(todo)), stale, record)
 
 
-def _enable_thinking(run: dict[str, Any]) -> bool:
-    """Whether the server rendered with thinking on: it changes Qwen3's generation prompt."""
-    regeneration = run.get("regeneration")
-    thinking = regeneration.get("thinking") if isinstance(regeneration, dict) else None
-    return thinking != "off"
-
-
-def _manifests(source: Storage, view: DatasetView) -> dict[int, dict[str, Any]]:
-    """The identity of each committed shard's data: its key and checksum from the manifest
-    (read in parallel: on S3 each is a GET)."""
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        found = list(pool.map(lambda s: read_manifest(source, s), view.committed))
-    out: dict[int, dict[str, Any]] = {}
-    for shard, manifest in zip(view.committed, found, strict=True):
-        if manifest is None:  # deleted since open_dataset listed it
-            raise UserError(f"{source.uri}: shard {shard}'s manifest vanished during the export")
-        out[shard] = {"data": manifest.data, "sha256": manifest.sha256, "rows": manifest.rows}
-    return out
+def _manifests(committed: Committed) -> dict[int, dict[str, Any]]:
+    """The identity of each committed shard's data: its key and checksum from the manifest."""
+    return {
+        shard: {"data": m.data, "sha256": m.sha256, "rows": m.rows}
+        for shard, m in committed.manifests.items()
+    }
 
 
 def _previous(

@@ -17,7 +17,6 @@ the words they share), and `load` (the batches validated into a `PromptSet`).
 
 from regen.prompts.formats import FORMAT_KEYS, MIXED, format_counts, format_name
 from regen.prompts.load import (
-    REJECTS_KEY,
     REJECTS_SCHEMA,
     PromptPreview,
     PromptSet,
@@ -30,7 +29,6 @@ from regen.prompts.load import (
 __all__ = [
     "FORMAT_KEYS",
     "MIXED",
-    "REJECTS_KEY",
     "REJECTS_SCHEMA",
     "PromptPreview",
     "PromptSet",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
+from regen.dataset.keys import REJECTS_KEY
 from regen.errors import UserError
 from regen.prompts import jsonl, parquet
 from regen.prompts.facts import FileFacts, download, file_facts
@@ -22,7 +23,6 @@ from regen.prompts.formats import FORMAT, FORMAT_KEYS, format_name
 from regen.prompts.rules import check_rows, row_format
 from regen.storage import Storage
 
-REJECTS_KEY = "rejects/rejects.parquet"
 # Validation works on this much of the file at a time: its working columns take some ten times
 # the batch, and freed batches' pages stay with the allocator, so smaller batches keep the peak
 # down (8 MiB: 632 MB at a million prompts, 2 MiB: 550 MB) at no cost in speed.

@@ -1,0 +1,79 @@
+"""Every key of a dataset root, built and parsed here and nowhere else.
+
+A root holds `run.json` and `plan.parquet` (what the run is), `rejects/`, `progress.json`,
+`shards/shard-NNNNNN.json` (a shard's manifest, its commit mark) and its data
+`shards/shard-NNNNNN[.gG].parquet` (generation G >= 2 after a replace), `claims/` and
+`nodes/` (a multi-node run's leases and heartbeats) and `superseded/<fingerprint>/` (an older
+run moved aside). Shard numbers are zero-padded to six digits and grow past them, so every
+pattern takes six or more; one regex per kind of key keeps writers and readers agreeing.
+"""
+
+from __future__ import annotations
+
+import re
+
+RUN_KEY = "run.json"
+PLAN_KEY = "plan.parquet"
+REJECTS_KEY = "rejects/rejects.parquet"
+SHARDS_PREFIX = "shards/"
+SUPERSEDED_PREFIX = "superseded/"
+CLAIMS_PREFIX = "claims/"
+NODES_PREFIX = "nodes/"
+
+_MANIFEST = re.compile(r"^shards/shard-(\d{6,})\.json$")
+_DATA = re.compile(r"^shards/shard-(\d{6,})(?:\.g(\d+))?\.parquet$")
+_CLAIM = re.compile(r"^claims/shard-(\d{6,})\.(\d{9,})\.json$")
+
+
+def manifest_key(shard: int) -> str:
+    return f"{SHARDS_PREFIX}shard-{shard:06d}.json"
+
+
+def data_key(shard: int, generation: int = 1) -> str:
+    suffix = "" if generation == 1 else f".g{generation}"
+    return f"{SHARDS_PREFIX}shard-{shard:06d}{suffix}.parquet"
+
+
+def shard_prefix(shard: int) -> str:
+    """Lists one shard's manifest and every generation of its data (the dot ends the number)."""
+    return f"{SHARDS_PREFIX}shard-{shard:06d}."
+
+
+def parse_manifest_key(key: str) -> int | None:
+    """The shard of a manifest key, or None for any other key."""
+    match = _MANIFEST.match(key)
+    return int(match.group(1)) if match else None
+
+
+def parse_data_key(key: str) -> tuple[int, int] | None:
+    """(shard, generation) of a data key, or None for any other key."""
+    match = _DATA.match(key)
+    return (int(match.group(1)), int(match.group(2) or 1)) if match else None
+
+
+def claim_prefix(shard: int) -> str:
+    return f"{CLAIMS_PREFIX}shard-{shard:06d}."
+
+
+def claim_key(shard: int, generation: int) -> str:
+    # Zero-padded so the sorted listing is in generation order too.
+    return f"{claim_prefix(shard)}{generation:09d}.json"
+
+
+def parse_claim_key(key: str) -> tuple[int, int] | None:
+    """(shard, generation) of a claim key, or None for any other key."""
+    match = _CLAIM.match(key)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def heartbeat_key(node: str) -> str:
+    return f"{NODES_PREFIX}{node}.json"
+
+
+def progress_key(node: str | None = None) -> str:
+    """Where a run's progress is written; each node of a multi-node run has its own."""
+    return f"{NODES_PREFIX}{node}.progress.json" if node else "progress.json"
+
+
+def superseded_prefix(fingerprint: str) -> str:
+    return f"{SUPERSEDED_PREFIX}{fingerprint}/"
