@@ -13,8 +13,8 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from regen.audit import AuditConfig, run_audit
-from regen.fleet.endpoint import Endpoint
 from regen.lossmask import Turns, load_template, samples
+from regen.sglang_api.endpoint import Endpoint
 from regen.shards import commit_shard
 from regen.storage import LocalStorage
 from tests.test_conversations import MODEL_DIR, conversations, endpoint, regenerate

@@ -2,23 +2,17 @@
 
 from regen.fleet.bench import benchmark_fleet
 from regen.fleet.commands import ServerCommand, build_server_commands
-from regen.fleet.endpoint import Endpoint
 from regen.fleet.handle import Fleet
 from regen.fleet.keys import generate_api_key
 from regen.fleet.launch import FleetPortInUse, attach_fleet, launch_fleet
 from regen.fleet.orphans import reap_orphans
-from regen.fleet.probes import ProbeResult, ProbeSettings, ProbeTarget, reprobe
 from regen.fleet.report import FleetRow
 from regen.fleet.signals import install_signal_teardown
 
 __all__ = [
-    "Endpoint",
     "Fleet",
     "FleetPortInUse",
     "FleetRow",
-    "ProbeResult",
-    "ProbeSettings",
-    "ProbeTarget",
     "ServerCommand",
     "attach_fleet",
     "benchmark_fleet",
@@ -27,5 +21,4 @@ __all__ = [
     "install_signal_teardown",
     "launch_fleet",
     "reap_orphans",
-    "reprobe",
 ]
