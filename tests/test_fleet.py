@@ -210,7 +210,8 @@ OWNER = """
 import json, sys, time
 from pathlib import Path
 from regen.config import parse_config
-from regen.fleet import build_server_commands, generate_api_key, install_signal_teardown, launch_fleet
+from regen.fleet import build_server_commands, generate_api_key, launch_fleet
+from regen.fleet import install_signal_teardown
 from regen.sglang_api.probe import ProbeSettings
 config = parse_config(json.loads(Path(sys.argv[1]).read_text()))
 key = generate_api_key()
