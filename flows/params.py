@@ -57,7 +57,7 @@ def resolve_config(
     data: dict[str, Any] = config.model_dump()
     hf_token = None
     if fleet_block:
-        data["engine"] = load_block(FleetConfig, fleet_block).engine().model_dump()
+        data["engine"] = load_block(FleetConfig, fleet_block).engine.model_dump()
     if model_block:
         source = load_block(ModelSource, model_block)
         data["model"] = source.model().model_dump()

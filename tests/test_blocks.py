@@ -11,7 +11,14 @@ from pydantic import SecretStr, ValidationError
 
 from blocks import FleetConfig, ModelSource, register_blocks
 from flows.params import load_block
-from regen.config import EngineConfig, RegenConfig, parse_config
+from regen.config import (
+    BenchConfig,
+    EmulatorConfig,
+    EngineConfig,
+    RegenConfig,
+    SpeculativeConfig,
+    parse_config,
+)
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -45,26 +52,45 @@ def test_register_blocks_lists_regen_and_aws_types() -> None:
 def test_fleet_config_saves_loads_and_validates_to_engine() -> None:
     name = _name("node")
     FleetConfig(
-        python="/opt/sglang-venv/bin/python",
-        gpus=[0, 1, 2],
-        base_port=31000,
-        speculative={"num_steps": 2},
-        api_key=SecretStr(API_KEY),
+        engine=EngineConfig(
+            python="/opt/sglang-venv/bin/python",
+            gpus=[0, 1, 2],
+            base_port=31000,
+            speculative=SpeculativeConfig(num_steps=2),
+            api_key=SecretStr(API_KEY),
+            launcher="serve",
+            min_servers=2,
+            bench=BenchConfig(concurrency=4),
+            emulator=EmulatorConfig(tokens_per_s=99.0),
+        )
     ).save(name)
 
     loaded = load_block(FleetConfig, name)
-    engine = loaded.engine()
+    engine = loaded.engine
 
     assert isinstance(engine, EngineConfig)
     assert engine.gpus == [0, 1, 2]
     assert engine.base_port == 31000
     assert engine.speculative.num_steps == 2
     assert engine.api_key is not None and engine.api_key.get_secret_value() == API_KEY
+    # Every engine setting is saved, not only the ones a hand-made copy listed.
+    assert engine.launcher == "serve" and engine.min_servers == 2
+    assert engine.bench.concurrency == 4 and engine.emulator.tokens_per_s == 99.0
 
 
 def test_fleet_config_with_a_bad_setting_fails_validation() -> None:
     with pytest.raises(ValidationError, match="gpus"):
-        FleetConfig(python="/usr/bin/python3", gpus=[0, 0]).engine()
+        FleetConfig.model_validate({"engine": {"python": "/usr/bin/python3", "gpus": [0, 0]}})
+
+
+def test_fleet_config_with_an_unknown_key_is_an_error() -> None:
+    with pytest.raises(ValidationError, match="base_prot"):
+        FleetConfig.model_validate({"engine": {"python": "/usr/bin/python3", "base_prot": 1}})
+
+
+def test_fleet_config_names_its_python() -> None:
+    with pytest.raises(ValidationError, match=r"engine\.python"):
+        FleetConfig.model_validate({"engine": {"gpus": [0]}})
 
 
 def test_model_source_saves_and_loads_with_its_token() -> None:
@@ -82,7 +108,7 @@ def test_model_source_saves_and_loads_with_its_token() -> None:
     "block",
     [
         ModelSource(source="hf://org/repo", served_name="m", hf_token=SecretStr(TOKEN)),
-        FleetConfig(python="/usr/bin/python3", api_key=SecretStr(TOKEN)),
+        FleetConfig(engine=EngineConfig(python="/usr/bin/python3", api_key=SecretStr(TOKEN))),
     ],
     ids=["model-source", "fleet-config"],
 )
@@ -100,9 +126,11 @@ def test_resolve_config_applies_every_named_block(
     from flows.params import resolve_config
 
     fleet, model, bucket, secret = (_name(p) for p in ("fleet", "model", "bucket", "key"))
-    FleetConfig(kind="emulator", python="/usr/bin/python3", gpus=[0, 1], base_port=32000).save(
-        fleet
-    )
+    FleetConfig(
+        engine=EngineConfig(
+            kind="emulator", python="/usr/bin/python3", gpus=[0, 1], base_port=32000
+        )
+    ).save(fleet)
     ModelSource(
         source=str(tmp_path / "weights"), served_name="saved", hf_token=SecretStr(TOKEN)
     ).save(model)
