@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from blocks import FleetConfig, ModelSource, register_blocks
-from flows.params import load_block
+from blocks import FleetConfig, ModelSource, load_block, register_blocks
 from regen.config import (
     BenchConfig,
     EmulatorConfig,
@@ -19,11 +18,13 @@ from regen.config import (
     SpeculativeConfig,
     parse_config,
 )
+from tests._s3_helpers import moto_server
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 TOKEN = "hf_secret_token_do_not_print"
 API_KEY = "sk-server-key-do-not-print"
+AWS_SECRET = "aws-secret-key-do-not-print"
 
 
 def _name(prefix: str) -> str:
@@ -153,6 +154,7 @@ def test_resolve_config_applies_every_named_block(
     assert run.config.engine.gpus == [0, 1] and run.config.engine.base_port == 32000
     assert run.config.model.served_name == "saved"
     assert run.config.output == "s3://data/regen/run-1"
+    assert run.storage is not None and run.storage.uri == run.config.output
     assert run.config.engine.api_key is not None
     assert run.config.engine.api_key.get_secret_value() == API_KEY
     assert run.hf_token is not None and run.hf_token.get_secret_value() == TOKEN
@@ -165,4 +167,41 @@ def test_resolve_config_without_blocks_is_the_config(tmp_path: Path) -> None:
 
     config = _config(tmp_path)
     run = resolve_config(config)
-    assert run.config == config and run.hf_token is None
+    assert run.config == config and run.hf_token is None and run.storage is None
+
+
+def test_storage_block_credentials_reach_the_run_storage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The S3Bucket block's keys and endpoint, not the worker's environment, open the output."""
+    from prefect_aws import AwsClientParameters, AwsCredentials, S3Bucket
+
+    from flows.params import resolve_config
+
+    # Nothing to fall back on: without the block's credentials and endpoint this fails.
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    with moto_server() as moto:
+        bucket, name = moto.create_bucket(), _name("bucket")
+        credentials = AwsCredentials(
+            aws_access_key_id="AKIDBLOCK",
+            aws_secret_access_key=SecretStr(AWS_SECRET),
+            region_name="us-east-1",
+            aws_client_parameters=AwsClientParameters(endpoint_url=moto.endpoint_url),
+        )
+        S3Bucket(bucket_name=bucket, bucket_folder="runs/r1", credentials=credentials).save(name)
+
+        with caplog.at_level(logging.DEBUG):
+            run = resolve_config(_config(tmp_path), storage_block=name)
+            assert run.storage is not None
+            run.storage.write_bytes("run.json", b"{}")
+
+        assert moto.storage(bucket, "runs/r1").read_bytes("run.json") == b"{}"
+        assert run.config.output == run.storage.uri == f"s3://{bucket}/runs/r1"
+        options = run.storage.polars_options()  # what polars reads the shards with
+        assert options is not None and options["aws_access_key_id"] == "AKIDBLOCK"
+    assert AWS_SECRET not in caplog.text + f"resolved {run} / {run!r}"
