@@ -187,11 +187,11 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
     started = psutil.Process().create_time()
     sampler = RssSampler()
     sampler.start()
+    from flows.cli import prefect_env
     from flows.runner import run_regenerate
-    from regen.cli import _prefect_env
     from regen.rehearsal import rehearsal_config
 
-    _prefect_env()
+    prefect_env()
     config = rehearsal_config(
         config_path=config_path, prompts=str(prompts), out=str(out), servers=servers
     )

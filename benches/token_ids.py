@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benches._common import results_path
 from regen.client import Dispatcher
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
-from regen.fleet.endpoint import Endpoint
 from regen.prompts import load_prompts_file
+from regen.sglang_api.endpoint import Endpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "regen" / "data" / "emulator-model"

@@ -2,38 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from pydantic import Field, field_validator
 
 from regen.config import EngineConfig
 
 
 class FleetConfig(Block):
-    """The engine section of a node: GPUs, ports, interpreter, speculative settings, extra args."""
+    """The engine section of a node's `RegenConfig`, saved whole: every setting the YAML file
+    takes, validated by `EngineConfig` itself, so an unknown or mistyped key is an error when
+    the block is made rather than a setting silently dropped."""
 
     _block_type_name = "regen-fleet-config"
     _description = "How regen launches SGLang servers on one node (one server per GPU)."
 
-    kind: str = "sglang"
-    python: str = Field(description="Interpreter of the venv that has sglang.")
-    gpus: list[int] = Field(default_factory=lambda: [0])
-    base_port: int = 30000
-    host: str = "127.0.0.1"
-    reasoning_parser: str | None = "qwen3"
-    speculative: dict[str, Any] = Field(default_factory=dict)
-    max_running_requests: int = 64
-    context_length: int = 40960
-    mem_fraction_static: float = 0.88
-    extra_args: list[str] = Field(default_factory=list)
-    startup_timeout_s: float = 900.0
-    api_key: SecretStr | None = None
+    engine: EngineConfig = Field(description="The engine section of a regen config.")
 
-    def engine(self) -> EngineConfig:
-        """The validated `RegenConfig.engine` this block stands for."""
-        data = self.model_dump(exclude={"api_key"}, exclude_none=True)
-        data = {k: v for k, v in data.items() if k in EngineConfig.model_fields}
-        if self.api_key is not None:
-            data["api_key"] = self.api_key
-        return EngineConfig.model_validate(data)
+    @field_validator("engine")
+    @classmethod
+    def _names_its_python(cls, engine: EngineConfig) -> EngineConfig:
+        # EngineConfig's default is the interpreter of the process that makes the block, which
+        # is not the one that has sglang on the node that loads it.
+        if "python" not in engine.model_fields_set:
+            raise ValueError("engine.python: name the interpreter of the node's sglang venv")
+        return engine

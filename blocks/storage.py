@@ -1,4 +1,8 @@
-"""A saved prefect-aws `S3Bucket` block as the dataset's `Storage`."""
+"""A saved prefect-aws `S3Bucket` block as the dataset's `Storage`, with the block's credentials.
+
+The credentials stay inside the storage object (its boto3 session): never a flow parameter,
+a log line or a command line.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from prefect_aws import S3Bucket
 
+from blocks import load_block
 from regen.s3 import RetryPolicy, S3Storage, client_config
 
 if TYPE_CHECKING:
@@ -31,3 +36,8 @@ def storage_from_s3_bucket_block(block: S3Bucket, retry: RetryPolicy | None = No
         return session.client("s3", config=config, **params)
 
     return S3Storage(block.bucket_name, block.bucket_folder, factory, session=session, retry=retry)
+
+
+def open_s3_bucket_block(name: str, retry: RetryPolicy | None = None) -> S3Storage:
+    """The storage a saved `S3Bucket` block names; its `uri` is the dataset's URL."""
+    return storage_from_s3_bucket_block(load_block(S3Bucket, name), retry)

@@ -32,10 +32,11 @@ def reap_fleet_on_exit(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any
         raw if isinstance(raw, dict) else json.loads(json.dumps(raw, default=str))
     )
     # The output may be named by a block rather than the config (see `resolve_config`).
-    config = resolve_config(config, storage_block=flow_run.parameters.get("storage_block")).config
+    resolved = resolve_config(config, storage_block=flow_run.parameters.get("storage_block"))
+    config = resolved.config
     stopped = reap_orphans(Path(config.work_dir))
     logger.warning("run %s: %s; stopped %d server(s)", flow_run.name, state.name, len(stopped))
-    storage = open_storage(config.output)
+    storage = resolved.storage or open_storage(config.output)
     node = flow_run.parameters.get("node")
     key = progress_key(node.get("name") if isinstance(node, dict) else None)
     try:

@@ -7,37 +7,25 @@ flow's process, once at the top of the run.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, cast
+from typing import Any
 
-from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, ConfigDict, SecretStr
 
-from blocks import FleetConfig, ModelSource
+from blocks import FleetConfig, ModelSource, load_block
 from regen.config import RegenConfig
-
-B = TypeVar("B", bound=Block)
-
-
-def load_block(kind: type[B], name: str) -> B:
-    """`kind.load(name)` from sync code (the flow, and hooks, which run in a thread without a
-    loop); `load`'s dispatch type also admits the coroutine it returns inside a loop."""
-    return cast(B, kind.load(name))
+from regen.storage import Storage
 
 
 class ResolvedRun(BaseModel):
-    """The run's config with every named block applied, and the one secret staging needs."""
+    """The run's config with every named block applied, the one secret staging needs, and the
+    storage an `S3Bucket` block opened with its own credentials (None: open `config.output`)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     config: RegenConfig
     hf_token: SecretStr | None = None
-
-
-def _s3_bucket_url(name: str) -> str:
-    from prefect_aws import S3Bucket
-
-    bucket = load_block(S3Bucket, name)
-    folder = str(bucket.bucket_folder or "").strip("/")
-    return f"s3://{bucket.bucket_name}/{folder}" if folder else f"s3://{bucket.bucket_name}"
+    storage: Storage | None = None
 
 
 def resolve_config(
@@ -51,19 +39,23 @@ def resolve_config(
     """`config` with `engine` from a `FleetConfig`, `model` from a `ModelSource`, `output` from
     an `S3Bucket` and `engine.api_key` from a `Secret`, each only when its name is given.
 
-    The S3Bucket gives the dataset's location only: storage is reopened from the `output` URL
-    in every task (and in the hooks), so its credentials come from the worker's environment.
+    The S3Bucket's storage carries the block's credentials; a stage that opens the output from
+    its URL instead gets the worker's environment (the AWS default chain).
     """
     data: dict[str, Any] = config.model_dump()
     hf_token = None
+    storage = None
     if fleet_block:
-        data["engine"] = load_block(FleetConfig, fleet_block).engine().model_dump()
+        data["engine"] = load_block(FleetConfig, fleet_block).engine.model_dump()
     if model_block:
         source = load_block(ModelSource, model_block)
         data["model"] = source.model().model_dump()
         hf_token = source.hf_token
     if storage_block:
-        data["output"] = _s3_bucket_url(storage_block)
+        from blocks.storage import open_s3_bucket_block  # prefect-aws and boto3: only if named
+
+        storage = open_s3_bucket_block(storage_block)
+        data["output"] = storage.uri
     if api_key_secret:
         data["engine"]["api_key"] = SecretStr(str(load_block(Secret, api_key_secret).get()))
-    return ResolvedRun(config=RegenConfig.model_validate(data), hf_token=hf_token)
+    return ResolvedRun(config=RegenConfig.model_validate(data), hf_token=hf_token, storage=storage)

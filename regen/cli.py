@@ -1,32 +1,22 @@
-"""`regen`: the command line. Each verb is thin; the work is in the library and the flows.
+"""The verbs of `regen` that need no Prefect: check, audit, export, emulator.
 
-Prefect is imported only by the verbs that run a flow, so `regen emulator` and
-`regen --help` start fast and a config error is reported before Prefect loads.
+They are the library's; `flows/cli.py` builds the command line around them, with the verbs
+that run a flow or touch Prefect, and is the `regen` console script. Each verb is thin: the
+work is in the library. Nothing heavy is imported until a verb runs, so `regen --help` and a
+config error are fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from regen.errors import UserError
 
 # The formats of `regen export`, spelled out so `regen --help` imports nothing heavy
 # (tests/test_export.py checks they are regen.export.FORMATS).
 FORMATS_CHOICES = ["specforge", "tokenized", "hf-dataset", "messages"]
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    return value
 
 
 def _not_negative(text: str) -> int:
@@ -39,45 +29,15 @@ def _not_negative(text: str) -> int:
     return value
 
 
-def _add_config(p: argparse.ArgumentParser, required: bool) -> None:
+def add_config(p: argparse.ArgumentParser, required: bool) -> None:
+    """`--config`, spelled the same for every verb that takes one."""
     p.add_argument(
         "--config", "-c", type=Path, required=required, help="YAML file with a RegenConfig."
     )
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="regen",
-        description="Regenerate a prompt set with a target model on a fleet of SGLang servers.",
-    )
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-
-    p = verbs.add_parser(
-        "rehearse",
-        help="Run the whole flow on this CPU against emulated SGLang servers.",
-        description="The real flow, config, storage and Prefect states, with emulators for GPUs.",
-    )
-    _add_config(p, required=False)
-    p.add_argument("--prompts", help="JSONL/Parquet prompts (default: the bundled sample set).")
-    p.add_argument("--out", help="Dataset root, a directory or s3://bucket/prefix.")
-    p.add_argument("--servers", type=_positive, help="Number of emulator servers (default 4).")
-    p.add_argument(
-        "--emu-fault",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="Fault injected into every emulator, e.g. empty-answer=0.87 (repeatable).",
-    )
-    p.set_defaults(func=_rehearse)
-
-    p = verbs.add_parser("run", help="Run the flow on this node's GPUs (engine.kind: sglang).")
-    _add_config(p, required=True)
-    p.set_defaults(func=_run)
-
-    p = verbs.add_parser("check", help="Provisioning checks only: a table, exit 1 on failure.")
-    _add_config(p, required=True)
-    p.set_defaults(func=_check)
-
+def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
+    """Add audit, export and emulator to the `regen` parser's verbs, in this order."""
     p = verbs.add_parser("audit", help="Audit an existing dataset; exit 1 when the gate fails.")
     p.add_argument("dataset", help="Dataset root, a directory or s3://bucket/prefix.")
     p.add_argument(
@@ -87,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         "mask of turns stored without token ids and is checked against the stored prompts; "
         "default model.tokenizer_path of --config, else its staged model.",
     )
-    _add_config(p, required=False)
+    add_config(p, required=False)
     p.set_defaults(func=_audit)
 
     p = verbs.add_parser(
@@ -133,54 +93,6 @@ def _parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     p.set_defaults(func=None)
-
-    p = verbs.add_parser("blocks", help="Prefect blocks: register the block types.")
-    p.add_argument("action", choices=["register"], help="register: make the blocks known.")
-    p.set_defaults(func=_blocks)
-    return parser
-
-
-def _prefect_env() -> None:
-    # No network here or on many GPU nodes: Prefect's telemetry would only log an error.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # The ephemeral API server's first start sets up its database: slow on a busy laptop.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-
-
-def _rehearse(args: argparse.Namespace) -> int:
-    from regen.rehearsal import rehearsal_config
-
-    config = rehearsal_config(
-        config_path=args.config,
-        prompts=args.prompts,
-        out=args.out,
-        servers=args.servers,
-        faults=args.emu_fault,
-    )
-    return _run_flow(config)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from regen.config import load_config
-
-    return _run_flow(load_config(args.config))
-
-
-def _run_flow(config: object) -> int:
-    _prefect_env()
-    from flows.runner import run_regenerate
-
-    return run_regenerate(config)  # type: ignore[arg-type]
-
-
-def _check(args: argparse.Namespace) -> int:
-    from flows import CODE_PACKAGES
-    from regen.config import load_config
-    from regen.preflight import print_report, run_checks
-
-    report = run_checks(load_config(args.config), packages=CODE_PACKAGES)
-    print_report(report)
-    return 0 if report.ok else 1
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -234,38 +146,3 @@ def _export(args: argparse.Namespace) -> int:
     print(f"dropped: {dropped}")
     print(f"shards: {len(summary.written)} written, {len(summary.reused)} unchanged")
     return 0
-
-
-def _blocks(args: argparse.Namespace) -> int:
-    _prefect_env()
-    from blocks import register_blocks
-
-    for name in register_blocks():
-        print(f"registered block type {name}")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `regen` console script; user errors are one line, exit 1 or 2."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "emulator":
-        from regen.emulator import main as emulator_main
-
-        return emulator_main(argv[1:])
-    args = _parser().parse_args(argv)
-    func: Callable[[argparse.Namespace], int] = args.func
-    try:
-        return func(args)
-    except UserError as err:
-        print(f"regen: error: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        print(
-            "regen: interrupted; the fleet was stopped and committed shards are kept.",
-            file=sys.stderr,
-        )
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

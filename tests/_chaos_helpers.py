@@ -47,7 +47,7 @@ class ChaosRun:
         args += ["--servers", str(self.servers)]
         if self.prompts is not None:
             args += ["--prompts", str(self.prompts)]
-        return [sys.executable, "-m", "regen.cli", *args]
+        return [sys.executable, "-m", "flows.cli", *args]
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def run_regen(
 ) -> subprocess.CompletedProcess[str]:
     """`regen ARGS` as a user runs it, from `cwd`."""
     return subprocess.run(
-        [sys.executable, "-m", "regen.cli", *args],
+        [sys.executable, "-m", "flows.cli", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

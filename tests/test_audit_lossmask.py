@@ -150,7 +150,7 @@ def test_cli_audit_takes_the_model_directory(
     tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`regen audit DATASET --tokenizer MODEL_DIR`: the mismatch fails the gate (exit 1)."""
-    from regen.cli import main
+    from flows.cli import main
 
     monkeypatch.setenv("COLUMNS", "300")  # the table on one line per check
 

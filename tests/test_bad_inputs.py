@@ -2,7 +2,7 @@
 key, a non-zero exit and no traceback; nothing already written is damaged.
 
 Three layers answer, and each case goes through the cheapest one that is the real path:
-config mistakes through `regen.cli.main` in this process (the very code the console script
+config mistakes through `flows.cli.main` in this process (the very code the console script
 runs; two cases also as real subprocesses), provisioning mistakes through `run_checks` (the
 table `regen check` prints, exit 1 when a row fails), row mistakes through `load_prompts`
 (the row is rejected with its line and reason, the run goes on). Two real rehearsals prove
@@ -22,7 +22,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from regen.cli import main
+from flows.cli import main
 from regen.config import parse_config
 from regen.dataset import read_committed
 from regen.gpus import GpuInfo

@@ -17,11 +17,11 @@ from pydantic import SecretStr
 
 from regen.client import Dispatcher, DispatchTuning
 from regen.client.effort import pick_effort
-from regen.client.request import chat_request_body
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.emulator import history_digest
-from regen.fleet.endpoint import Endpoint
 from regen.schema import MESSAGE, row_schema
+from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.request import chat_request_body
 from tests._ids_helpers import IM_END, rendered, response_ids
 
 pytestmark = pytest.mark.timeout(120)

@@ -24,9 +24,9 @@ from pydantic import SecretStr
 from regen.client import Dispatcher, DispatchTuning, ServerState
 from regen.config import GenerationConfig, SamplingConfig
 from regen.errors import FleetError, FleetUnauthorized
-from regen.fleet.endpoint import Endpoint
 from regen.progress import ProgressWriter
 from regen.schema import row_schema
+from regen.sglang_api.endpoint import Endpoint
 from regen.storage import LocalStorage
 
 MODEL = "emu-model"

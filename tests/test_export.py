@@ -12,8 +12,9 @@ from typing import Any
 import polars as pl
 import pytest
 
+from flows.cli import main
 from regen.audit.dataset import open_dataset, scan_rows
-from regen.cli import FORMATS_CHOICES, main
+from regen.cli import FORMATS_CHOICES
 from regen.dataset import commit_shard, read_manifest, replace_shard
 from regen.export import FORMATS, ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset

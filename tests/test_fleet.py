@@ -22,7 +22,6 @@ from regen.errors import ConfigError, FleetError, FleetUnauthorized, UserError
 from regen.fleet import (
     Fleet,
     FleetPortInUse,
-    ProbeSettings,
     attach_fleet,
     benchmark_fleet,
     build_server_commands,
@@ -33,6 +32,7 @@ from regen.fleet import (
 from regen.fleet.process import FLEET_ID_ENV
 from regen.fleet.report import FleetRow, flag_slow
 from regen.ports import port_is_free
+from regen.sglang_api.probe import ProbeSettings
 from tests._fleet_helpers import MODEL_DIR, fleet_config
 
 FAST = ProbeSettings(generation_timeout_s=5, interval_s=0.1)
@@ -209,7 +209,8 @@ OWNER = """
 import json, sys, time
 from pathlib import Path
 from regen.config import parse_config
-from regen.fleet import ProbeSettings, build_server_commands, generate_api_key, launch_fleet
+from regen.fleet import build_server_commands, generate_api_key, launch_fleet
+from regen.sglang_api.probe import ProbeSettings
 config = parse_config(json.loads(Path(sys.argv[1]).read_text()))
 key = generate_api_key()
 commands = build_server_commands(config, config.model.staged_path(), key, config.work_dir)

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from regen.fleet import Endpoint
 from regen.fleet.metrics import FleetScraper
 from regen.naming import artifact_key
 from regen.ports import quiet_port_range
 from regen.progress import LiveReport, ProgressSnapshot
 from regen.rehearsal import rehearsal_config
+from regen.sglang_api.endpoint import Endpoint
 from tests._fleet_helpers import MODEL_DIR, SERVED
 
 

@@ -14,8 +14,8 @@ from polars.testing import assert_frame_equal
 
 from regen.audit import AuditConfig, run_audit
 from regen.dataset import commit_shard
-from regen.fleet.endpoint import Endpoint
 from regen.lossmask import Turns, load_template, samples
+from regen.sglang_api.endpoint import Endpoint
 from regen.storage import LocalStorage
 from tests.test_conversations import MODEL_DIR, conversations, endpoint, regenerate
 

@@ -169,7 +169,7 @@ def watched(tmp_path_factory: pytest.TempPathFactory, prefect_home: Path) -> Wat
     args = ["rehearse", "--config", str(config), "--prompts", "prompts.jsonl", "--out", "out"]
     with (logs / "stdout").open("w") as out, (logs / "stderr").open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "regen.cli", *args], cwd=work, env=env, stdout=out, stderr=err
+            [sys.executable, "-m", "flows.cli", *args], cwd=work, env=env, stdout=out, stderr=err
         )
         seen = Watched(work=work, code=0, printed="")
         root = psutil.Process(proc.pid)

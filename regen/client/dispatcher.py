@@ -49,16 +49,16 @@ import aiohttp
 import polars as pl
 from pydantic import SecretStr
 
-from regen.client.probe import probe_server
-from regen.client.request import chat_request_body
-from regen.client.response import Verdict, error_message, parse_completion, verdict
 from regen.client.shard_job import ShardJob
 from regen.client.stats import DispatchStats, ServerState, ServerStats
 from regen.client.timeouts import RequestTimeout
 from regen.client.tuning import DispatchTuning
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.errors import FleetError, FleetUnauthorized
-from regen.fleet.endpoint import Endpoint
+from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.probe import ProbeSettings, ProbeTarget, reprobe
+from regen.sglang_api.request import chat_request_body
+from regen.sglang_api.response import ResponseKind, error_message, parse_completion, response_kind
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class Dispatcher:
         self,
         endpoints: list[Endpoint],
         *,
-        api_key: SecretStr | None,
+        api_key: SecretStr,
         model: str,
         sampling: SamplingConfig,
         generation: GenerationConfig,
@@ -141,9 +141,11 @@ class Dispatcher:
         self._generation = generation
         self._tuning = tuning or DispatchTuning()
         self._reprobe = reprobe
-        self._headers = {"Content-Type": "application/json"}
-        if api_key is not None:
-            self._headers["Authorization"] = f"Bearer {api_key.get_secret_value()}"
+        self._api_key = api_key
+        self._headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {api_key.get_secret_value()}",
+        }
         self._timeout = RequestTimeout(
             sampling.max_tokens, self._tuning, generation.request_timeout_s
         )
@@ -409,8 +411,8 @@ class Dispatcher:
     def _answer(
         self, work: _Work, server: _Server, status: int, raw: bytes, latency: float
     ) -> None:
-        kind = verdict(status)
-        if kind is Verdict.OK:
+        kind = response_kind(status)
+        if kind is ResponseKind.OK:
             try:
                 completion = parse_completion(raw)
             except ValueError as err:
@@ -430,9 +432,9 @@ class Dispatcher:
                 # The next turn goes first: its conversation waits on nothing else.
                 self._retry.appendleft(_Work(work.job, work.pos))
             self._forget_if_done(work.job)
-        elif kind is Verdict.REJECTED:
+        elif kind is ResponseKind.REJECTED:
             self._fail_row(work, error_message(status, raw), server, latency)
-        elif kind is Verdict.UNAUTHORIZED:
+        elif kind is ResponseKind.UNAUTHORIZED:
             self._die(
                 FleetUnauthorized(
                     f"{server.endpoint.name} ({server.endpoint.url}) answered 401 Unauthorized: "
@@ -526,17 +528,19 @@ class Dispatcher:
         try:
             if self._reprobe is not None:
                 return await asyncio.wait_for(self._reprobe(endpoint), timeout)
+            # Without a fleet's own re-probe, the probe a fleet's launch uses, each of its
+            # steps within the one re-probe deadline.
             assert self._session is not None
-            return await probe_server(
-                self._session,
-                endpoint,
-                headers=self._headers,
-                model=self._model,
-                sampling=self._sampling,
-                timeout_s=timeout,
+            settings = ProbeSettings(
+                health_timeout_s=timeout, models_timeout_s=timeout, generation_timeout_s=timeout
             )
-        except TimeoutError:
+            target = ProbeTarget(self._model, self._api_key, self._sampling)
+            result = await asyncio.wait_for(
+                reprobe(endpoint, target, settings, self._session), timeout
+            )
+        except (TimeoutError, FleetUnauthorized):
             return False
+        return result.ok
 
     def _check_fleet(self) -> None:
         """Arm the fleet-dead timer when the last healthy server goes, disarm when one returns."""

@@ -19,9 +19,9 @@ from typing import Any
 import polars as pl
 
 from regen.client.effort import pick_effort
-from regen.client.response import Completion
 from regen.conversations import Turns
 from regen.schema import OUTPUT_MESSAGE, TURN, row_schema
+from regen.sglang_api.response import Completion
 
 _RESULT_COLUMNS = (
     "content",

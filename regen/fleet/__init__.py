@@ -2,22 +2,16 @@
 
 from regen.fleet.bench import benchmark_fleet
 from regen.fleet.commands import ServerCommand, build_server_commands
-from regen.fleet.endpoint import Endpoint
 from regen.fleet.handle import Fleet
 from regen.fleet.keys import generate_api_key
 from regen.fleet.launch import FleetPortInUse, attach_fleet, launch_fleet
 from regen.fleet.orphans import reap_orphans
-from regen.fleet.probes import ProbeResult, ProbeSettings, ProbeTarget, reprobe
 from regen.fleet.report import FleetRow
 
 __all__ = [
-    "Endpoint",
     "Fleet",
     "FleetPortInUse",
     "FleetRow",
-    "ProbeResult",
-    "ProbeSettings",
-    "ProbeTarget",
     "ServerCommand",
     "attach_fleet",
     "benchmark_fleet",
@@ -25,5 +19,4 @@ __all__ = [
     "generate_api_key",
     "launch_fleet",
     "reap_orphans",
-    "reprobe",
 ]

@@ -13,12 +13,12 @@ import uuid
 
 import aiohttp
 
-from regen.client.request import chat_request_body
 from regen.fleet.aio import run_coroutine
-from regen.fleet.endpoint import Endpoint
 from regen.fleet.handle import Fleet
-from regen.fleet.probes import ProbeTarget
 from regen.fleet.report import FleetRow, flag_slow
+from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.probe import ProbeTarget
+from regen.sglang_api.request import chat_request_body
 
 BENCH_MESSAGES = [{"role": "user", "content": "Explain how a hash map works, step by step."}]
 

@@ -18,11 +18,11 @@ from types import TracebackType
 
 from pydantic import SecretStr
 
-from regen.fleet.endpoint import Endpoint
-from regen.fleet.probes import ProbeSettings, ProbeTarget, reprobe
 from regen.fleet.process import ServerProcess, stop_processes
 from regen.fleet.report import FleetRow
 from regen.ports import port_is_free
+from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.probe import ProbeSettings, ProbeTarget, reprobe
 
 log = logging.getLogger(__name__)
 

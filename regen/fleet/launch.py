@@ -20,12 +20,12 @@ from regen.config import RegenConfig
 from regen.errors import ConfigError, FleetError, UserError
 from regen.fleet.aio import run_coroutine
 from regen.fleet.commands import ServerCommand
-from regen.fleet.endpoint import Endpoint
 from regen.fleet.handle import Fleet, Member
-from regen.fleet.probes import ProbeSettings, ProbeTarget, probe_server
 from regen.fleet.process import ServerProcess, stop_processes
 from regen.fleet.report import FleetRow
 from regen.ports import taken_ports
+from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.probe import ProbeSettings, ProbeTarget, probe_server
 
 log = logging.getLogger(__name__)
 

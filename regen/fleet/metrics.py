@@ -17,7 +17,7 @@ from statistics import fmean
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from regen.fleet.endpoint import Endpoint
+from regen.sglang_api.endpoint import Endpoint
 
 # sample name -> how samples of several ranks (dp > 1) combine into one server figure
 _SERIES: dict[str, Callable[[list[float]], float]] = {

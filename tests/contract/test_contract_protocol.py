@@ -23,11 +23,11 @@ from typing import Any
 import httpx
 import pytest
 
-from regen.client.request import chat_request_body
 from regen.config import RegenerationConfig, SamplingConfig
 from regen.emulator.cli import READY_LINE
 from regen.fleet.bench import BENCH_MESSAGES
-from regen.fleet.probes import PROBE_MESSAGES, ProbeSettings
+from regen.sglang_api.probe import PROBE_MESSAGES, ProbeSettings
+from regen.sglang_api.request import chat_request_body
 from tests._fleet_helpers import MODEL_DIR, SERVED
 from tests.contract._sglang import Sglang
 

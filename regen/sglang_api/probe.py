@@ -1,8 +1,10 @@
 """Is a server ready? /health, /v1/models and one real generation, each with its own deadline.
 
-/health alone is not enough: it can answer 200 while the scheduler is stuck (sglang#6624),
-so a server counts as ready only once a chat completion came back with text. Probes are
-sequential per server so a slow server never has probes piling up on it (sglang#35884).
+The one probe of a server: the fleet's launch waits on it, and a quarantined server comes
+back into the dispatcher only once it passes again. /health alone is not enough: it can
+answer 200 while the scheduler is stuck (sglang#6624), so a server counts as ready only once
+a chat completion came back with text. Probes are sequential per server so a slow server
+never has probes piling up on it (sglang#35884).
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from regen.client.request import chat_request_body
 from regen.config import SamplingConfig
 from regen.errors import FleetUnauthorized
-from regen.fleet.endpoint import Endpoint
+from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.request import chat_request_body
 
 PROBE_MESSAGES = [{"role": "user", "content": "Reply with one word: ready."}]
 
@@ -99,7 +101,10 @@ async def _generation(
                 raise _unauthorized(endpoint, "/v1/chat/completions")
             if resp.status != 200:
                 return ProbeResult(False, f"generation probe got HTTP {resp.status}", True)
-            answer = await resp.json(content_type=None)
+            try:
+                answer = await resp.json(content_type=None)
+            except ValueError:  # a 200 that is not JSON: a proxy's page, a half-started server
+                return ProbeResult(False, "generation probe answer is not JSON", True)
     except TimeoutError:
         # The sglang#6624 case: health is fine, the scheduler is not. Waiting longer won't help.
         return ProbeResult(

@@ -10,8 +10,9 @@ from typing import Any
 import orjson
 
 
-class Verdict(Enum):
-    """What the dispatcher does with an HTTP answer (SGLANG_API.md, error table)."""
+class ResponseKind(Enum):
+    """What kind of answer an HTTP status is, and so what the dispatcher does with it
+    (SGLANG_API.md, error table)."""
 
     OK = "ok"
     REJECTED = "rejected"  # 4xx: the request itself is wrong; retrying gives the same answer
@@ -34,14 +35,14 @@ class Completion:
     response_token_ids: list[int] | None = None
 
 
-def verdict(status: int) -> Verdict:
+def response_kind(status: int) -> ResponseKind:
     if status == 200:
-        return Verdict.OK
+        return ResponseKind.OK
     if status == 401:
-        return Verdict.UNAUTHORIZED
+        return ResponseKind.UNAUTHORIZED
     if status >= 500 or status in (408, 429):
-        return Verdict.RETRY
-    return Verdict.REJECTED
+        return ResponseKind.RETRY
+    return ResponseKind.REJECTED
 
 
 def parse_completion(raw: bytes) -> Completion:

@@ -1,0 +1,153 @@
+"""`regen`: the command line (the console script). Each verb is thin: the work is in the
+library and the flows.
+
+The verbs that run a flow or touch Prefect (rehearse, run, blocks) are here, above the
+library; the others are regen.cli's. Prefect is imported only by the verbs that run a flow,
+so `regen emulator` and `regen --help` start fast and a config error is reported before
+Prefect loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from regen.cli import add_config, add_library_verbs
+from regen.errors import UserError
+
+if TYPE_CHECKING:
+    from regen.config import RegenConfig
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="regen",
+        description="Regenerate a prompt set with a target model on a fleet of SGLang servers.",
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    p = verbs.add_parser(
+        "rehearse",
+        help="Run the whole flow on this CPU against emulated SGLang servers.",
+        description="The real flow, config, storage and Prefect states, with emulators for GPUs.",
+    )
+    add_config(p, required=False)
+    p.add_argument("--prompts", help="JSONL/Parquet prompts (default: the bundled sample set).")
+    p.add_argument("--out", help="Dataset root, a directory or s3://bucket/prefix.")
+    p.add_argument("--servers", type=_positive, help="Number of emulator servers (default 4).")
+    p.add_argument(
+        "--emu-fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="Fault injected into every emulator, e.g. empty-answer=0.87 (repeatable).",
+    )
+    p.set_defaults(func=_rehearse)
+
+    p = verbs.add_parser("run", help="Run the flow on this node's GPUs (engine.kind: sglang).")
+    add_config(p, required=True)
+    p.set_defaults(func=_run)
+
+    p = verbs.add_parser("check", help="Provisioning checks only: a table, exit 1 on failure.")
+    add_config(p, required=True)
+    p.set_defaults(func=_check)
+
+    add_library_verbs(verbs)
+
+    p = verbs.add_parser("blocks", help="Prefect blocks: register the block types.")
+    p.add_argument("action", choices=["register"], help="register: make the blocks known.")
+    p.set_defaults(func=_blocks)
+    return parser
+
+
+def prefect_env() -> None:
+    """Prefect's settings for a command-line run, set before Prefect is imported."""
+    # No network here or on many GPU nodes: Prefect's telemetry would only log an error.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # The ephemeral API server's first start sets up its database: slow on a busy laptop.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def _rehearse(args: argparse.Namespace) -> int:
+    from regen.rehearsal import rehearsal_config
+
+    config = rehearsal_config(
+        config_path=args.config,
+        prompts=args.prompts,
+        out=args.out,
+        servers=args.servers,
+        faults=args.emu_fault,
+    )
+    return _run_flow(config)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from regen.config import load_config
+
+    return _run_flow(load_config(args.config))
+
+
+def _check(args: argparse.Namespace) -> int:
+    """The provisioning checks over every code package of the product, as the flow runs them."""
+    from flows import CODE_PACKAGES
+    from regen.config import load_config
+    from regen.preflight import print_report, run_checks
+
+    report = run_checks(load_config(args.config), packages=CODE_PACKAGES)
+    print_report(report)
+    return 0 if report.ok else 1
+
+
+def _run_flow(config: RegenConfig) -> int:
+    prefect_env()
+    from flows.runner import run_regenerate
+
+    return run_regenerate(config)
+
+
+def _blocks(args: argparse.Namespace) -> int:
+    prefect_env()
+    from blocks import register_blocks
+
+    for name in register_blocks():
+        print(f"registered block type {name}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `regen` console script; user errors are one line, exit 1 or 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "emulator":
+        from regen.emulator import main as emulator_main
+
+        return emulator_main(argv[1:])
+    args = _parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except UserError as err:
+        print(f"regen: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(
+            "regen: interrupted; the fleet was stopped and committed shards are kept.",
+            file=sys.stderr,
+        )
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
