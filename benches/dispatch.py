@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,12 +50,11 @@ from regen.client import Dispatcher
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.fleet.endpoint import Endpoint
 from regen.schema import row_schema
+from support.emulator import emulators
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "regen" / "data" / "emulator-model"
 MODEL = "emu-model"
 KEY = "bench-key"
-READY = "The server is fired up and ready to roll!"
 SHARD = 500
 
 
@@ -86,46 +84,22 @@ class Setup:
         return self.max_tokens / self.tokens_per_s * self.time_scale * 2
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def fleet(setup: Setup, logs: Path, slow: float | None = None) -> Iterator[list[Endpoint]]:
-    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
-    endpoints = []
-    try:
-        for i in range(setup.servers):
-            port = _free_port()
-            log = logs / f"emu-{i}-{port}.log"
-            args = [
-                sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR),
-                "--served-model-name", MODEL, "--port", str(port), "--api-key", KEY,
-                "--max-running-requests", str(setup.slots), "--enable-metrics",
-                "--reasoning-parser", "qwen3",
-                "--emu-load-s", "0", "--emu-seed", str(i),
-                "--emu-tokens-per-s", str(setup.tokens_per_s),
-                "--emu-time-scale", str(setup.time_scale),
-                "--emu-reasoning-tokens", setup.reasoning, "--emu-answer-tokens", setup.answer,
-            ]  # fmt: skip
-            if slow is not None and i == 0:
-                args += ["--emu-fault", f"slow={slow}"]
-            with log.open("wb") as out:
-                procs.append((subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT), log))
-            endpoints.append(Endpoint(i, f"http://127.0.0.1:{port}"))
-        deadline = time.monotonic() + 120
-        for proc, log in procs:
-            while READY not in log.read_text(errors="replace"):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"emulator failed: {log.read_text()[-2000:]}")
-                time.sleep(0.1)
-        yield endpoints
-    finally:
-        for proc, _ in procs:
-            proc.kill()
-            proc.wait()
+    flags = [
+        [
+            "--max-running-requests", str(setup.slots), "--enable-metrics",
+            "--reasoning-parser", "qwen3",
+            "--emu-load-s", "0", "--emu-seed", str(i),
+            "--emu-tokens-per-s", str(setup.tokens_per_s),
+            "--emu-time-scale", str(setup.time_scale),
+            "--emu-reasoning-tokens", setup.reasoning, "--emu-answer-tokens", setup.answer,
+            *(["--emu-fault", f"slow={slow}"] if slow is not None and i == 0 else []),
+        ]
+        for i in range(setup.servers)
+    ]  # fmt: skip
+    with emulators(logs, flags, timeout=120, served_name=MODEL, api_key=KEY) as started:
+        yield [Endpoint(i, emu.url) for i, emu in enumerate(started)]
 
 
 _SERIES = re.compile(r"^(sglang:\w+)(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)

@@ -28,7 +28,7 @@ from regen.gpus import GpuInfo
 from regen.preflight import CheckRow, check_prompts, run_checks
 from regen.prompts import load_prompts
 from regen.rehearsal import bundled
-from tests._bad_input_helpers import (
+from tests.support.bad_input import (
     Tally,
     Verdict,
     base_config,
@@ -37,7 +37,7 @@ from tests._bad_input_helpers import (
     tree_digest,
     write_yaml,
 )
-from tests.conftest import run_regen
+from tests.support.cli import run_regen
 
 pytestmark = pytest.mark.timeout(300)
 

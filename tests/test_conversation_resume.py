@@ -15,19 +15,18 @@ import yaml
 from regen.emulator import history_digest
 from regen.shards import Manifest
 from regen.storage import LocalStorage
-from tests._chaos_helpers import (
+from support.chaos import (
     ChaosRun,
-    dataset_ids,
     kill_servers,
     local_marks,
-    manifest_keys,
     rewritten,
     server_records,
     start_rehearsal,
     wait_until,
     write_chaos_config,
 )
-from tests._prefect_server import prefect_server
+from support.dataset import dataset_ids, manifest_keys
+from support.prefect import prefect_server
 
 pytestmark = pytest.mark.timeout(600)
 

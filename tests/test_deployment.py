@@ -22,7 +22,7 @@ import yaml
 from regen.fleet.process import group_alive
 from regen.naming import artifact_key
 from regen.ports import port_is_free, quiet_port_range
-from tests._prefect_server import Server, Worker, prefect_server, prefect_worker
+from support.prefect import Server, Worker, prefect_server, prefect_worker
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOYMENT = "regenerate/rehearsal"
@@ -54,7 +54,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def _create_pool(server: Server, name: str) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
 
-    with _client(server) as client:
+    with server.client() as client:
         client.create_work_pool(WorkPoolCreate(name=name, type="process"))
 
 
@@ -86,27 +86,17 @@ def _start_run(server: Server, config: dict[str, Any]) -> str:
     return match.group(1)
 
 
-def _client(server: Server) -> Any:
-    from prefect.client.orchestration import SyncPrefectClient
-
-    return SyncPrefectClient(api=server.api_url)
-
-
 def _wait_state(server: Server, run_id: str, timeout: float) -> Any:
-    with _client(server) as client:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            run = client.read_flow_run(uuid.UUID(run_id))
-            if run.state is not None and run.state.is_final():
-                return run
-            time.sleep(0.5)
+    run = server.wait_final(run_id, timeout)
+    if run.state is None or not run.state.is_final():
         raise AssertionError(f"flow run {run_id} still {run.state_name} after {timeout:.0f} s")
+    return run
 
 
 def _task_run_names(server: Server, run_id: str) -> list[str]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    with _client(server) as client:
+    with server.client() as client:
         runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(run_id)]))
         )
@@ -116,7 +106,7 @@ def _task_run_names(server: Server, run_id: str) -> list[str]:
 def _artifact_keys(server: Server, run_id: str) -> set[str]:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    with _client(server) as client:
+    with server.client() as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(
                 flow_run_id=ArtifactFilterFlowRunId(any_=[uuid.UUID(run_id)])
@@ -208,7 +198,7 @@ def test_cancelled_run_stops_its_servers_and_keeps_committed_shards(stack: Stack
     run_id = _start_run(stack.server, config)
 
     shards = root / "out" / "shards"
-    with _client(stack.server) as client:
+    with stack.server.client() as client:
         deadline = time.monotonic() + 150
         while not list(shards.glob("shard-*.json")):
             run = client.read_flow_run(uuid.UUID(run_id))
@@ -216,7 +206,7 @@ def test_cancelled_run_stops_its_servers_and_keeps_committed_shards(stack: Stack
             assert time.monotonic() < deadline, "no shard committed in time"
             time.sleep(0.5)
     assert _server_processes(root / "work"), "the fleet should be up mid-generation"
-    with _client(stack.server) as client:
+    with stack.server.client() as client:
         client.set_flow_run_state(uuid.UUID(run_id), Cancelling())
     run = _wait_state(stack.server, run_id, timeout=90)
 

@@ -18,8 +18,8 @@ from regen.export import FORMATS, ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset
 from regen.shards import commit_shard, read_manifest, replace_shard
 from regen.storage import LocalStorage, Storage
-from tests._export_helpers import FINGERPRINT, make_export_dataset, synthetic_shard, user_text
-from tests._s3_helpers import MotoS3, moto_server
+from support.s3 import MotoS3, moto_server
+from tests.support.export import FINGERPRINT, make_export_dataset, synthetic_shard, user_text
 
 datasets = pytest.importorskip("datasets")
 datasets.disable_progress_bars()

@@ -18,7 +18,7 @@ from regen.config import RegenConfig
 from regen.naming import dataset_slug, node_name
 from regen.rehearsal import bundled, rehearsal_config
 from regen.storage import open_storage
-from tests._s3_helpers import MotoS3, moto_server
+from support.s3 import MotoS3, moto_server
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import Artifact, FlowRun

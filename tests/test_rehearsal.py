@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import run_regen
+from tests.support.cli import run_regen
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -15,7 +15,7 @@ import pytest
 from regen.errors import UserError
 from regen.s3 import RetryPolicy, S3Storage
 from regen.storage import LocalStorage, Storage, open_storage, probe
-from tests._s3_helpers import MotoS3, moto_server
+from support.s3 import MotoS3, moto_server
 
 
 @pytest.fixture(scope="module")

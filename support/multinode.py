@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.ports import quiet_port_range
-from tests._prefect_server import Server
+from support.prefect import Server
 
 REPO = Path(__file__).resolve().parents[1]
 PARENT = "regenerate-multinode/multinode"
