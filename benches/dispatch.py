@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 from pydantic import SecretStr
@@ -237,7 +238,7 @@ def run_load(
     return {
         "requests": requests,
         "wall_s": end - start,
-        "errors": out["error"].is_not_null().sum(),
+        "errors": int(out["error"].is_not_null().sum()),
         "capacity_ratio": (k1 - k0) / (t1 - t0) / capacity if t1 > t0 else float("nan"),
         "slot_utilisation": sum(r for _, r, _, _ in busy) / len(busy) / slots,
         "capacity_ratio_full_run": tokens / (end - start) / capacity,
@@ -335,8 +336,10 @@ def main() -> None:
         path, stream, in_flight, *urls = a.rss_child
         rss_child(urls, path, int(stream), int(in_flight))
         return
-    common = dict(tokens_per_s=250.0, max_tokens=4096, reasoning="200:4000", answer="20:800")
-    smoke = dict(reasoning="20:200", answer="10:50")
+    common: dict[str, Any] = dict(
+        tokens_per_s=250.0, max_tokens=4096, reasoning="200:4000", answer="20:800"
+    )
+    smoke: dict[str, Any] = dict(reasoning="20:200", answer="10:50")
     setup = (
         Setup(servers=2, slots=8, requests=200, baseline_requests=100, slow_requests=100,
               multiturn_conversations=40, rss_prompts=2 * SHARD, rss_stream_shards=2,
@@ -356,8 +359,10 @@ def main() -> None:
         name = "dispatch-quick.json" if a.quick else "dispatch.json"
         result_path = ROOT / "benches" / "results" / name
     if a.rss_only or a.multiturn_only:
-        empty = {"setup": {}, "runs": {}}
-        saved = json.loads(result_path.read_text()) if result_path.exists() else empty
+        empty: dict[str, Any] = {"setup": {}, "runs": {}}
+        saved: dict[str, Any] = (
+            json.loads(result_path.read_text()) if result_path.exists() else empty
+        )
         with (
             tempfile.TemporaryDirectory(prefix="regen-dispatch-bench-") as tmp,
             fleet(setup, Path(tmp)) as endpoints,

@@ -185,7 +185,7 @@ def _params(
     return params, bucket
 
 
-def _wait_final(server: Server, run_id: str, timeout: float) -> tuple[str, str | None]:
+def _wait_final(server: Server, run_id: str, timeout: float) -> tuple[str | None, str | None]:
     """The parent's final state name and message, or ('TimedOut', last state) after timeout."""
     run = server.wait_final(run_id, timeout)
     if run.state is None or not run.state.is_final():

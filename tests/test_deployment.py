@@ -202,7 +202,7 @@ def test_cancelled_run_stops_its_servers_and_keeps_committed_shards(stack: Stack
         deadline = time.monotonic() + 150
         while not list(shards.glob("shard-*.json")):
             run = client.read_flow_run(uuid.UUID(run_id))
-            assert not run.state.is_final(), _failure(stack, run)
+            assert run.state is not None and not run.state.is_final(), _failure(stack, run)
             assert time.monotonic() < deadline, "no shard committed in time"
             time.sleep(0.5)
     assert _server_processes(root / "work"), "the fleet should be up mid-generation"

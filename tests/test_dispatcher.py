@@ -19,7 +19,7 @@ from regen.client import Dispatcher, DispatchTuning, ServerState
 from regen.config import GenerationConfig, SamplingConfig
 from regen.errors import FleetError, FleetUnauthorized
 from regen.fleet.endpoint import Endpoint
-from regen.progress import ProgressWriter
+from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.schema import row_schema
 from regen.storage import LocalStorage
 from support.emulator import Emulator
@@ -101,7 +101,7 @@ def test_rows_out_match_rows_in_and_progress_is_written(
     healthy: list[Emulator], tmp_path: Path
 ) -> None:
     shards = [prompts(30, "a"), prompts(17, "b")]
-    seen = []
+    seen: list[ProgressSnapshot] = []
     with dispatcher(healthy) as d:
         with ProgressWriter(
             LocalStorage(tmp_path), d, total=47, interval_s=0.05, on_update=seen.append

@@ -125,8 +125,8 @@ def test_each_format_reads_back_with_its_consumers_reader(
             assert all(m["content"] for m in conversation)
             assert conversation[1]["content"] == user_text(sample_id, 0)
         return
-    turns = _turns(rows).filter(pl.col("response").is_not_null())
-    expected = turns.select(
+    answered = _turns(rows).filter(pl.col("response").is_not_null())
+    expected = answered.select(
         pl.when(pl.col("n") > 1).then(pl.format("{}#t{}", "id", "turn")).otherwise("id"),
         "response",
     )

@@ -129,8 +129,9 @@ async def test_every_stage_and_shard_is_a_prefect_task_run(good_run: Run) -> Non
     summary = await state.result()
     assert summary.rows_ok == 240 and summary.verdict in {"pass", "warn"}
     async with get_client() as client:
+        assert state.state_details.flow_run_id is not None
         flow_run = await client.read_flow_run(state.state_details.flow_run_id)
-    assert flow_run.state.is_completed()
+    assert flow_run.state is not None and flow_run.state.is_completed()
     names = await _task_run_names(flow_run.id)
     stages = ("provision", "stage-model", "plan-shards", "launch-fleet", "audit")
     for stage in (*stages, "export-specforge", "export-tokenized"):
