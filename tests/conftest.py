@@ -11,10 +11,11 @@ import pytest
 
 from tests.support.cli import regen_env as _regen_env
 
-# A test that runs Prefect (a harness, a server, or `regen` in a subprocess with its own
-# ephemeral server) is end to end: `make test-fast` leaves those out, `make test` runs all.
-# item.fixturenames is the whole closure, so a fixture built on one of these counts too.
-_E2E_FIXTURES = frozenset({"prefect_home", "prefect_harness", "stack", "cluster", "prefect"})
+# A test that runs Prefect (a harness, a `prefect server`, or `regen` in a subprocess with its
+# own ephemeral server) is end to end: `make test-fast` leaves those out, `make test` runs all.
+# Each way has its fixture below; item.fixturenames is the whole closure, so a module's fixture
+# built on one of them (a deployment stack, a cluster) makes its tests e2e too.
+_E2E_FIXTURES = frozenset({"prefect_home", "prefect_harness", "prefect_server_home"})
 # Modules whose every test runs a bench at its smoke size.
 _BENCH_MODULES = frozenset({"test_benches.py"})
 
@@ -31,6 +32,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One ephemeral-Prefect home per xdist worker: its database is set up once, then reused."""
     return tmp_path_factory.mktemp("prefect-home")
+
+
+@pytest.fixture(scope="module")
+def prefect_server_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The PREFECT_HOME of a `prefect server` a test starts (support.prefect.prefect_server)."""
+    return tmp_path_factory.mktemp("prefect-server")
 
 
 @pytest.fixture

@@ -60,8 +60,8 @@ PROMPT_ID_COUNT = 240
 
 
 @pytest.fixture(scope="module")
-def prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with prefect_server(tmp_path_factory.mktemp("chaos-prefect"), startup_timeout=240) as server:
+def prefect(prefect_server_home: Path) -> Iterator[Server]:
+    with prefect_server(prefect_server_home, startup_timeout=240) as server:
         yield server
 
 

@@ -48,7 +48,9 @@ def _sharegpt(path: Path) -> list[str]:
     return ids
 
 
-def test_kill9_mid_conversation_then_rerun_regenerates_each_once(tmp_path: Path) -> None:
+def test_kill9_mid_conversation_then_rerun_regenerates_each_once(
+    tmp_path: Path, prefect_server_home: Path
+) -> None:
     ids = _sharegpt(tmp_path / "chats.jsonl")
     work = tmp_path / "work"
     config = write_chaos_config(tmp_path / "regen.yaml", work, shard_size=SHARD_SIZE)
@@ -57,7 +59,7 @@ def test_kill9_mid_conversation_then_rerun_regenerates_each_once(tmp_path: Path)
     out = tmp_path / "out"
     run = ChaosRun(config=config, out=str(out), work_dir=work, prompts=tmp_path / "chats.jsonl")
     storage = LocalStorage(out)
-    with prefect_server(tmp_path / "prefect", startup_timeout=240) as prefect:
+    with prefect_server(prefect_server_home, startup_timeout=240) as prefect:
         env = {**prefect.env, "PYTHONUNBUFFERED": "1"}
         first = start_rehearsal(run, env, tmp_path, tmp_path / "attempt-1.log")
         try:

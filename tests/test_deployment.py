@@ -37,9 +37,9 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, prefect_server_home: Path) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("deployment")
-    with prefect_server(root / "prefect-home") as server:
+    with prefect_server(prefect_server_home) as server:
         server.prefect("work-pool", "create", "regen-cpu", "--type", "process", cwd=root)
         for pool in ("regen-gpu", "regen-gpu-node-1", "regen-gpu-node-2"):
             _create_pool(server, pool)  # only so `deploy --all` finds them; a CLI call is 5 s

@@ -48,11 +48,13 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, prefect_server_home: Path
+) -> Iterator[Cluster]:
     from prefect.client.schemas.actions import WorkPoolCreate
 
     root = tmp_path_factory.mktemp("multinode")
-    with moto_server() as s3, prefect_server(root / "prefect-home") as server:
+    with moto_server() as s3, prefect_server(prefect_server_home) as server:
         with server.client() as client:
             for pool in POOLS:  # one API call each; `prefect work-pool create` costs seconds
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
