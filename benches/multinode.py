@@ -50,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # regen, support
 from benches._common import results_path
 from regen.fleet import reap_orphans
 from regen.shards import Manifest, committed_shards
-from support.multinode import REPO, parent_params, start_parent, write_prompts
+from support import REPO
+from support.multinode import parent_params, start_parent, write_prompts
 from support.prefect import Server, prefect_server, prefect_worker
 from support.s3 import MotoS3, moto_server
 

@@ -22,9 +22,9 @@ import yaml
 from regen.fleet.process import group_alive
 from regen.naming import artifact_key
 from regen.ports import port_is_free, quiet_port_range
+from support import REPO
 from support.prefect import Server, Worker, prefect_server, prefect_worker
 
-REPO = Path(__file__).resolve().parents[1]
 DEPLOYMENT = "regenerate/rehearsal"
 SERVERS = 2
 

@@ -29,7 +29,8 @@ from regen.fleet import reap_orphans
 from regen.naming import artifact_key
 from regen.shards import committed_shards, read_shard
 from regen.storage import Storage
-from support.multinode import REPO, parent_params, start_parent, write_prompts
+from support import REPO
+from support.multinode import parent_params, start_parent, write_prompts
 from support.prefect import Server, Worker, prefect_server, prefect_worker, stop_worker
 from support.s3 import MotoS3, moto_server
 
