@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install contract-env rehearse test test-fast lint bench bench-smoke clean
+.PHONY: install contract-env rehearse test test-fast lint typecheck bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -26,7 +26,11 @@ rehearse: install
 lint: install
 	@$(VENV)/bin/ruff check --quiet .
 
-test: lint
+# The files and settings are in pyproject.toml's [tool.mypy].
+typecheck: install
+	@$(VENV)/bin/mypy
+
+test: lint typecheck
 	@$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup $(ARGS)
 
 # The fast loop: everything but the end-to-end Prefect runs and the bench smoke runs.
@@ -43,4 +47,4 @@ bench-smoke: install
 	@for b in benches/[!_]*.py; do echo "== $$b --smoke"; $(VENV)/bin/python $$b --smoke || exit 1; done
 
 clean:
-	rm -rf $(VENV) .venv-sglang out .regen .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-sglang out .regen .pytest_cache .ruff_cache .mypy_cache

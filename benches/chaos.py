@@ -38,22 +38,20 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' process tools
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # regen, support
 
 from benches._common import results_path
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage
-from tests._chaos_helpers import (
+from support.chaos import (
     ChaosRun,
     ProcessMark,
-    dataset_ids,
     descendants,
     input_ids,
     kill_leftovers,
     kill_servers,
     leftovers,
     local_marks,
-    manifest_keys,
     rewritten,
     server_records,
     start_rehearsal,
@@ -62,7 +60,8 @@ from tests._chaos_helpers import (
     write_chaos_config,
     write_prompt_subset,
 )
-from tests._prefect_server import prefect_env, prefect_server
+from support.dataset import dataset_ids, manifest_keys
+from support.prefect import prefect_env, prefect_server
 
 SHARD_SIZE = 20
 KINDS = ("emulator", "prefect", "other")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 from pydantic import SecretStr
@@ -51,12 +51,11 @@ from regen.client import Dispatcher
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.schema import row_schema
 from regen.sglang_api.endpoint import Endpoint
+from support.emulator import emulators
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "regen" / "data" / "emulator-model"
 MODEL = "emu-model"
 KEY = "bench-key"
-READY = "The server is fired up and ready to roll!"
 SHARD = 500
 
 
@@ -86,46 +85,22 @@ class Setup:
         return self.max_tokens / self.tokens_per_s * self.time_scale * 2
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def fleet(setup: Setup, logs: Path, slow: float | None = None) -> Iterator[list[Endpoint]]:
-    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
-    endpoints = []
-    try:
-        for i in range(setup.servers):
-            port = _free_port()
-            log = logs / f"emu-{i}-{port}.log"
-            args = [
-                sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR),
-                "--served-model-name", MODEL, "--port", str(port), "--api-key", KEY,
-                "--max-running-requests", str(setup.slots), "--enable-metrics",
-                "--reasoning-parser", "qwen3",
-                "--emu-load-s", "0", "--emu-seed", str(i),
-                "--emu-tokens-per-s", str(setup.tokens_per_s),
-                "--emu-time-scale", str(setup.time_scale),
-                "--emu-reasoning-tokens", setup.reasoning, "--emu-answer-tokens", setup.answer,
-            ]  # fmt: skip
-            if slow is not None and i == 0:
-                args += ["--emu-fault", f"slow={slow}"]
-            with log.open("wb") as out:
-                procs.append((subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT), log))
-            endpoints.append(Endpoint(i, f"http://127.0.0.1:{port}"))
-        deadline = time.monotonic() + 120
-        for proc, log in procs:
-            while READY not in log.read_text(errors="replace"):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"emulator failed: {log.read_text()[-2000:]}")
-                time.sleep(0.1)
-        yield endpoints
-    finally:
-        for proc, _ in procs:
-            proc.kill()
-            proc.wait()
+    flags = [
+        [
+            "--max-running-requests", str(setup.slots), "--enable-metrics",
+            "--reasoning-parser", "qwen3",
+            "--emu-load-s", "0", "--emu-seed", str(i),
+            "--emu-tokens-per-s", str(setup.tokens_per_s),
+            "--emu-time-scale", str(setup.time_scale),
+            "--emu-reasoning-tokens", setup.reasoning, "--emu-answer-tokens", setup.answer,
+            *(["--emu-fault", f"slow={slow}"] if slow is not None and i == 0 else []),
+        ]
+        for i in range(setup.servers)
+    ]  # fmt: skip
+    with emulators(logs, flags, timeout=120, served_name=MODEL, api_key=KEY) as started:
+        yield [Endpoint(i, emu.url) for i, emu in enumerate(started)]
 
 
 _SERIES = re.compile(r"^(sglang:\w+)(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
@@ -263,7 +238,7 @@ def run_load(
     return {
         "requests": requests,
         "wall_s": end - start,
-        "errors": out["error"].is_not_null().sum(),
+        "errors": int(out["error"].is_not_null().sum()),
         "capacity_ratio": (k1 - k0) / (t1 - t0) / capacity if t1 > t0 else float("nan"),
         "slot_utilisation": sum(r for _, r, _, _ in busy) / len(busy) / slots,
         "capacity_ratio_full_run": tokens / (end - start) / capacity,
@@ -361,8 +336,10 @@ def main() -> None:
         path, stream, in_flight, *urls = a.rss_child
         rss_child(urls, path, int(stream), int(in_flight))
         return
-    common = dict(tokens_per_s=250.0, max_tokens=4096, reasoning="200:4000", answer="20:800")
-    smoke = dict(reasoning="20:200", answer="10:50")
+    common: dict[str, Any] = dict(
+        tokens_per_s=250.0, max_tokens=4096, reasoning="200:4000", answer="20:800"
+    )
+    smoke: dict[str, Any] = dict(reasoning="20:200", answer="10:50")
     setup = (
         Setup(servers=2, slots=8, requests=200, baseline_requests=100, slow_requests=100,
               multiturn_conversations=40, rss_prompts=2 * SHARD, rss_stream_shards=2,
@@ -382,8 +359,10 @@ def main() -> None:
         name = "dispatch-quick.json" if a.quick else "dispatch.json"
         result_path = ROOT / "benches" / "results" / name
     if a.rss_only or a.multiturn_only:
-        empty = {"setup": {}, "runs": {}}
-        saved = json.loads(result_path.read_text()) if result_path.exists() else empty
+        empty: dict[str, Any] = {"setup": {}, "runs": {}}
+        saved: dict[str, Any] = (
+            json.loads(result_path.read_text()) if result_path.exists() else empty
+        )
         with (
             tempfile.TemporaryDirectory(prefix="regen-dispatch-bench-") as tmp,
             fleet(setup, Path(tmp)) as endpoints,

@@ -34,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
@@ -46,14 +45,15 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' server, S3 helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # regen, support
 
 from benches._common import results_path
 from regen.dataset import Manifest, committed_shards
 from regen.fleet import reap_orphans
-from tests._multinode_helpers import REPO, parent_params, start_parent, write_prompts
-from tests._prefect_server import Server, prefect_server, prefect_worker
-from tests._s3_helpers import MotoS3, moto_server
+from support import REPO
+from support.multinode import parent_params, start_parent, write_prompts
+from support.prefect import Server, prefect_server, prefect_worker
+from support.s3 import MotoS3, moto_server
 
 CPU_SAMPLE_S = 0.5
 
@@ -80,17 +80,11 @@ def _deploy(server: Server, root: Path, max_nodes: int) -> None:
     server.prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file), cwd=REPO)
 
 
-def _client(server: Server) -> Any:
-    from prefect.client.orchestration import SyncPrefectClient
-
-    return SyncPrefectClient(api=server.api_url)
-
-
 def _create_pools(server: Server, max_nodes: int) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
 
     pools = ["regen-cpu", "regen-gpu", *(_node_pool(i) for i in range(1, max_nodes + 1))]
-    with _client(server) as client:
+    with server.client() as client:
         for pool in pools:
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
 
@@ -98,7 +92,7 @@ def _create_pools(server: Server, max_nodes: int) -> None:
 def _wait_workers_online(server: Server, pools: list[str], timeout: float = 120) -> None:
     """Until every pool has a worker that has sent a heartbeat, so no case pays its start."""
     deadline = time.monotonic() + timeout
-    with _client(server) as client:
+    with server.client() as client:
         waiting = list(pools)
         while waiting and time.monotonic() < deadline:
             waiting = [
@@ -192,17 +186,12 @@ def _params(
     return params, bucket
 
 
-def _wait_final(server: Server, run_id: str, timeout: float) -> tuple[str, str | None]:
+def _wait_final(server: Server, run_id: str, timeout: float) -> tuple[str | None, str | None]:
     """The parent's final state name and message, or ('TimedOut', last state) after timeout."""
-    deadline = time.monotonic() + timeout
-    with _client(server) as client:
-        while True:
-            run = client.read_flow_run(uuid.UUID(run_id))
-            if run.state is not None and run.state.is_final():
-                return run.state.name, run.state.message
-            if time.monotonic() > deadline:
-                return "TimedOut", run.state_name
-            time.sleep(0.5)
+    run = server.wait_final(run_id, timeout)
+    if run.state is None or not run.state.is_final():
+        return "TimedOut", run.state_name
+    return run.state.name, run.state.message
 
 
 def _stamp(text: str) -> float:

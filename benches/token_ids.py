@@ -13,11 +13,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import polars as pl
@@ -30,39 +27,16 @@ from regen.client import Dispatcher
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.prompts import load_prompts_file
 from regen.sglang_api.endpoint import Endpoint
+from support.emulator import emulators
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "regen" / "data" / "emulator-model"
 PROMPTS = ROOT / "regen" / "data" / "sample_prompts.jsonl"
-READY = "The server is fired up and ready to roll!"
 KEY = "bench-key"
 
 
-def _emulator(log: Path, reasoning: str, answer: str) -> tuple[subprocess.Popen[bytes], int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    args = [
-        sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR),
-        "--served-model-name", "m", "--port", str(port), "--api-key", KEY,
-        "--reasoning-parser", "qwen3", "--max-running-requests", "64",
-        "--emu-load-s", "0", "--emu-time-scale", "0.0005",
-        "--emu-reasoning-tokens", reasoning, "--emu-answer-tokens", answer,
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while READY not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit(f"emulator did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.05)
-    return proc, port
-
-
-def _generate(port: int, rows: pl.DataFrame, token_ids: bool) -> pl.DataFrame:
+def _generate(url: str, rows: pl.DataFrame, token_ids: bool) -> pl.DataFrame:
     dispatcher = Dispatcher(
-        [Endpoint(0, f"http://127.0.0.1:{port}")],
+        [Endpoint(0, url)],
         api_key=SecretStr(KEY),
         model="m",
         sampling=SamplingConfig(max_tokens=8192),
@@ -89,12 +63,13 @@ def main() -> None:
     if a.smoke:
         rows = rows.head(40)
     with tempfile.TemporaryDirectory(prefix="regen-token-ids-") as tmp:
-        proc, port = _emulator(Path(tmp) / "emu.log", reasoning, answer)
-        try:
-            frames = {on: _generate(port, rows, on) for on in (False, True)}
-        finally:
-            proc.kill()
-            proc.wait()
+        flags = [
+            "--reasoning-parser", "qwen3", "--max-running-requests", "64",
+            "--emu-load-s", "0", "--emu-time-scale", "0.0005",
+            "--emu-reasoning-tokens", reasoning, "--emu-answer-tokens", answer,
+        ]  # fmt: skip
+        with emulators(Path(tmp), [flags], served_name="m", api_key=KEY) as (emu,):
+            frames = {on: _generate(emu.url, rows, on) for on in (False, True)}
     n = rows.height
     turns = frames[True]["turns"].explode().struct.unnest()
     result: dict[str, object] = {

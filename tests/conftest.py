@@ -1,26 +1,31 @@
-"""Shared fixtures: a Prefect home per test worker, and the env a `regen` subprocess runs with."""
+"""Shared fixtures (a Prefect home per test worker, the env of a `regen` subprocess) and the one
+place that marks tests: e2e by the fixtures that start Prefect, bench by module."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.cli import regen_env as _regen_env
 
-# A test that runs Prefect (a harness, a server, or `regen` in a subprocess with its own
-# ephemeral server) is end to end: `make test-fast` leaves those out, `make test` runs all.
-_E2E_FIXTURES = frozenset({"prefect_home", "prefect_harness", "stack", "cluster", "prefect"})
+# A test that runs Prefect (a harness, a `prefect server`, or `regen` in a subprocess with its
+# own ephemeral server) is end to end: `make test-fast` leaves those out, `make test` runs all.
+# Each way has its fixture below; item.fixturenames is the whole closure, so a module's fixture
+# built on one of them (a deployment stack, a cluster) makes its tests e2e too.
+_E2E_FIXTURES = frozenset({"prefect_home", "prefect_harness", "prefect_server_home"})
+# Modules whose every test runs a bench at its smoke size.
+_BENCH_MODULES = frozenset({"test_benches.py"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _E2E_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+        if item.path.name in _BENCH_MODULES:
+            item.add_marker(pytest.mark.bench)
 
 
 @pytest.fixture(scope="session")
@@ -29,32 +34,16 @@ def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prefect-home")
 
 
+@pytest.fixture(scope="module")
+def prefect_server_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The PREFECT_HOME of a `prefect server` a test starts (support.prefect.prefect_server)."""
+    return tmp_path_factory.mktemp("prefect-server")
+
+
 @pytest.fixture
 def regen_env(prefect_home: Path) -> dict[str, str]:
     """The environment of a `regen` subprocess: ephemeral Prefect, no telemetry, no server URL."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(
-        PREFECT_HOME=str(prefect_home),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-def run_regen(
-    args: list[str], env: dict[str, str], cwd: Path, timeout: float = 240
-) -> subprocess.CompletedProcess[str]:
-    """`regen ARGS` as a user runs it, from `cwd`."""
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return _regen_env(prefect_home)
 
 
 @pytest.fixture(scope="session")

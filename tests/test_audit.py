@@ -15,7 +15,7 @@ from regen.errors import UserError
 from regen.lossmask import load_template, samples
 from regen.schema import row_schema
 from regen.storage import LocalStorage
-from tests._audit_helpers import PROMPT_MARK, Synthetic, make_dataset, tiny_tokenizer
+from tests.support.audit import PROMPT_MARK, Synthetic, make_dataset, tiny_tokenizer
 
 MIXED = {
     "error": 0.03,

@@ -14,7 +14,7 @@ from regen.dataset import commit_shard
 from regen.lossmask import ChatTemplate, load_template
 from regen.schema import row_schema
 from regen.storage import LocalStorage
-from tests._lossmask_helpers import QWEN3_TEMPLATE, qwen3_model_dir, write_chat_template
+from tests.support.lossmask import QWEN3_TEMPLATE, qwen3_model_dir, write_chat_template
 
 WORDS = ["Hi", "OK.", "The", "answer", "is", "42.", "Let", "me", "think."]
 ANSWER = "The answer is 42. " * 6

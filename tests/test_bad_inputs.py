@@ -30,7 +30,7 @@ from regen.preflight import CheckRow, check_prompts, run_checks
 from regen.prompts import load_prompts
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage
-from tests._bad_input_helpers import (
+from tests.support.bad_input import (
     Tally,
     Verdict,
     base_config,
@@ -39,7 +39,7 @@ from tests._bad_input_helpers import (
     tree_digest,
     write_yaml,
 )
-from tests.conftest import run_regen
+from tests.support.cli import run_regen
 
 pytestmark = pytest.mark.timeout(300)
 

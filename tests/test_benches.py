@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from support import REPO
 
-pytestmark = [pytest.mark.bench, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)  # marked bench in conftest.py
 
 BENCHES = sorted(p.stem for p in (REPO / "benches").glob("[!_]*.py"))
 # Benches that run `regen rehearse` themselves take the Prefect home they are given.

@@ -18,7 +18,7 @@ from regen.config import (
     SpeculativeConfig,
     parse_config,
 )
-from tests._s3_helpers import moto_server
+from support.s3 import moto_server
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -29,19 +29,16 @@ from flows.runner import EPHEMERAL_SERVER_ENV
 from regen.owned import OWNER_ENV, orphans
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage, Storage
-from tests._chaos_helpers import (
+from support.chaos import (
     ChaosRun,
     ManifestMark,
     ProcessMark,
-    dataset_ids,
     descendants,
     input_ids,
     kill_leftovers,
     kill_servers,
     leftovers,
     local_marks,
-    manifest_keys,
-    read_progress,
     rewritten,
     s3_marks,
     server_records,
@@ -51,8 +48,9 @@ from tests._chaos_helpers import (
     write_chaos_config,
     write_prompt_subset,
 )
-from tests._prefect_server import Server, prefect_server
-from tests._s3_helpers import MotoS3, moto_server
+from support.dataset import dataset_ids, manifest_keys, read_progress
+from support.prefect import Server, prefect_server
+from support.s3 import MotoS3, moto_server
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -62,8 +60,8 @@ PROMPT_ID_COUNT = 240
 
 
 @pytest.fixture(scope="module")
-def prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with prefect_server(tmp_path_factory.mktemp("chaos-prefect"), startup_timeout=240) as server:
+def prefect(prefect_server_home: Path) -> Iterator[Server]:
+    with prefect_server(prefect_server_home, startup_timeout=240) as server:
         yield server
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from regen.claims import ClaimLost, ShardClaims
 from regen.storage import LocalStorage, Storage
-from tests._s3_helpers import MotoS3, moto_server
+from support.s3 import MotoS3, moto_server
 
 
 class FakeClock:

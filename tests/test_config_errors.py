@@ -8,7 +8,7 @@ import pytest
 
 from regen.config import parse_config
 from regen.errors import ConfigError
-from tests.conftest import run_regen
+from tests.support.cli import run_regen
 
 BASE = """
 model: {source: /models/m, served_name: m}

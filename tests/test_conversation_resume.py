@@ -15,19 +15,18 @@ import yaml
 from regen.dataset import read_committed
 from regen.emulator import history_digest
 from regen.storage import LocalStorage
-from tests._chaos_helpers import (
+from support.chaos import (
     ChaosRun,
-    dataset_ids,
     kill_servers,
     local_marks,
-    manifest_keys,
     rewritten,
     server_records,
     start_rehearsal,
     wait_until,
     write_chaos_config,
 )
-from tests._prefect_server import prefect_server
+from support.dataset import dataset_ids, manifest_keys
+from support.prefect import prefect_server
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -49,7 +48,9 @@ def _sharegpt(path: Path) -> list[str]:
     return ids
 
 
-def test_kill9_mid_conversation_then_rerun_regenerates_each_once(tmp_path: Path) -> None:
+def test_kill9_mid_conversation_then_rerun_regenerates_each_once(
+    tmp_path: Path, prefect_server_home: Path
+) -> None:
     ids = _sharegpt(tmp_path / "chats.jsonl")
     work = tmp_path / "work"
     config = write_chaos_config(tmp_path / "regen.yaml", work, shard_size=SHARD_SIZE)
@@ -58,7 +59,7 @@ def test_kill9_mid_conversation_then_rerun_regenerates_each_once(tmp_path: Path)
     out = tmp_path / "out"
     run = ChaosRun(config=config, out=str(out), work_dir=work, prompts=tmp_path / "chats.jsonl")
     storage = LocalStorage(out)
-    with prefect_server(tmp_path / "prefect", startup_timeout=240) as prefect:
+    with prefect_server(prefect_server_home, startup_timeout=240) as prefect:
         env = {**prefect.env, "PYTHONUNBUFFERED": "1"}
         first = start_rehearsal(run, env, tmp_path, tmp_path / "attempt-1.log")
         try:

@@ -3,12 +3,7 @@ regenerated history, `last` answers once; `thinking: drop` stores no reasoning a
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -22,45 +17,28 @@ from regen.emulator import history_digest
 from regen.schema import MESSAGE, row_schema
 from regen.sglang_api.endpoint import Endpoint
 from regen.sglang_api.request import chat_request_body
-from tests._ids_helpers import IM_END, rendered, response_ids
+from support.emulator import emulators
+from tests.support.ids import IM_END, rendered, response_ids
 
 pytestmark = pytest.mark.timeout(120)
 
 MODEL = "emu-model"
 KEY = "test-key"
-READY = "The server is fired up and ready to roll!"
-MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
 CONTEXT = 1024
 
 
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
     """One thinking emulator; a small context so a long user turn is rejected (a 400)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    log = tmp_path_factory.mktemp("emu") / "emu.log"
-    args = [
-        sys.executable, "-m", "regen.emulator",
-        "--model-path", str(MODEL_DIR), "--served-model-name", MODEL,
-        "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY,
+    flags = [
         "--max-running-requests", "4", "--context-length", str(CONTEXT),
         "--reasoning-parser", "qwen3", "--emu-load-s", "0", "--emu-tokens-per-s", "250",
         "--emu-time-scale", "0.05", "--emu-reasoning-tokens", "5:20",
         "--emu-answer-tokens", "20:40",
     ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while READY not in log.read_text(errors="replace"):
-            assert proc.poll() is None, log.read_text(errors="replace")[-2000:]
-            assert time.monotonic() < deadline, "emulator never became ready"
-            time.sleep(0.05)
-        yield Endpoint(0, f"http://127.0.0.1:{port}")
-    finally:
-        proc.kill()
-        proc.wait()
+    logs = tmp_path_factory.mktemp("emu")
+    with emulators(logs, [flags], served_name=MODEL, api_key=KEY) as (emu,):
+        yield Endpoint(0, emu.url)
 
 
 def regenerate(endpoint: Endpoint, rows: pl.DataFrame, **regeneration: Any) -> pl.DataFrame:

@@ -24,9 +24,9 @@ from regen.fleet.process import group_alive
 from regen.naming import artifact_key
 from regen.ports import port_is_free, quiet_port_range
 from regen.storage import LocalStorage
-from tests._prefect_server import Server, Worker, prefect_server, prefect_worker
+from support import REPO
+from support.prefect import Server, Worker, prefect_server, prefect_worker
 
-REPO = Path(__file__).resolve().parents[1]
 DEPLOYMENT = "regenerate/rehearsal"
 SERVERS = 2
 
@@ -39,9 +39,9 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, prefect_server_home: Path) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("deployment")
-    with prefect_server(root / "prefect-home") as server:
+    with prefect_server(prefect_server_home) as server:
         server.prefect("work-pool", "create", "regen-cpu", "--type", "process", cwd=root)
         for pool in ("regen-gpu", "regen-gpu-node-1", "regen-gpu-node-2"):
             _create_pool(server, pool)  # only so `deploy --all` finds them; a CLI call is 5 s
@@ -56,7 +56,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def _create_pool(server: Server, name: str) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
 
-    with _client(server) as client:
+    with server.client() as client:
         client.create_work_pool(WorkPoolCreate(name=name, type="process"))
 
 
@@ -88,27 +88,17 @@ def _start_run(server: Server, config: dict[str, Any]) -> str:
     return match.group(1)
 
 
-def _client(server: Server) -> Any:
-    from prefect.client.orchestration import SyncPrefectClient
-
-    return SyncPrefectClient(api=server.api_url)
-
-
 def _wait_state(server: Server, run_id: str, timeout: float) -> Any:
-    with _client(server) as client:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            run = client.read_flow_run(uuid.UUID(run_id))
-            if run.state is not None and run.state.is_final():
-                return run
-            time.sleep(0.5)
+    run = server.wait_final(run_id, timeout)
+    if run.state is None or not run.state.is_final():
         raise AssertionError(f"flow run {run_id} still {run.state_name} after {timeout:.0f} s")
+    return run
 
 
 def _task_run_names(server: Server, run_id: str) -> list[str]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    with _client(server) as client:
+    with server.client() as client:
         runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(run_id)]))
         )
@@ -118,7 +108,7 @@ def _task_run_names(server: Server, run_id: str) -> list[str]:
 def _artifact_keys(server: Server, run_id: str) -> set[str]:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    with _client(server) as client:
+    with server.client() as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(
                 flow_run_id=ArtifactFilterFlowRunId(any_=[uuid.UUID(run_id)])
@@ -210,15 +200,15 @@ def test_cancelled_run_stops_its_servers_and_keeps_committed_shards(stack: Stack
     run_id = _start_run(stack.server, config)
 
     storage = LocalStorage(root / "out")
-    with _client(stack.server) as client:
+    with stack.server.client() as client:
         deadline = time.monotonic() + 150
         while not manifested_shards(storage):
             run = client.read_flow_run(uuid.UUID(run_id))
-            assert not run.state.is_final(), _failure(stack, run)
+            assert run.state is not None and not run.state.is_final(), _failure(stack, run)
             assert time.monotonic() < deadline, "no shard committed in time"
             time.sleep(0.5)
     assert _server_processes(root / "work"), "the fleet should be up mid-generation"
-    with _client(stack.server) as client:
+    with stack.server.client() as client:
         client.set_flow_run_state(uuid.UUID(run_id), Cancelling())
     run = _wait_state(stack.server, run_id, timeout=90)
 

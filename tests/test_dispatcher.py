@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -24,35 +18,15 @@ from pydantic import SecretStr
 from regen.client import Dispatcher, DispatchTuning, ServerState
 from regen.config import GenerationConfig, SamplingConfig
 from regen.errors import FleetError, FleetUnauthorized
-from regen.progress import ProgressWriter
+from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.schema import row_schema
 from regen.sglang_api.endpoint import Endpoint
 from regen.storage import LocalStorage
+from support.emulator import Emulator
+from support.emulator import emulators as launch_emulators
 
 MODEL = "emu-model"
 KEY = "test-key"
-READY = "The server is fired up and ready to roll!"
-MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
-
-
-@dataclass
-class Emulator:
-    proc: subprocess.Popen[bytes]
-    endpoint: Endpoint
-    log: Path
-
-    def metric(self, name: str) -> float:
-        with urllib.request.urlopen(f"{self.endpoint.url}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
-        assert found, f"{name} not in /metrics"
-        return float(found.group(1))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -67,37 +41,18 @@ def emulators(
     context_length: int = 4096,
 ) -> Iterator[list[Emulator]]:
     """Start `count` emulators (tokens take time_scale/250 s each) and stop them afterwards."""
-    started: list[Emulator] = []
-    try:
-        for index in range(count):
-            port = _free_port()
-            log = tmp_path / f"emu-{index}-{port}.log"
-            args = [
-                sys.executable, "-m", "regen.emulator",
-                "--model-path", str(MODEL_DIR), "--served-model-name", MODEL,
-                "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY,
-                "--max-running-requests", str(slots), "--context-length", str(context_length),
-                "--enable-metrics", "--emu-load-s", "0", "--emu-tokens-per-s", "250",
-                "--emu-time-scale", str(time_scale), "--emu-seed", str(index),
-                "--emu-reasoning-tokens", "0:10", "--emu-answer-tokens", answer_tokens,
-            ]  # fmt: skip
-            for spec in (faults or {}).get(index, []):
-                args += ["--emu-fault", spec]
-            with log.open("wb") as out:
-                proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-            started.append(Emulator(proc, Endpoint(index, f"http://127.0.0.1:{port}"), log))
-        deadline = time.monotonic() + 60
-        for emu in started:
-            while READY not in emu.log.read_text(errors="replace"):
-                assert emu.proc.poll() is None, emu.log.read_text(errors="replace")[-2000:]
-                assert time.monotonic() < deadline, f"{emu.endpoint.name} never became ready"
-                time.sleep(0.05)
-        yield started
-    finally:
-        for emu in started:
-            if emu.proc.poll() is None:
-                emu.proc.kill()
-            emu.proc.wait()
+    flags = [
+        [
+            "--max-running-requests", str(slots), "--context-length", str(context_length),
+            "--enable-metrics", "--emu-load-s", "0", "--emu-tokens-per-s", "250",
+            "--emu-time-scale", str(time_scale), "--emu-seed", str(index),
+            "--emu-reasoning-tokens", "0:10", "--emu-answer-tokens", answer_tokens,
+            *(arg for spec in (faults or {}).get(index, []) for arg in ("--emu-fault", spec)),
+        ]
+        for index in range(count)
+    ]  # fmt: skip
+    with launch_emulators(tmp_path, flags, served_name=MODEL, api_key=KEY) as fleet:
+        yield fleet
 
 
 def prompts(count: int, prefix: str = "p") -> pl.DataFrame:
@@ -119,7 +74,7 @@ def dispatcher(
     **generation: object,
 ) -> Dispatcher:
     return Dispatcher(
-        [e.endpoint for e in fleet],
+        [Endpoint(i, e.url) for i, e in enumerate(fleet)],
         api_key=SecretStr(key),
         model=MODEL,
         sampling=SamplingConfig(max_tokens=256),
@@ -146,7 +101,7 @@ def test_rows_out_match_rows_in_and_progress_is_written(
     healthy: list[Emulator], tmp_path: Path
 ) -> None:
     shards = [prompts(30, "a"), prompts(17, "b")]
-    seen = []
+    seen: list[ProgressSnapshot] = []
     with dispatcher(healthy) as d:
         with ProgressWriter(
             LocalStorage(tmp_path), d, total=47, interval_s=0.05, on_update=seen.append

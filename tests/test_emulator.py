@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,35 +22,20 @@ import openai
 import pytest
 
 from regen.emulator import history_digest, main
-from tests._ids_helpers import IM_END, ids, rendered
+from regen.emulator.cli import READY_LINE as READY
+from support.emulator import MODEL_DIR, Emulator
+from tests.support.ids import IM_END, ids, rendered
 
 KEY = "emu-test-key"
 MODEL = "emu-model"
-READY = "The server is fired up and ready to roll!"
-MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
 THINK = {"chat_template_kwargs": {"enable_thinking": True}}
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 IDS = {"return_token_ids": True}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
-class Emu:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
+class Emu(Emulator):
+    """An emulator with the calls these tests make: openai's client and raw HTTP."""
 
     @functools.cached_property
     def default_client(self) -> openai.OpenAI:
@@ -72,36 +55,12 @@ class Emu:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
         return httpx.post(self.url + path, content=content, headers=headers, timeout=timeout)
 
-    def metric(self, name: str) -> float:
-        found = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", self.get("/metrics").text, re.M)
-        assert found, f"{name} not in /metrics"
-        return float(found.group(1))
-
-    def wait_ready(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while READY not in self.text():
-            assert self.proc.poll() is None, self.text()[-3000:]
-            assert time.monotonic() < deadline, f"not ready in {timeout} s: {self.text()[-2000:]}"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
 
 def _launch(tmp: Path, *flags: str, key: str | None = KEY) -> Emu:
-    port = _free_port()
-    log = tmp / f"emu-{port}.log"
-    args = [
-        sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR),
-        "--served-model-name", MODEL, "--port", str(port), "--emu-time-scale", "0.01",
-        "--emu-load-s", "0.2", "--context-length", "4096",
-        *(["--api-key", key] if key else []), *flags,
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    return Emu(proc, port, log)
+    return Emu.launch(
+        tmp, "--emu-time-scale", "0.01", "--emu-load-s", "0.2", "--context-length", "4096",
+        *flags, served_name=MODEL, api_key=key,
+    )  # fmt: skip
 
 
 Starter = Callable[..., Emu]

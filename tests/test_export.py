@@ -19,8 +19,8 @@ from regen.dataset import commit_shard, read_manifest, replace_shard
 from regen.export import FORMATS, ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset
 from regen.storage import LocalStorage, Storage
-from tests._export_helpers import FINGERPRINT, make_export_dataset, synthetic_shard, user_text
-from tests._s3_helpers import MotoS3, moto_server
+from support.s3 import MotoS3, moto_server
+from tests.support.export import FINGERPRINT, make_export_dataset, synthetic_shard, user_text
 
 datasets = pytest.importorskip("datasets")
 datasets.disable_progress_bars()
@@ -126,8 +126,8 @@ def test_each_format_reads_back_with_its_consumers_reader(
             assert all(m["content"] for m in conversation)
             assert conversation[1]["content"] == user_text(sample_id, 0)
         return
-    turns = _turns(rows).filter(pl.col("response").is_not_null())
-    expected = turns.select(
+    answered = _turns(rows).filter(pl.col("response").is_not_null())
+    expected = answered.select(
         pl.when(pl.col("n") > 1).then(pl.format("{}#t{}", "id", "turn")).otherwise("id"),
         "response",
     )

@@ -33,7 +33,7 @@ from regen.fleet.process import FLEET_ID_ENV
 from regen.fleet.report import FleetRow, flag_slow
 from regen.ports import port_is_free
 from regen.sglang_api.probe import ProbeSettings
-from tests._fleet_helpers import MODEL_DIR, fleet_config
+from tests.support.fleet import MODEL_DIR, fleet_config
 
 FAST = ProbeSettings(generation_timeout_s=5, interval_s=0.1)
 

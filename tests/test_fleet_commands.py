@@ -14,7 +14,7 @@ from regen.errors import ConfigError
 from regen.fleet import build_server_commands, generate_api_key
 from regen.fleet.commands import ServerCommand
 from regen.fleet.process import write_private
-from tests._fleet_helpers import SERVED, fleet_config
+from tests.support.fleet import SERVED, fleet_config
 
 KEY = SecretStr("k3y-NOT-IN-ARGV")
 STAGED = Path("/dev/shm/regen-models/qwen3-emu")

@@ -19,7 +19,7 @@ from regen.dataset import read_committed
 from regen.naming import dataset_slug, node_name
 from regen.rehearsal import bundled, rehearsal_config
 from regen.storage import LocalStorage, open_storage
-from tests._s3_helpers import MotoS3, moto_server
+from support.s3 import MotoS3, moto_server
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import Artifact, FlowRun
@@ -124,8 +124,9 @@ async def test_every_stage_and_shard_is_a_prefect_task_run(good_run: Run) -> Non
     summary = await state.result()
     assert summary.rows_ok == 240 and summary.verdict in {"pass", "warn"}
     async with get_client() as client:
+        assert state.state_details.flow_run_id is not None
         flow_run = await client.read_flow_run(state.state_details.flow_run_id)
-    assert flow_run.state.is_completed()
+    assert flow_run.state is not None and flow_run.state.is_completed()
     names = await _task_run_names(flow_run.id)
     stages = ("provision", "stage-model", "plan-shards", "launch-fleet", "audit")
     for stage in (*stages, "export-specforge", "export-tokenized"):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -18,44 +16,23 @@ import yaml
 
 from regen.fleet.metrics import FleetScraper
 from regen.naming import artifact_key
-from regen.ports import quiet_port_range
 from regen.progress import LiveReport, ProgressSnapshot
 from regen.rehearsal import rehearsal_config
 from regen.sglang_api.endpoint import Endpoint
-from tests._fleet_helpers import MODEL_DIR, SERVED
+from support.emulator import emulators as launch_emulators
+from tests.support.fleet import SERVED
 
 
 @pytest.fixture
 def emulators(tmp_path: Path) -> Iterator[list[str]]:
     """Two real emulators: one exporting metrics with accept length 2.5, one without metrics."""
-    base = quiet_port_range(2)
-    procs = []
-    for i, flags in enumerate(
-        (["--enable-metrics", "--emu-accept-length", "2.5"], ["--emu-accept-length", "3.1"])
-    ):
-        argv = [
-            sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR),
-            "--served-model-name", SERVED, "--port", str(base + i), "--emu-load-s", "0",
-            "--emu-time-scale", "0.01", "--speculative-algorithm", "NEXTN", *flags,
-        ]  # fmt: skip
-        log = (tmp_path / f"emu-{i}.log").open("wb")
-        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
-    urls = [f"http://127.0.0.1:{base + i}" for i in range(2)]
-    try:
-        for url in urls:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    urllib.request.urlopen(f"{url}/v1/models", timeout=1).close()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, f"{url} never came up"
-                    time.sleep(0.1)
-        yield urls
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+    common = ["--emu-load-s", "0", "--emu-time-scale", "0.01", "--speculative-algorithm", "NEXTN"]
+    flags = [
+        [*common, "--enable-metrics", "--emu-accept-length", "2.5"],
+        [*common, "--emu-accept-length", "3.1"],
+    ]
+    with launch_emulators(tmp_path, flags, served_name=SERVED, timeout=30) as fleet:
+        yield [emu.url for emu in fleet]
 
 
 def _chat(url: str) -> None:

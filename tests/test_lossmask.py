@@ -16,7 +16,7 @@ from regen.lossmask.conversation import turn_inputs
 from regen.lossmask.parity import prompt_differences
 from regen.lossmask.template import ChatTemplate
 from regen.schema import row_schema
-from tests._lossmask_helpers import QWEN3_TEMPLATE, qwen3_model_dir
+from tests.support.lossmask import QWEN3_TEMPLATE, qwen3_model_dir
 
 WORDS = ["Hi", "Why?", "Because.", "More?", "Sure.", "hmm", "ok", "so", "done."]
 

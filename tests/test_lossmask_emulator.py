@@ -17,7 +17,8 @@ from regen.dataset import commit_shard
 from regen.lossmask import Turns, load_template, samples
 from regen.sglang_api.endpoint import Endpoint
 from regen.storage import LocalStorage
-from tests.test_conversations import MODEL_DIR, conversations, endpoint, regenerate
+from support.emulator import MODEL_DIR
+from tests.test_conversations import conversations, endpoint, regenerate
 
 __all__ = ["endpoint"]  # the module-scoped emulator fixture, shared with its own tests
 

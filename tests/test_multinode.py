@@ -29,9 +29,10 @@ from regen.dataset import read_committed
 from regen.fleet import reap_orphans
 from regen.naming import artifact_key
 from regen.storage import Storage
-from tests._multinode_helpers import REPO, parent_params, start_parent, write_prompts
-from tests._prefect_server import Server, Worker, prefect_server, prefect_worker, stop_worker
-from tests._s3_helpers import MotoS3, moto_server
+from support import REPO
+from support.multinode import parent_params, start_parent, write_prompts
+from support.prefect import Server, Worker, prefect_server, prefect_worker, stop_worker
+from support.s3 import MotoS3, moto_server
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -48,12 +49,14 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, prefect_server_home: Path
+) -> Iterator[Cluster]:
     from prefect.client.schemas.actions import WorkPoolCreate
 
     root = tmp_path_factory.mktemp("multinode")
-    with moto_server() as s3, prefect_server(root / "prefect-home") as server:
-        with _client(server) as client:
+    with moto_server() as s3, prefect_server(prefect_server_home) as server:
+        with server.client() as client:
             for pool in POOLS:  # one API call each; `prefect work-pool create` costs seconds
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
         server.prefect("--no-prompt", "deploy", "--all", cwd=REPO)
@@ -65,12 +68,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         ):
             workers.update({"parent": parent, "node-1": one, "node-2": two})
             yield Cluster(server, s3, workers, root)
-
-
-def _client(server: Server) -> Any:
-    from prefect.client.orchestration import SyncPrefectClient
-
-    return SyncPrefectClient(api=server.api_url)
 
 
 def _params(
@@ -104,14 +101,12 @@ def _params(
 
 
 def _wait_final(cluster: Cluster, run_id: str, timeout: float) -> Any:
-    with _client(cluster.server) as client:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            run = client.read_flow_run(uuid.UUID(run_id))
-            if run.state is not None and run.state.is_final():
-                return run
-            time.sleep(1)
-    raise AssertionError(f"{run_id} still {run.state_name} after {timeout:.0f} s\n{_logs(cluster)}")
+    run = cluster.server.wait_final(run_id, timeout, poll_s=1)
+    if run.state is None or not run.state.is_final():
+        raise AssertionError(
+            f"{run_id} still {run.state_name} after {timeout:.0f} s\n{_logs(cluster)}"
+        )
+    return run
 
 
 def _logs(cluster: Cluster) -> str:
@@ -123,7 +118,7 @@ def _logs(cluster: Cluster) -> str:
 def _children(cluster: Cluster, run_id: str) -> dict[str, Any]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
-    with _client(cluster.server) as client:
+    with cluster.server.client() as client:
         runs = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[uuid.UUID(run_id)])
@@ -137,7 +132,7 @@ def _artifact(cluster: Cluster, run_id: str, kind: str, bucket: str) -> Any:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     key = artifact_key(kind, f"s3://{bucket}/run")
-    with _client(cluster.server) as client:
+    with cluster.server.client() as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(
                 flow_run_id=ArtifactFilterFlowRunId(any_=[uuid.UUID(run_id)])

@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from regen.config import parse_config
-
-REPO = Path(__file__).resolve().parents[1]
+from support import REPO
 
 
 @pytest.fixture(scope="module")

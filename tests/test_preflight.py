@@ -32,7 +32,7 @@ from regen.preflight import (
     run_checks,
 )
 from regen.rehearsal import bundled
-from tests.conftest import run_regen
+from tests.support.cli import run_regen
 
 GB = 10**9
 PROMPT = '{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n'

@@ -20,9 +20,9 @@ GOOD = {"id": "good", "messages": [{"role": "user", "content": "Hello"}]}
 SAMPLE = Path(__file__).parents[1] / "regen" / "data" / "sample_prompts.jsonl"
 
 
-def _jsonl(tmp_path: Path, *lines: str | dict, name: str = "prompts.jsonl") -> Path:
+def _jsonl(tmp_path: Path, *lines: object, name: str = "prompts.jsonl") -> Path:
     path = tmp_path / name
-    text = "\n".join(json.dumps(x) if isinstance(x, dict) else x for x in lines) + "\n"
+    text = "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n"
     path.write_text(text, encoding="utf-8")
     return path
 

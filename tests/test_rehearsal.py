@@ -10,8 +10,9 @@ import polars as pl
 import pytest
 
 from regen.dataset import read_committed
+from regen.rehearsal import bundled
 from regen.storage import LocalStorage
-from tests.conftest import run_regen
+from tests.support.cli import run_regen
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -37,7 +38,7 @@ def test_rehearsal_writes_every_sample_once_and_passes_audit(first_run) -> None:
     out = work / "out"
     assert "dataset: out" in proc.stdout
     assert "audit: pass" in proc.stdout or "audit: warn" in proc.stdout
-    sample = pl.read_ndjson(Path(__import__("regen").__file__).parent / "data/sample_prompts.jsonl")
+    sample = pl.read_ndjson(bundled("sample_prompts.jsonl"))
     data = _dataset(out)
     assert sorted(data["id"].to_list()) == sorted(sample["id"].to_list())
     assert data["id"].n_unique() == data.height >= 200

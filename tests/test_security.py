@@ -18,7 +18,6 @@ variables) by design, and the key travels in a 0600 file, so `environ` may hold 
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
 import subprocess
@@ -40,8 +39,9 @@ from regen.errors import ConfigError
 from regen.fleet.commands import build_server_commands
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage
-from tests._bad_input_helpers import base_config, write_yaml
-from tests.conftest import REPO
+from support import REPO
+from tests.support.bad_input import base_config, write_yaml
+from tests.support.cli import regen_env
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -156,12 +156,8 @@ def watched(tmp_path_factory: pytest.TempPathFactory, prefect_home: Path) -> Wat
     logs = tmp_path_factory.mktemp("security-printed")
     _marked_prompts(work / "prompts.jsonl")
     config = write_yaml(work / "secret.yaml", {"engine": {"api_key": API_KEY, "gpus": [0, 1]}})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = regen_env(prefect_home)
     env.update(
-        PREFECT_HOME=str(prefect_home),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90",
-        PYTHONUNBUFFERED="1",
         AWS_ACCESS_KEY_ID="AKIAREGENTESTEXAMPLE",
         AWS_SECRET_ACCESS_KEY=AWS_SECRET,
         AWS_SESSION_TOKEN=AWS_SESSION,

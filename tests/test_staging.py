@@ -24,7 +24,7 @@ import pytest
 from regen.errors import UserError
 from regen.staging import MARKER_NAME, StageMarker, StageResult, check_space, stage_model
 from regen.staging.layout import HUB_DOWNLOAD
-from tests._s3_helpers import MotoS3, moto_server
+from support.s3 import MotoS3, moto_server
 
 MODEL_FILES = {
     "config.json": b'{"architectures": ["Qwen3ForCausalLM"]}',

@@ -15,7 +15,7 @@ import pytest
 from regen.errors import UserError
 from regen.s3 import RetryPolicy, S3Storage
 from regen.storage import LocalStorage, Storage, open_storage, probe
-from tests._s3_helpers import MotoS3, moto_server
+from support.s3 import MotoS3, moto_server
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,8 @@ def test_open_storage_uses_the_environment(moto: MotoS3, monkeypatch: pytest.Mon
     probe(storage)
     storage.write_bytes("run.json", b"{}")
     assert moto.storage(bucket, "root").read_bytes("run.json") == b"{}"
-    assert storage.polars_options()["aws_endpoint_url"] == moto.endpoint_url
+    options = storage.polars_options()
+    assert options is not None and options["aws_endpoint_url"] == moto.endpoint_url
 
 
 def test_s3_bucket_block_builds_storage(moto: MotoS3) -> None:
@@ -155,7 +156,8 @@ def test_s3_bucket_block_builds_storage(moto: MotoS3) -> None:
     storage.write_bytes("run.json", b"block")
     assert moto.storage(bucket, "datasets/a").read_bytes("run.json") == b"block"
     # Our layer owns retries: the block's botocore retry setting must not stack on top.
-    assert storage._client().meta.config.retries["total_max_attempts"] == 1
+    config = storage._client().meta.config
+    assert config.retries["total_max_attempts"] == 1  # type: ignore[attr-defined]  # set at run time
     assert storage.polars_options()["aws_access_key_id"] == "testing"
 
 

@@ -16,8 +16,8 @@ from regen.emulator.args import FLAGS_FILE
 from regen.fleet import build_server_commands
 from regen.fleet.commands import ServerCommand, program
 from regen.preflight import check_flags
-from tests._fleet_helpers import MODEL_DIR, SERVED, fleet_config
 from tests.contract._sglang import SGLANG_PYTHON, Sglang
+from tests.support.fleet import MODEL_DIR, SERVED, fleet_config
 
 # One worker runs them all: one driver process, so sglang is imported once per test run.
 pytestmark = pytest.mark.xdist_group("sglang")

@@ -9,27 +9,21 @@ sglang's qwen3 reasoning parser splits the raw text it would have generated.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from regen.config import RegenerationConfig, SamplingConfig
-from regen.emulator.cli import READY_LINE
 from regen.fleet.bench import BENCH_MESSAGES
 from regen.sglang_api.probe import PROBE_MESSAGES, ProbeSettings
 from regen.sglang_api.request import chat_request_body
-from tests._fleet_helpers import MODEL_DIR, SERVED
+from support.emulator import Emulator
 from tests.contract._sglang import Sglang
+from tests.support.fleet import SERVED
 
 # One worker runs them all: one driver process, so sglang is imported once per test run.
 pytestmark = pytest.mark.xdist_group("sglang")
@@ -96,46 +90,21 @@ def test_request_body_is_a_chat_completion_request(sglang: Sglang, name: str) ->
 # --- what the emulator answers --------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+COMMON = [
+    "--reasoning-parser", "qwen3", "--context-length", "4096", "--emu-load-s", "0",
+    "--emu-reasoning-tokens", "20:60", "--emu-answer-tokens", "5:20",
+]  # fmt: skip
 
 
-class Emu:
-    def __init__(self, log: Path, *flags: str) -> None:
-        self.port = _free_port()
-        self.log = log
-        argv = [
-            sys.executable, "-m", "regen.emulator", "--model-path", str(MODEL_DIR),
-            "--served-model-name", SERVED, "--port", str(self.port), "--api-key", KEY,
-            "--reasoning-parser", "qwen3", "--context-length", "4096", "--emu-load-s", "0",
-            "--emu-reasoning-tokens", "20:60", "--emu-answer-tokens", "5:20", *flags,
-        ]  # fmt: skip
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def wait_ready(self, deadline: float) -> None:
-        while READY_LINE not in self.log.read_text():
-            assert self.proc.poll() is None, self.log.read_text()[-2000:]
-            assert time.monotonic() < deadline, self.log.read_text()[-2000:]
-            time.sleep(0.05)
-
+class Emu(Emulator):
     def post(self, body: Any, timeout: float = 30) -> httpx.Response:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
         return httpx.post(
-            f"http://127.0.0.1:{self.port}/v1/chat/completions",
+            f"{self.url}/v1/chat/completions",
             content=content,
             headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
             timeout=timeout,
         )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
 
 
 SERVERS = {
@@ -152,11 +121,13 @@ SERVERS = {
 @pytest.fixture(scope="module")
 def emus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Emu]]:
     logs = tmp_path_factory.mktemp("contract-emu")
-    started = {name: Emu(logs / f"{name}.log", *flags) for name, flags in SERVERS.items()}
+    started: dict[str, Emu] = {}
     try:
+        for name, flags in SERVERS.items():
+            started[name] = Emu.launch(logs, *COMMON, *flags, served_name=SERVED, api_key=KEY)
         deadline = time.monotonic() + 60
         for emu in started.values():
-            emu.wait_ready(deadline)
+            emu.wait_ready(deadline=deadline)
         yield started
     finally:
         for emu in started.values():

@@ -8,14 +8,20 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import boto3
-from botocore.client import BaseClient
 from moto.server import ThreadedMotoServer
 
 from regen.s3 import RetryPolicy, S3Storage, client_config
 
-_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client  # boto3-stubs[s3], a dev dependency
+
+KEY_ID = "testing"
+SECRET = "testing"
+REGION = "us-east-1"
+_patched = False
 
 
 def _atomic_conditional_puts() -> None:
@@ -25,20 +31,21 @@ def _atomic_conditional_puts() -> None:
     conditional puts of one key can both succeed under load; S3 never lets both win, and the
     claims rest on that. One lock around moto's PutObject gives the tests S3's guarantee.
     """
+    global _patched
     from moto.s3.responses import S3Response
 
-    original = S3Response.put_object
-    if getattr(original, "atomic", False):
+    if _patched:
         return
+    original = S3Response.put_object
     lock = threading.Lock()
 
     @functools.wraps(original)
-    def put_object(self: S3Response) -> object:
+    def put_object(self: S3Response) -> Any:
         with lock:
             return original(self)
 
-    put_object.atomic = True  # type: ignore[attr-defined]
     S3Response.put_object = put_object  # type: ignore[method-assign]
+    _patched = True
 
 
 class MotoS3:
@@ -57,9 +64,9 @@ class MotoS3:
     def env(self) -> dict[str, str]:
         """Environment for code that uses the default credential chain (S3Storage.from_url)."""
         return {
-            "AWS_ACCESS_KEY_ID": _CREDENTIALS["aws_access_key_id"],
-            "AWS_SECRET_ACCESS_KEY": _CREDENTIALS["aws_secret_access_key"],
-            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_DEFAULT_REGION": REGION,
             "AWS_ENDPOINT_URL_S3": self.endpoint_url,
             # A developer's ~/.aws must not leak a profile or a real endpoint into a test.
             "AWS_CONFIG_FILE": "/dev/null",
@@ -85,13 +92,14 @@ class MotoS3:
             self._server._server.server_close()
         self._server = None
 
-    def client(self) -> BaseClient:
+    def client(self) -> S3Client:
         return boto3.client(
             "s3",
             endpoint_url=self.endpoint_url,
-            region_name="us-east-1",
+            region_name=REGION,
             config=client_config(connect_timeout_s=2.0, read_timeout_s=10.0),
-            **_CREDENTIALS,
+            aws_access_key_id=KEY_ID,
+            aws_secret_access_key=SECRET,
         )
 
     def create_bucket(self, prefix: str = "regen-test") -> str:
@@ -102,10 +110,12 @@ class MotoS3:
 
     def storage(self, bucket: str, prefix: str = "", retry: RetryPolicy | None = None) -> S3Storage:
         """An `S3Storage` on this server with explicit test credentials."""
-        session = boto3.Session(region_name="us-east-1", **_CREDENTIALS)
+        session = boto3.Session(
+            region_name=REGION, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET
+        )
         config = client_config(connect_timeout_s=2.0, read_timeout_s=10.0)
 
-        def factory() -> BaseClient:
+        def factory() -> S3Client:
             return session.client("s3", endpoint_url=self.endpoint_url, config=config)
 
         return S3Storage(bucket, prefix, factory, session=session, retry=retry)

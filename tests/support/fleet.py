@@ -8,8 +8,8 @@ from typing import Any
 
 from regen.config import RegenConfig, parse_config
 from regen.ports import quiet_port_range
+from support.emulator import MODEL_DIR
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
 SERVED = "qwen3-emu"
 
 

@@ -1,4 +1,5 @@
-"""A real Prefect server and process worker for the deployment tests, started and stopped for sure.
+"""Prefect on loopback: the env a client runs with, a real server and process worker started and
+stopped for sure, and waiting for a flow run to end.
 
 `prefect worker start` ignores SIGTERM (PREFECT_NOTES.md), so the worker gets its own process
 group: two SIGINTs stop it cleanly, and a SIGKILL to the group is the fallback that also takes
@@ -9,26 +10,27 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
+from support.ports import free_port
+
+if TYPE_CHECKING:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.objects import FlowRun
+
 PREFECT = str(Path(sys.executable).parent / "prefect")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def prefect_env(home: Path, api_url: str | None = None) -> dict[str, str]:
@@ -71,6 +73,23 @@ class Server:
                 f"prefect {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
             )
         return done
+
+    def client(self) -> SyncPrefectClient:
+        """A client of this server's API (Prefect imported here: a bench's start stays light)."""
+        from prefect.client.orchestration import SyncPrefectClient
+
+        return SyncPrefectClient(api=self.api_url)
+
+    def wait_final(self, run_id: str, timeout: float, poll_s: float = 0.5) -> FlowRun:
+        """The flow run once its state is final, or as last seen when `timeout` ran out
+        (the caller says what a timeout means: a failed test, a bench's "TimedOut")."""
+        deadline = time.monotonic() + timeout
+        with self.client() as client:
+            while True:
+                run = client.read_flow_run(uuid.UUID(run_id))
+                if (run.state is not None and run.state.is_final()) or time.monotonic() > deadline:
+                    return run
+                time.sleep(poll_s)
 
 
 def _wait_healthy(

@@ -3,13 +3,12 @@
 Shared by tests/test_chaos.py and benches/chaos.py. A rehearsal runs in its own session so
 that a signal sent to it reaches only the flow process: its emulators have their own
 sessions and must be left orphaned by a kill -9, so that the rerun's reaping is what is
-tested. Everything is read back through `Storage` and the manifests, as the audit reads it.
+tested. The dataset is read back through support.dataset, as the audit reads it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import signal
@@ -18,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,7 @@ import polars as pl
 import psutil
 import yaml
 
-from regen.dataset import Manifest
-from regen.storage import Storage
-
-MANIFEST_SUFFIX = ".json"
+from regen.dataset import parse_manifest_key
 
 
 @dataclass(frozen=True)
@@ -155,10 +151,6 @@ def start_rehearsal(run: ChaosRun, env: dict[str, str], cwd: Path, log: Path) ->
         )
 
 
-def manifest_keys(storage: Storage) -> list[str]:
-    return [k for k in storage.list("shards/") if k.endswith(MANIFEST_SUFFIX)]
-
-
 def wait_until(
     ready: Callable[[], bool], proc: subprocess.Popen, timeout_s: float, poll_s: float = 0.1
 ) -> bool:
@@ -235,7 +227,8 @@ class ManifestMark:
 def local_marks(root: Path) -> dict[str, ManifestMark]:
     return {
         f"shards/{p.name}": ManifestMark(p.read_bytes(), str(p.stat().st_mtime_ns))
-        for p in sorted((root / "shards").glob(f"shard-*{MANIFEST_SUFFIX}"))
+        for p in sorted((root / "shards").iterdir())
+        if parse_manifest_key(f"shards/{p.name}") is not None
     }
 
 
@@ -247,9 +240,9 @@ def s3_marks(client: Any, bucket: str, prefix: str) -> dict[str, ManifestMark]:
     )
     for page in pages:
         for obj in page.get("Contents", []):
-            if obj["Key"].endswith(MANIFEST_SUFFIX):
+            key = obj["Key"].removeprefix(f"{prefix}/")
+            if parse_manifest_key(key) is not None:
                 body = client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
-                key = obj["Key"].removeprefix(f"{prefix}/")
                 marks[key] = ManifestMark(body, f"{obj['LastModified'].isoformat()} {obj['ETag']}")
     return marks
 
@@ -257,40 +250,3 @@ def s3_marks(client: Any, bucket: str, prefix: str) -> dict[str, ManifestMark]:
 def rewritten(before: dict[str, ManifestMark], after: dict[str, ManifestMark]) -> list[str]:
     """Manifests committed before that are now gone or differ in bytes or stamp."""
     return sorted(k for k, mark in before.items() if after.get(k) != mark)
-
-
-@dataclass
-class DatasetIds:
-    """The ids of a dataset read through its manifests, and the manifests whose data is gone."""
-
-    ids: list[str] = field(default_factory=list)
-    missing_data: list[str] = field(default_factory=list)
-
-    def lost(self, expected: list[str]) -> list[str]:
-        return sorted(set(expected) - set(self.ids))
-
-    def doubled(self) -> list[str]:
-        """Ids present in more than one row (a shard written twice, or an id in two shards)."""
-        ids = pl.Series("id", self.ids, dtype=pl.String)
-        return sorted(ids.filter(ids.is_duplicated()).unique().to_list())
-
-
-def dataset_ids(storage: Storage) -> DatasetIds:
-    """Every id of every committed shard, read from the data object its manifest names."""
-    found = DatasetIds()
-    for key in manifest_keys(storage):
-        manifest = Manifest.from_json(storage.read_bytes(key))
-        try:
-            data = storage.read_bytes(manifest.data)
-        except FileNotFoundError:
-            found.missing_data.append(manifest.data)
-            continue
-        found.ids += pl.read_parquet(io.BytesIO(data), columns=["id"])["id"].to_list()
-    return found
-
-
-def read_progress(storage: Storage) -> dict[str, Any]:
-    """progress.json as a dict; raises when it is missing or not JSON."""
-    progress = json.loads(storage.read_bytes("progress.json"))
-    assert isinstance(progress, dict), progress
-    return progress

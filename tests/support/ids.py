@@ -4,13 +4,13 @@ the way Hugging Face renders it. The emulator's token ids must agree with both."
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
+from support.emulator import MODEL_DIR
+
 IM_END = 248046
 TOKENIZER = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
 TEMPLATE = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(

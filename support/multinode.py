@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from regen.ports import quiet_port_range
-from tests._prefect_server import Server
+from support import REPO
+from support.prefect import Server
 
-REPO = Path(__file__).resolve().parents[1]
 PARENT = "regenerate-multinode/multinode"
 
 

@@ -19,7 +19,7 @@ import polars as pl
 from regen.dataset import commit_shard, data_key
 from regen.schema import row_schema
 from regen.storage import LocalStorage
-from tests._lossmask_helpers import qwen3_model_dir
+from tests.support.lossmask import qwen3_model_dir
 
 PROMPT_MARK = "PROMPT-SECRET"
 LOOP = "Wait, let me check that again. "

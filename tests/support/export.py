@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -48,7 +49,7 @@ def synthetic_shard(
     response_ids = [pool[o : o + k].tolist() for o, k in zip(offsets, r_len, strict=True)]
     records = []
     for i in range(n):
-        row_turns = []
+        row_turns: list[dict[str, Any]] = []
         messages: list[dict[str, str | None]] = [
             {"role": "system", "content": "be brief", "reasoning_content": None}
         ]

@@ -1,0 +1,124 @@
+"""The emulator launched one way: `python -m regen.emulator` on loopback, in its own session.
+
+Its own session so that one killpg stops it with anything it started, and a test's Ctrl-C
+does not reach it first. Ready means the READY_LINE in its log, the line sglang prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+from regen.emulator.cli import READY_LINE
+from support import REPO
+from support.ports import free_port
+
+MODEL_DIR = REPO / "regen" / "data" / "emulator-model"
+HOST = "127.0.0.1"
+
+
+class EmulatorFailed(RuntimeError):
+    """The emulator exited or did not print its ready line in time; carries its log's tail."""
+
+
+@dataclass
+class Emulator:
+    """One running emulator; subclasses add the calls a test makes to it."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @classmethod
+    def launch(
+        cls,
+        logs: Path,
+        *flags: str,
+        served_name: str = "emu-model",
+        api_key: str | None = None,
+        port: int | None = None,
+        model_dir: Path = MODEL_DIR,
+    ) -> Self:
+        """Start one (not waiting for it); its output goes to `logs`/emulator-PORT.log."""
+        port = free_port() if port is None else port
+        log = logs / f"emulator-{port}.log"
+        argv = [
+            sys.executable, "-m", "regen.emulator", "--model-path", str(model_dir),
+            "--served-model-name", served_name, "--host", HOST, "--port", str(port),
+            *(["--api-key", api_key] if api_key else []), *flags,
+        ]  # fmt: skip
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return cls(proc, port, log)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60, *, deadline: float | None = None) -> None:
+        """Until the ready line; raises EmulatorFailed with the log when it exits or times out."""
+        deadline = time.monotonic() + timeout if deadline is None else deadline
+        while READY_LINE not in self.text():
+            if self.proc.poll() is not None:
+                raise EmulatorFailed(
+                    f"emulator exited {self.proc.returncode}:\n{self.text()[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise EmulatorFailed(f"emulator {self.url} not ready:\n{self.text()[-2000:]}")
+            time.sleep(0.02)
+
+    def metric(self, name: str) -> float:
+        """One sample of `name` from /metrics (which sglang serves without the API key)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+        if found is None:
+            raise AssertionError(f"{name} not in /metrics of {self.url}")
+        return float(found.group(1))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@contextmanager
+def emulators(
+    logs: Path,
+    flags: Sequence[Sequence[str]],
+    *,
+    timeout: float = 60,
+    served_name: str = "emu-model",
+    api_key: str | None = None,
+    ports: Sequence[int] | None = None,
+) -> Iterator[list[Emulator]]:
+    """One emulator per entry of `flags`, all ready, all stopped on exit."""
+    started: list[Emulator] = []
+    try:
+        for i, extra in enumerate(flags):
+            port = None if ports is None else ports[i]
+            started.append(
+                Emulator.launch(logs, *extra, served_name=served_name, api_key=api_key, port=port)
+            )
+        deadline = time.monotonic() + timeout
+        for emu in started:
+            emu.wait_ready(deadline=deadline)
+        yield started
+    finally:
+        for emu in started:
+            emu.stop()

@@ -1,0 +1,1 @@
+"""Contract tests against the real sglang (tests/contract/build_env.sh)."""
