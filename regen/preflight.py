@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import psutil
 from pydantic import BaseModel, SecretStr
@@ -23,6 +23,9 @@ from regen.errors import ConfigError, UserError
 from regen.filesystems import existing_parent, fs_type
 from regen.gpus import GpuProbe, NvmlProbe
 from regen.ports import port_is_free
+
+if TYPE_CHECKING:
+    from regen.storage import Storage
 
 Status = Literal["ok", "warn", "fail", "skip"]
 
@@ -368,10 +371,12 @@ def check_stage_space(config: RegenConfig, model_bytes: int | None) -> CheckRow:
     return CheckRow(name="stage dir", status="ok", figure=figure)
 
 
-def check_storage(config: RegenConfig) -> CheckRow:
+def check_storage(
+    config: RegenConfig, open_output: Callable[[], Storage] | None = None
+) -> CheckRow:
     from regen.storage import open_storage, probe
 
-    storage = open_storage(config.output)
+    storage = open_output() if open_output else open_storage(config.output)
     probe(storage)
     return CheckRow(name="storage", status="ok", figure=f"{storage.uri} writable and readable")
 
@@ -417,10 +422,12 @@ def run_checks(
     gpu_probe: GpuProbe | None = None,
     *,
     packages: Sequence[str] = CODE_PACKAGES,
+    open_output: Callable[[], Storage] | None = None,
 ) -> PreflightReport:
     """All checks, each isolated: one that raises becomes a failed row, the others still run.
 
-    `packages` are the ones the code check compiles and imports.
+    `packages` are the ones the code check compiles and imports; `open_output` opens the
+    output the run will keep using, so it is opened once.
     """
     model_bytes = _model_bytes(config)
     checks: list[tuple[str, Callable[[], CheckRow]]] = [
@@ -429,7 +436,7 @@ def run_checks(
         ("code", lambda: check_code(packages)),
         ("model", lambda: check_model(config)),
         ("prompts", lambda: check_prompts(config)),
-        ("storage", lambda: check_storage(config)),
+        ("storage", lambda: check_storage(config, open_output)),
         ("engine", lambda: check_engine(config)),
         ("gpus", lambda: check_gpus(config, gpu_probe or NvmlProbe(), model_bytes)),
         ("ports", lambda: check_ports(config)),
