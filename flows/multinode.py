@@ -67,6 +67,7 @@ def regenerate_multinode(
         logger.info("node %s (weight %g) starts with %d shard(s)", name, weights[name], len(shards))
     if plan.pending:
         parent = get_run_context().flow_run  # type: ignore[union-attr]
+        assert parent is not None, "a flow's context has its run"
         blocks = {
             "model_block": model_block,
             "storage_block": storage_block,

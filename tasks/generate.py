@@ -1,9 +1,5 @@
-"""Stage 4 as Prefect tasks over `regen.generation`: plan, then one task per shard.
-
-Every shard task hands its rows to the one `Dispatcher` of the run: mapped tasks each run in a
-worker thread with their own event loop, so the dispatcher owns its loop in its own thread
-and shard tasks only block on a thread-safe future.
-"""
+"""Stage 4 as Prefect tasks over `regen.generation`: plan, then one task per shard, every
+shard fed through the run's one dispatcher (its own loop in its own thread)."""
 
 from __future__ import annotations
 
@@ -93,15 +89,14 @@ def _feeding(
     run: OpenedRun, plan: RunPlan, fleet: Fleet, api_key: SecretStr, node: str | None = None
 ) -> Iterator[Feed]:
     """The run's feed, its progress and live figures shown as artifacts."""
-    name, logger, every = dataset_name(run.output), get_run_logger(), run.config.generation
+    name, logger = dataset_name(run.output), get_run_logger()
     progress_id = create_progress_artifact(
         0.0, **artifact("generation-progress", run.output, "share of prompts done")
     )
+    every_s = f"every {run.config.generation.live_interval_s:g} s"
     live_id = markdown(
         "Waiting for the first scrape of the servers' `/metrics`.",
-        **artifact(
-            "fleet-live", run.output, f"live fleet figures every {every.live_interval_s:g} s"
-        ),
+        **artifact("fleet-live", run.output, f"live fleet figures {every_s}"),
     )
     # From sync code these are the ids, not the coroutines their dispatch type also admits.
     assert isinstance(progress_id, UUID) and isinstance(live_id, UUID)
@@ -148,24 +143,15 @@ def generate(
             retry = generation.retry_errors and lease is None
             return as_future(task.submit(shard, plan, feed.dispatcher, run.storage, retry, lease))
 
-        def committed(o: ShardOutcome) -> None:
-            feed.progress.shard_committed(o.rows, o.ok, o.failed)
-
         if node is None:
-            result = run_all(plan.pending, submit, on_outcome=committed)
+            result = run_all(plan.pending, submit, on_outcome=feed.committed)
         else:
             slots = len(fleet.endpoints) * run.config.concurrency
+            run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
+            window = shards_in_flight(slots, run.config.shard_size)
             result = run_claimed(
-                run.storage,
-                node,
-                plan.fingerprint,
-                submit,
-                window=shards_in_flight(slots, run.config.shard_size),
-                info={"flow_run_id": str(get_run_context().flow_run.id)},  # type: ignore[union-attr]
-                on_outcome=committed,
-            )
-            get_run_logger().info(
-                "node %s: %d shard(s) committed here, %d failed",
-                *(node.name, len(result.outcomes), len(result.failures)),
-            )
+                run.storage, node, plan.fingerprint, submit, window=window,
+                info={"flow_run_id": run_id}, on_outcome=feed.committed,
+            )  # fmt: skip
+            get_run_logger().info(result.headline(node.name))
     return summarize(result.outcomes, result.failures, start)

@@ -7,6 +7,7 @@ watch ends and what became of each node, this task reads and sets the runs' stat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -20,7 +21,7 @@ from prefect.cache_policies import NONE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
-from prefect.states import Cancelled, Cancelling, Crashed
+from prefect.states import Cancelled, Cancelling, Crashed, State
 
 from regen.config import RegenConfig
 from regen.generation.plan import RunPlan
@@ -29,7 +30,11 @@ from regen.naming import artifact
 from regen.nodes import NodeAssignment, NodeConfig, NodeTally
 from regen.run import OpenedRun
 
-_STOPS = {"crashed": Crashed, "cancelling": Cancelling, "cancelled": Cancelled}
+_STOPS: dict[str, Callable[..., State[Any]]] = {
+    "crashed": Crashed,
+    "cancelling": Cancelling,
+    "cancelled": Cancelled,
+}
 
 
 def start_node(
@@ -50,13 +55,14 @@ def start_node(
         "fleet_block": node.fleet_block,
         **blocks,
     }
-    return run_deployment(
+    child: FlowRun = run_deployment(
         node.deployment_name,
         parameters={k: v for k, v in parameters.items() if v is not None},
         flow_run_name=f"{parent.name}-{node.name}",
         idempotency_key=f"{parent.id}-{node.name}",
         timeout=0,
-    )
+    )  # type: ignore[assignment]  # sync: the run, not the coroutine
+    return child
 
 
 def _child(run: FlowRun) -> ChildState | None:

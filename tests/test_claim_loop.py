@@ -246,7 +246,7 @@ def test_stop_claims_nothing_more_and_lets_running_shards_finish(tmp_path: Path)
 def test_run_all_commits_the_others_when_one_shard_fails(tmp_path: Path) -> None:
     p = plan(tmp_path)
     storage = LocalStorage(tmp_path / "out")
-    model, pool = Model(fail={4}), futures.ThreadPoolExecutor(4)
+    model, pool = Model(fail=frozenset({4})), futures.ThreadPoolExecutor(4)
 
     def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
         assert lease is None

@@ -40,7 +40,9 @@ def beat(storage: Storage, node: str, age_s: float, *, done: bool = False) -> No
 def commit(storage: Storage, shard: int, node: str) -> None:
     """A one-row shard of this run, committed by `node`."""
     columns = {name: pl.lit(None, dtype) for name, dtype in row_schema().items()}
-    rows = pl.select(**{**columns, "id": pl.lit(f"s{shard}"), "shard": pl.lit(shard)})
+    rows = pl.select(*(e.alias(n) for n, e in columns.items())).with_columns(
+        id=pl.lit(f"s{shard}"), shard=pl.lit(shard)
+    )
     commit_shard(storage, shard, rows, fingerprint=FP, timings={}, node=node)
 
 

@@ -18,6 +18,7 @@ from regen.config import RegenConfig
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
 from regen.generation.plan import RunPlan
+from regen.generation.summary import ShardOutcome
 from regen.progress import LiveReport, LiveWatch, ProgressSnapshot, ProgressWriter, progress_key
 from regen.storage import Storage
 
@@ -28,6 +29,10 @@ class Feed:
     progress: ProgressWriter
     final: ProgressSnapshot | None = None
     """The last snapshot, taken as generation ends (set when the `with` block exits)."""
+
+    def committed(self, outcome: ShardOutcome) -> None:
+        """Count a committed shard's rows in the progress (the dispatcher counts answers)."""
+        self.progress.shard_committed(outcome.rows, outcome.ok, outcome.failed)
 
 
 @contextmanager

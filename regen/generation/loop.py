@@ -66,6 +66,10 @@ class NodeResult:
             self.failures.append(f"shard {shard:06d}: {err}")
             return None
 
+    def headline(self, node: str) -> str:
+        done, failed = len(self.outcomes), len(self.failures)
+        return f"node {node}: {done} shard(s) committed here, {failed} failed"
+
 
 def run_all(
     shards: list[int],

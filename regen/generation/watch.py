@@ -24,7 +24,7 @@ from regen.storage import Storage
 class ChildState:
     """What the parent needs of a child run's state."""
 
-    name: str
+    name: str | None
     message: str | None
     final: bool
     completed: bool
