@@ -1,9 +1,8 @@
 """The parent's side of a multi-node run: start one child run per node, watch them, report.
 
-Children are flow runs of each node's deployment, started with `run_deployment` from the
-parent's flow so the UI shows them as its subflows; `regen.generation.watch` decides when the
-watch ends and what became of each node, this task reads and sets the runs' states.
-"""
+Children are runs of each node's deployment, started from the parent's flow so the UI shows
+them as its subflows; `regen.generation.watch` decides what they get, when the watch ends
+and what became of each node; here the runs' states are read and set."""
 
 from __future__ import annotations
 
@@ -25,7 +24,14 @@ from prefect.states import Cancelled, Cancelling, Crashed, State
 
 from regen.config import RegenConfig
 from regen.generation.plan import RunPlan
-from regen.generation.watch import ChildState, NodesReport, node_end, outcome, watch
+from regen.generation.watch import (
+    ChildState,
+    NodesReport,
+    child_parameters,
+    node_end,
+    outcome,
+    watch,
+)
 from regen.naming import artifact
 from regen.nodes import NodeAssignment, NodeConfig, NodeTally
 from regen.run import OpenedRun
@@ -44,20 +50,11 @@ def start_node(
     blocks: dict[str, str | None],
     parent: FlowRun,
 ) -> FlowRun:
-    """Create the node's child run on its deployment and return at once (`timeout=0`).
-
-    The idempotency key makes a retried parent find the child it already started instead
-    of starting a second one on the same node.
-    """
-    parameters: dict[str, Any] = {
-        "config": node.config_data(config),
-        "node": assignment.model_dump(mode="json"),
-        "fleet_block": node.fleet_block,
-        **blocks,
-    }
+    """Create the node's child run on its deployment and return at once (`timeout=0`); the
+    idempotency key makes a retried parent find the child it already started."""
     child: FlowRun = run_deployment(
         node.deployment_name,
-        parameters={k: v for k, v in parameters.items() if v is not None},
+        parameters=child_parameters(node, config, assignment, blocks),
         flow_run_name=f"{parent.name}-{node.name}",
         idempotency_key=f"{parent.id}-{node.name}",
         timeout=0,

@@ -10,15 +10,19 @@ from pathlib import Path
 import polars as pl
 
 from regen.claims import heartbeat_key
+from regen.config import parse_config
 from regen.generation.watch import (
     NOT_NEEDED,
     ChildState,
     NodeOutcome,
     NodesReport,
+    child_parameters,
     node_end,
     problem,
     watch,
 )
+from regen.nodes import NodeAssignment, NodeConfig
+from regen.rehearsal import bundled
 from regen.schema import row_schema
 from regen.shards import commit_shard
 from regen.storage import LocalStorage, Storage
@@ -112,3 +116,28 @@ def test_nodes_report_markdown_names_each_node_and_the_verdict() -> None:
     text = report.to_markdown()
     assert "dataset INCOMPLETE: run again to resume" in text
     assert "| a | Completed | 3 | 9 |  |" in text and "| b | Crashed | 0 | 0 | vanished |" in text
+
+
+def test_child_parameters_carry_config_assignment_and_named_blocks_only(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')
+    config = parse_config(
+        {
+            "model": {"source": str(bundled("emulator-model")), "served_name": "m"},
+            "prompts": str(prompts),
+            "output": str(tmp_path / "out"),
+            "engine": {"kind": "emulator", "gpus": [0], "api_key": "sk-very-secret"},
+        },
+        "test",
+    )
+    assignment = NodeAssignment(name="b", ranges={"b": [0]}, weights={"b": 1.0}, lease_s=60)
+    node = NodeConfig(name="b", fleet_block="fleet-b", engine={"gpus": [0, 1]})
+    blocks = {"model_block": "qwen", "storage_block": None, "api_key_secret": None}
+    params = child_parameters(node, config, assignment, blocks)
+    assert set(params) == {"config", "node", "fleet_block", "model_block"}, "no None values"
+    assert params["config"]["engine"]["gpus"] == [0, 1]
+    assert params["node"] == assignment.model_dump(mode="json")
+    assert params["fleet_block"] == "fleet-b" and params["model_block"] == "qwen"
+    assert "sk-very-secret" not in repr(params), "a node loads its key itself"
+    plain = child_parameters(NodeConfig(name="a"), config, assignment, {})
+    assert "fleet_block" not in plain

@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from regen.nodes import NodeTally, heartbeat_age
+from regen.config import RegenConfig
+from regen.nodes import NodeAssignment, NodeConfig, NodeTally, heartbeat_age
 from regen.storage import Storage
 
 
@@ -73,6 +74,23 @@ class NodesReport(BaseModel):
         ]
         verdict = "complete" if self.complete else "INCOMPLETE: run again to resume"
         return f"## Nodes\n\ndataset {verdict}\n\n" + "\n".join(lines) + "\n"
+
+
+def child_parameters(
+    node: NodeConfig,
+    config: RegenConfig,
+    assignment: NodeAssignment,
+    blocks: dict[str, str | None],
+) -> dict[str, Any]:
+    """A child run's parameters: the run's config with the node's fleet settings, its
+    assignment, and the blocks (by name: each node loads its secrets itself)."""
+    parameters: dict[str, Any] = {
+        "config": node.config_data(config),
+        "node": assignment.model_dump(mode="json"),
+        "fleet_block": node.fleet_block,
+        **blocks,
+    }
+    return {k: v for k, v in parameters.items() if v is not None}
 
 
 def problem(state: ChildState | None, age: float | None, lease_s: float) -> str | None:
