@@ -55,28 +55,7 @@ def export(
     not written again."""
     source = storage or open_storage(dataset)
     summary = export_dataset(source, open_storage(dest), options, tokenizer_path=tokenizer_path)
-    counts, dropped = summary.counts, summary.counts["dropped"]
-    get_run_logger().info(
-        "export %s to %s: %d samples from %d rows; %d shards written, %d unchanged; dropped %s",
-        *(options.format, summary.dest, counts["samples"], counts["rows_exported"]),
-        *(len(summary.written), len(summary.reused)),
-        ", ".join(f"{k} {v}" for k, v in dropped.items()) or "none",
-    )
-    create_table_artifact(
-        table=[
-            {"figure": "destination", "value": summary.dest},
-            {"figure": "rows (ok)", "value": counts["rows"]},
-            {"figure": "error rows (never exported)", "value": counts["error_rows"]},
-            {"figure": "rows exported", "value": counts["rows_exported"]},
-            {"figure": "samples", "value": counts["samples"]},
-            *({"figure": f"dropped: {k}", "value": v} for k, v in dropped.items()),
-            {"figure": "shards written", "value": len(summary.written)},
-            {"figure": "shards unchanged", "value": len(summary.reused)},
-        ],
-        **artifact(
-            f"export-{options.format}",
-            dataset,
-            f"export {options.format}, {counts['samples']} samples",
-        ),
-    )
+    get_run_logger().info(summary.headline(options.format))
+    what = f"export {options.format}, {summary.counts['samples']} samples"
+    create_table_artifact(summary.table(), **artifact(f"export-{options.format}", dataset, what))
     return summary
