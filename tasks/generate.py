@@ -53,10 +53,8 @@ def _worth_retrying(task: object, task_run: object, state: State[Any]) -> bool:
     """A dead, unauthorised or closed fleet fails every retry alike; a storage hiccup may not."""
     try:
         state.result()
-    except FleetError:
-        return False
-    except Exception:
-        return True
+    except Exception as err:
+        return not isinstance(err, FleetError)
     return True
 
 
