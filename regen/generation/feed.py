@@ -35,6 +35,20 @@ class Feed:
         self.progress.shard_committed(outcome.rows, outcome.ok, outcome.failed)
 
 
+def dispatcher_for(config: RegenConfig, fleet: Fleet, api_key: SecretStr) -> Dispatcher:
+    """The run's dispatcher over `fleet` (not started: use it as a context manager)."""
+    return Dispatcher(
+        fleet.endpoints,
+        api_key=api_key,
+        model=config.model.served_name,
+        sampling=config.sampling,
+        regeneration=config.regeneration,
+        generation=config.generation,
+        concurrency_per_server=config.concurrency,
+        reprobe=fleet.reprobe,
+    )
+
+
 @contextmanager
 def feeding(
     config: RegenConfig,
@@ -49,16 +63,7 @@ def feeding(
 ) -> Iterator[Feed]:
     """Dispatcher, progress writer and live watch for the length of the `with` block."""
     with (
-        Dispatcher(
-            fleet.endpoints,
-            api_key=api_key,
-            model=config.model.served_name,
-            sampling=config.sampling,
-            regeneration=config.regeneration,
-            generation=config.generation,
-            concurrency_per_server=config.concurrency,
-            reprobe=fleet.reprobe,
-        ) as dispatcher,
+        dispatcher_for(config, fleet, api_key) as dispatcher,
         ProgressWriter(
             storage,
             dispatcher,
