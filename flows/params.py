@@ -51,8 +51,9 @@ def resolve_config(
     """`config` with `engine` from a `FleetConfig`, `model` from a `ModelSource`, `output` from
     an `S3Bucket` and `engine.api_key` from a `Secret`, each only when its name is given.
 
-    The S3Bucket gives the dataset's location only: storage is reopened from the `output` URL
-    in every task (and in the hooks), so its credentials come from the worker's environment.
+    The S3Bucket gives the dataset's location only: storage is opened from the `output` URL
+    (once per run, `regen.run.OpenedRun`, and in the hooks), so its credentials come from the
+    worker's environment.
     """
     data: dict[str, Any] = config.model_dump()
     hf_token = None
