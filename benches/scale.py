@@ -228,9 +228,9 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
 
 def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, result: Path) -> None:
     """The same prompt cache through one Dispatcher and commit per shard, no Prefect at all."""
-    from regen.client import Dispatcher
     from regen.dataset import commit_shard, prompts_for_shard, read_manifest
     from regen.fleet import build_server_commands, generate_api_key, launch_fleet
+    from regen.generation.feed import dispatcher_for
     from regen.rehearsal import rehearsal_config
     from regen.storage import open_storage
 
@@ -244,16 +244,7 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
     )
     shards = pl.scan_parquet(cache).select(pl.col("shard").unique()).collect()["shard"]
     with launch_fleet(config, commands, key) as fleet:
-        dispatcher = Dispatcher(
-            fleet.endpoints,
-            api_key=key,
-            model=config.model.served_name,
-            sampling=config.sampling,
-            regeneration=config.regeneration,
-            generation=config.generation,
-            concurrency_per_server=config.concurrency,
-            reprobe=fleet.reprobe,
-        )
+        dispatcher = dispatcher_for(config, fleet, key)
         storage = open_storage(config.output)
 
         def one(shard: int) -> int:

@@ -19,11 +19,13 @@ from flows.labels import label_flow_run
 from flows.params import resolve_config
 from regen.config import RegenConfig
 from regen.errors import UserError
+from regen.generation.watch import NodeOutcome
 from regen.naming import run_name, run_tags
 from regen.nodes import NodeAssignment, NodeConfig, check_nodes, node_weights, split_ranges
-from tasks.audit import audit
+from regen.run import OpenedRun
+from tasks.gate import audit
 from tasks.generate import plan_run
-from tasks.nodes import NodeOutcome, start_node, watch_nodes
+from tasks.nodes import start_node, watch_nodes
 
 
 class MultinodeSummary(BaseModel):
@@ -57,13 +59,15 @@ def regenerate_multinode(
     shared = resolve_config(config, model_block=model_block, storage_block=storage_block).config
     label_flow_run(run_name(shared, "multinode"), run_tags(shared, *(n.name for n in nodes)))
     node_configs = check_nodes(config, nodes)
-    plan = plan_run(shared)
+    run = OpenedRun(shared)  # the parent's storage; each child opens its own
+    plan = plan_run(run)
     weights = node_weights(nodes, node_configs)
     ranges = split_ranges(plan.pending, weights)
     for name, shards in ranges.items():
         logger.info("node %s (weight %g) starts with %d shard(s)", name, weights[name], len(shards))
     if plan.pending:
         parent = get_run_context().flow_run  # type: ignore[union-attr]
+        assert parent is not None, "a flow's context has its run"
         blocks = {
             "model_block": model_block,
             "storage_block": storage_block,
@@ -75,7 +79,7 @@ def regenerate_multinode(
                 name=node.name, ranges=ranges, weights=weights, lease_s=lease_s
             )
             children[node.name] = str(start_node(node, config, assignment, blocks, parent).id)
-        report = watch_nodes(shared, plan, children, lease_s, poll_s)
+        report = watch_nodes(run, plan, children, lease_s, poll_s)
         if not report.complete:
             raise UserError(
                 f"dataset incomplete: node(s) {', '.join(report.failed) or 'none'} failed and "
@@ -88,7 +92,10 @@ def regenerate_multinode(
         shared.model.source if Path(shared.model.source).is_dir() else None
     )
     result = audit(
-        shared.output, shared.audit, tokenizer_path=str(tokenizer) if tokenizer else None
+        shared.output,
+        shared.audit,
+        tokenizer_path=str(tokenizer) if tokenizer else None,
+        storage=run.storage,
     )
     if failed:
         logger.error(

@@ -13,14 +13,13 @@ from flows.labels import label_flow_run, regenerate_name
 from flows.params import resolve_config
 from regen.config import RegenConfig
 from regen.fleet import generate_api_key
+from regen.generation.summary import GenerationSummary
 from regen.naming import run_name, run_tags
 from regen.nodes import NodeAssignment
-from tasks.audit import audit
-from tasks.export import export
-from tasks.fleet import reap_orphans, start_fleet
-from tasks.generate import GenerationSummary, generate, generate_claimed, plan_run
-from tasks.provision import provision
-from tasks.stage import stage_model
+from regen.run import OpenedRun
+from tasks.gate import audit, export
+from tasks.generate import generate, plan_run
+from tasks.setup import provision, reap_orphans, stage_model, start_fleet
 
 
 class RunSummary(BaseModel):
@@ -62,31 +61,30 @@ def regenerate_completions(
     the other nodes and leaves the audit to the parent, which sees the whole dataset.
     A failed gate ends the run Failed with the verdict as its message; the data is kept.
     """
-    run = resolve_config(
+    resolved = resolve_config(
         config,
         fleet_block=fleet_block,
         model_block=model_block,
         storage_block=storage_block,
         api_key_secret=api_key_secret,
     )
-    config = run.config
+    config = resolved.config
     node_name = node.name if node else None
     label_flow_run(run_name(config, node_name), run_tags(config, *filter(None, [node_name])))
     # Servers of a run killed with SIGKILL hold the ports and GPUs that provisioning checks,
     # and a rerun with nothing left to generate launches no fleet: reap them before either.
     reap_orphans(config.work_dir)
-    provision(config, CODE_PACKAGES)
-    hf_token = run.hf_token.get_secret_value() if run.hf_token else None
+    # Every stage below shares this storage (a storage block's, with its own credentials).
+    run = OpenedRun(config, opened=resolved.storage)
+    provision(run, CODE_PACKAGES)
+    hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
     model_path = stage_model(config, hf_token=hf_token)
-    plan = plan_run(config)
+    plan = plan_run(run)
     api_key = config.engine.api_key or generate_api_key()
     generation = GenerationSummary.empty()
     if plan.pending:
-        with start_fleet(config, model_path, api_key) as fleet:
-            if node is None:
-                generation = generate(config, plan, fleet, api_key)
-            else:
-                generation = generate_claimed(config, plan, fleet, api_key, node)
+        with start_fleet(run, model_path, api_key) as fleet:
+            generation = generate(run, plan, fleet, api_key, node)
     if node is not None:
         return RunSummary(
             output=config.output,
@@ -100,6 +98,7 @@ def regenerate_completions(
         config.output,
         config.audit,
         tokenizer_path=str(config.model.tokenizer_path or model_path),
+        storage=run.storage,
     )
     if report.verdict == "fail":
         return Failed(message=report.failure_message())
@@ -107,7 +106,8 @@ def regenerate_completions(
     # A failed audit returned above: an unfit dataset is never exported.
     targets = config.export.targets() if config.export else []
     for dest, options in targets:
-        export(config.output, dest, options, str(config.model.tokenizer_path or model_path))
+        tokenizer = str(config.model.tokenizer_path or model_path)
+        export(config.output, dest, options, tokenizer, storage=run.storage)
     return RunSummary(
         output=config.output,
         rows_ok=report.rows - failed,

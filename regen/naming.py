@@ -44,6 +44,15 @@ def artifact_key(kind: str, output: str) -> str:
     return f"{kind}-{dataset_slug(output)}"
 
 
+def artifact(kind: str, output: str, description: str) -> dict[str, str]:
+    """The `key` and `description` of a dataset's artifact, as Prefect's `create_*_artifact`
+    take them: every description starts with the dataset's name, for the artifacts page."""
+    return {
+        "key": artifact_key(kind, output),
+        "description": f"{dataset_name(output)}: {description}",
+    }
+
+
 def node_name(node: str | None = None) -> str:
     """The node a run works on: its multi-node name, or this machine's host name."""
     return slugify(node or socket.gethostname().split(".")[0])

@@ -58,6 +58,30 @@ class ExportSummary:
     def counts(self) -> dict[str, Any]:
         return dict(self.record["counts"])
 
+    def headline(self, fmt: str) -> str:
+        """One log line: where it went, what was exported, written and dropped."""
+        counts, dropped = self.counts, self.counts["dropped"]
+        return (
+            f"export {fmt} to {self.dest}: {counts['samples']} samples from "
+            f"{counts['rows_exported']} rows; {len(self.written)} shards written, "
+            f"{len(self.reused)} unchanged; dropped "
+            + (", ".join(f"{k} {v}" for k, v in dropped.items()) or "none")
+        )
+
+    def table(self) -> list[dict[str, Any]]:
+        """The figures a reader checks first, one per row."""
+        counts = self.counts
+        return [
+            {"figure": "destination", "value": self.dest},
+            {"figure": "rows (ok)", "value": counts["rows"]},
+            {"figure": "error rows (never exported)", "value": counts["error_rows"]},
+            {"figure": "rows exported", "value": counts["rows_exported"]},
+            {"figure": "samples", "value": counts["samples"]},
+            *({"figure": f"dropped: {k}", "value": v} for k, v in counts["dropped"].items()),
+            {"figure": "shards written", "value": len(self.written)},
+            {"figure": "shards unchanged", "value": len(self.reused)},
+        ]
+
 
 def export_dataset(
     source: Storage,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from regen.figures import NONE, sig
+from regen.storage import Storage
 
 ServerStatus = Literal["healthy", "exited", "timed_out", "unhealthy"]
 
@@ -62,6 +64,15 @@ def flag_slow(rows: list[FleetRow], min_relative_speed: float) -> list[FleetRow]
             reason = f"{row.tok_s:.0f} tok/s is below {min_relative_speed:g} x median {median:.0f}"
         out.append(row.model_copy(update={"flagged": slow, "reason": reason}))
     return out
+
+
+FLEET_KEY = "report/fleet.json"
+
+
+def write_fleet_report(storage: Storage, rows: list[FleetRow]) -> None:
+    """Beside the audit's report, so a dataset records the fleet that made it."""
+    data = [r.model_dump(mode="json") for r in rows]
+    storage.write_bytes(FLEET_KEY, json.dumps(data, indent=2).encode())
 
 
 def fleet_markdown(rows: list[FleetRow]) -> str:

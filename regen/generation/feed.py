@@ -1,0 +1,86 @@
+"""The one dispatcher every shard of a run (or node) feeds, and the progress it is measured by.
+
+One continuous queue across shard borders keeps the servers busy while each shard stays a
+retryable unit; `progress.json` and the live fleet figures are written beside it. Where the
+figures are shown (a Prefect artifact, a terminal) is the caller's: it passes callbacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from pydantic import SecretStr
+
+from regen.client import Dispatcher
+from regen.config import RegenConfig
+from regen.dataset.keys import progress_key
+from regen.fleet import Fleet
+from regen.fleet.metrics import FleetScraper
+from regen.generation.plan import RunPlan
+from regen.generation.summary import ShardOutcome
+from regen.progress import LiveReport, LiveWatch, ProgressSnapshot, ProgressWriter
+from regen.storage import Storage
+
+
+@dataclass
+class Feed:
+    dispatcher: Dispatcher
+    progress: ProgressWriter
+    final: ProgressSnapshot | None = None
+    """The last snapshot, taken as generation ends (set when the `with` block exits)."""
+
+    def committed(self, outcome: ShardOutcome) -> None:
+        """Count a committed shard's rows in the progress (the dispatcher counts answers)."""
+        self.progress.shard_committed(outcome.rows, outcome.ok, outcome.failed)
+
+
+def dispatcher_for(config: RegenConfig, fleet: Fleet, api_key: SecretStr) -> Dispatcher:
+    """The run's dispatcher over `fleet` (not started: use it as a context manager)."""
+    return Dispatcher(
+        fleet.endpoints,
+        api_key=api_key,
+        model=config.model.served_name,
+        sampling=config.sampling,
+        regeneration=config.regeneration,
+        generation=config.generation,
+        concurrency_per_server=config.concurrency,
+        reprobe=fleet.reprobe,
+    )
+
+
+@contextmanager
+def feeding(
+    config: RegenConfig,
+    storage: Storage,
+    plan: RunPlan,
+    fleet: Fleet,
+    api_key: SecretStr,
+    *,
+    node: str | None = None,
+    on_progress: Callable[[ProgressSnapshot], None] | None = None,
+    on_live: Callable[[LiveReport], None],
+) -> Iterator[Feed]:
+    """Dispatcher, progress writer and live watch for the length of the `with` block."""
+    with (
+        dispatcher_for(config, fleet, api_key) as dispatcher,
+        ProgressWriter(
+            storage,
+            dispatcher,
+            total=plan.num_rows,
+            already_done=plan.committed_rows,
+            interval_s=config.generation.progress_interval_s,
+            on_update=on_progress,
+            key=progress_key(node),
+        ) as progress,
+        LiveWatch(
+            progress,
+            FleetScraper(fleet.endpoints),
+            interval_s=config.generation.live_interval_s,
+            on_update=on_live,
+        ),
+    ):
+        feed = Feed(dispatcher, progress)
+        yield feed
+        feed.final = progress.snapshot()

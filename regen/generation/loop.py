@@ -1,0 +1,139 @@
+"""Which shard runs when: every pending shard at once (one node), or claim a shard, generate
+it, commit it, repeat (one node of several).
+
+A node of several keeps going until every shard of the run is committed or given up here, so the
+shards of a node that died are taken over once their leases run out, and the dataset
+completes as long as one node lives. Shards run through `submit`, a callable that starts one
+and returns a `concurrent.futures.Future`: a Prefect task's `submit` in a flow, a thread
+pool in a test; the loop only decides which shard goes next and what a result means.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from regen.balance import ShardPicker
+from regen.claims import LeaseKeeper, ShardClaims
+from regen.generation.lease import Lease
+from regen.generation.summary import ShardOutcome
+from regen.nodes import NodeAssignment
+from regen.storage import Storage
+
+SubmitShard = Callable[[int, Lease | None], "futures.Future[ShardOutcome]"]
+"""Start one shard (with the node's lease in a multi-node run); its future gives the outcome."""
+
+
+class TaskFuture(Protocol):
+    """A task runner's future (Prefect's): a result, and a callback when it has one."""
+
+    def result(self) -> Any: ...
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
+
+
+def as_future(task_future: TaskFuture) -> futures.Future[ShardOutcome]:
+    """A plain future of a task's outcome, for `futures.wait` (Prefect's own future wraps one
+    that may hold the task's final State rather than its result)."""
+    out: futures.Future[ShardOutcome] = futures.Future()
+
+    def settle(_: object) -> None:
+        try:
+            out.set_result(task_future.result())
+        except Exception as err:
+            out.set_exception(err)
+
+    task_future.add_done_callback(settle)
+    return out
+
+
+@dataclass
+class NodeResult:
+    """What this node committed, and the shards that failed here after their retries."""
+
+    outcomes: list[ShardOutcome] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def settle(self, shard: int, future: futures.Future[ShardOutcome]) -> ShardOutcome | None:
+        """The outcome, or None with the failure recorded: a shard that failed after its
+        retries does not stop the others from committing."""
+        try:
+            return future.result()
+        except Exception as err:
+            self.failures.append(f"shard {shard:06d}: {err}")
+            return None
+
+    def headline(self, node: str) -> str:
+        done, failed = len(self.outcomes), len(self.failures)
+        return f"node {node}: {done} shard(s) committed here, {failed} failed"
+
+
+def run_all(
+    shards: list[int],
+    submit: SubmitShard,
+    *,
+    on_outcome: Callable[[ShardOutcome], None] | None = None,
+) -> NodeResult:
+    """Every shard submitted at once (the task runner bounds how many run), waited in order."""
+    result = NodeResult()
+    for shard, future in [(s, submit(s, None)) for s in shards]:
+        outcome = result.settle(shard, future)
+        if outcome is not None:
+            result.outcomes.append(outcome)
+            if on_outcome is not None:
+                on_outcome(outcome)
+    return result
+
+
+def run_claimed(
+    storage: Storage,
+    node: NodeAssignment,
+    fingerprint: str,
+    submit: SubmitShard,
+    *,
+    window: int,
+    info: dict[str, str] | None = None,
+    on_outcome: Callable[[ShardOutcome], None] | None = None,
+    stop: Callable[[], bool] = lambda: False,
+) -> NodeResult:
+    """Keep up to `window` claimed shards running until none is left to any node.
+
+    `info` goes into the node's heartbeat (the flow run's id); `on_outcome` sees each shard
+    committed here; once `stop()` is true no new shard is claimed and the running ones end.
+    """
+    claims = ShardClaims(storage, node.name, node.lease_s)
+    picker = ShardPicker(claims, node.ranges, node.weights, fingerprint)
+    poll_s = min(5.0, node.lease_s / 4)
+    result = NodeResult()
+    with LeaseKeeper(claims, info) as keeper:
+        lease = Lease(claims, keeper)
+        running: dict[futures.Future[ShardOutcome], int] = {}
+        while True:
+            while not stop() and len(running) < window and (shard := picker.next()) is not None:
+                keeper.hold(shard)
+                running[submit(shard, lease)] = shard
+            if not running:
+                if stop() or not picker.outstanding():
+                    break
+                # Others hold these: wait for their commits, or for their leases to run out.
+                time.sleep(poll_s)
+                continue
+            done = futures.wait(running, timeout=poll_s, return_when=futures.FIRST_COMPLETED).done
+            for future in done:
+                shard = running.pop(future)
+                keeper.drop(shard)
+                outcome = result.settle(shard, future)
+                if outcome is None:  # failed after its retries here; another node may try
+                    picker.finish(shard, failed=True)
+                    continue
+                picker.finish(shard, failed=False)
+                if not outcome.committed:
+                    continue
+                claims.release(shard)
+                result.outcomes.append(outcome)
+                if on_outcome is not None:
+                    on_outcome(outcome)
+    return result

@@ -1,0 +1,120 @@
+"""Generate-and-commit of one shard: the unit a task retries.
+
+Rows go through the one shared `Dispatcher` (its own loop in its own thread), so a caller in
+any thread only blocks on a future. The manifest is written last: a shard without one was
+never committed, whatever else its run left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Protocol
+
+import polars as pl
+
+from regen.dataset import (
+    Manifest,
+    commit_shard,
+    error_rows,
+    prompts_for_shard,
+    read_manifest,
+    replace_shard,
+)
+from regen.generation.lease import Lease
+from regen.generation.plan import RunPlan
+from regen.generation.summary import ShardOutcome
+from regen.storage import Storage
+
+_log = logging.getLogger(__name__)
+
+Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+class RowSource(Protocol):
+    """Where rows are answered: the run's `Dispatcher` (any thread may submit to it)."""
+
+    def submit_shard(self, shard: int, rows: pl.DataFrame) -> futures.Future[pl.DataFrame]: ...
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A shard just committed, with the rows this run generated for it still in hand (all of
+    them, or only the retried error rows): what a per-shard check needs without a re-read."""
+
+    shard: int
+    manifest: Manifest
+    rows: pl.DataFrame
+
+
+OnCommit = Callable[[Commit], None]
+"""Called in the shard's thread right after its manifest is written; raising fails the shard's
+task (its rows stay committed), so a hook that must stop a run records that and returns."""
+
+
+def generate_rows(dispatcher: RowSource, shard: int, prompts: pl.DataFrame) -> pl.DataFrame:
+    """Any subset of a shard's prompts (`id`, `messages`), answered in input order: a whole
+    shard, its error rows, or a sample sent before the rest."""
+    return dispatcher.submit_shard(shard, prompts).result()
+
+
+def generate_shard(
+    shard: int,
+    plan: RunPlan,
+    dispatcher: RowSource,
+    storage: Storage,
+    *,
+    retry_errors: bool = False,
+    lease: Lease | None = None,
+    on_commit: OnCommit | None = None,
+    log: Log = _log,
+) -> ShardOutcome:
+    """Generate one shard and commit it; with `retry_errors`, a shard this run committed
+    before has only its error rows generated again and replaced in place. With a `lease`, the
+    rows are committed only while the lease holds (otherwise another node owns the shard)."""
+    start = time.monotonic()
+    prompts = prompts_for_shard(plan.prompt_cache, shard)
+    # This shard's manifest only: listing every manifest per shard grows with the run squared.
+    committed = read_manifest(storage, shard)
+    if committed is not None and committed.fingerprint == plan.fingerprint and retry_errors:
+        todo = error_rows(storage, shard).select("id")
+        out = generate_rows(dispatcher, shard, prompts.join(todo, on="id", maintain_order="left"))
+        timings = {"generate_s": round(time.monotonic() - start, 3)}
+        manifest = replace_shard(storage, shard, out, fingerprint=plan.fingerprint, timings=timings)
+    else:
+        out = generate_rows(dispatcher, shard, prompts)
+        timings = {"generate_s": round(time.monotonic() - start, 3)}
+        if lease is not None and not lease.held(shard):
+            log.warning(
+                "shard %06d: lease lost to another node; its rows are not committed here", shard
+            )
+            return ShardOutcome.lost(shard, time.monotonic() - start)
+        manifest = commit_shard(
+            storage,
+            shard,
+            out,
+            fingerprint=plan.fingerprint,
+            timings=timings,
+            node=lease.node if lease else None,
+        )
+    log.info(
+        "shard %06d committed: %d rows, %d ok, %d failed",
+        shard,
+        manifest.rows,
+        manifest.ok,
+        manifest.failed,
+    )
+    if on_commit is not None:
+        on_commit(Commit(shard, manifest, out))
+    failed = int(out["error"].is_not_null().sum())
+    return ShardOutcome(  # what this run generated: a retried shard's error rows only
+        shard=shard,
+        rows=out.height,
+        ok=out.height - failed,
+        failed=failed,
+        completion_tokens=int(out["completion_tokens"].sum() or 0),
+        seconds=time.monotonic() - start,
+    )

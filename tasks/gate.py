@@ -1,0 +1,61 @@
+"""Stages 5-6 as Prefect tasks: the audit's verdict, then the trainer formats; their artifacts.
+
+The audit returns its verdict; a flow turns a fail into a Failed state with a message, so an
+expected outcome reads as one, not as a crash's traceback.
+"""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NONE
+
+from regen.audit import AuditResult, run_audit, write_report
+from regen.audit.thresholds import AuditConfig
+from regen.export import ExportOptions
+from regen.export.run import ExportSummary, export_dataset
+from regen.naming import artifact
+from regen.storage import Storage, open_storage
+
+
+@task(name="audit", persist_result=False, cache_policy=NONE)
+def audit(
+    output: str,
+    config: AuditConfig,
+    tokenizer_path: str | None = None,
+    storage: Storage | None = None,
+) -> AuditResult:
+    """Every check against its threshold; the markdown report becomes the dataset's artifact.
+    `storage` is `output` when the run has it open."""
+    logger, storage = get_run_logger(), storage or open_storage(output)
+    result = run_audit(storage, config, tokenizer_path=tokenizer_path)
+    write_report(storage, result)
+    create_markdown_artifact(
+        markdown=result.to_markdown() + f"\n\nReport files: `{storage.uri}/report/`\n",
+        **artifact("audit-report", output, f"audit {result.headline()}"),
+    )
+    for check in result.ordered_checks():
+        log = logger.error if check.status == "fail" else logger.info
+        log("audit %-16s %-5s %s", check.name, check.status, check.detail)
+    logger.info("audit %s", result.headline())
+    return result
+
+
+@task(
+    name="export", task_run_name="export-{options.format}", persist_result=False, cache_policy=NONE
+)
+def export(
+    dataset: str,
+    dest: str,
+    options: ExportOptions,
+    tokenizer_path: str | None = None,
+    storage: Storage | None = None,
+) -> ExportSummary:
+    """Export `dataset` (`storage` when the run has it open) to `dest`; unchanged shards are
+    not written again."""
+    source = storage or open_storage(dataset)
+    summary = export_dataset(source, open_storage(dest), options, tokenizer_path=tokenizer_path)
+    get_run_logger().info(summary.headline(options.format))
+    what = f"export {options.format}, {summary.counts['samples']} samples"
+    create_table_artifact(summary.table(), **artifact(f"export-{options.format}", dataset, what))
+    return summary

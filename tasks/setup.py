@@ -1,0 +1,107 @@
+"""Stages 1-3 as Prefect tasks: check, stage the model, bring the fleet up; their artifacts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NONE
+from pydantic import SecretStr
+
+from regen.config import RegenConfig
+from regen.errors import UserError
+from regen.fleet import Fleet, attach_fleet, benchmark_fleet, build_server_commands, launch_fleet
+from regen.fleet import reap_orphans as reap
+from regen.fleet.report import fleet_markdown, write_fleet_report
+from regen.naming import artifact
+from regen.preflight import PreflightReport, run_checks
+from regen.run import OpenedRun
+from regen.staging import stage_model as stage
+
+_LOUD = {"fail": 0, "warn": 1}
+
+
+class ProvisioningFailed(UserError):
+    """A check failed: nothing was staged or launched."""
+
+
+def reap_orphans(work_dir: Path) -> list[int]:
+    """Stop servers whose owner died; the flow calls it first, before provisioning."""
+    if reaped := reap(work_dir):
+        get_run_logger().warning(
+            "stopped %d orphan server(s) of an earlier run: pids %s", len(reaped), reaped
+        )
+    return reaped
+
+
+@task(name="provision", persist_result=False, cache_policy=NONE)
+def provision(run: OpenedRun, packages: Sequence[str]) -> PreflightReport:
+    """Run every check (`packages`: the code the run imports, named by the flow), publish the
+    table, and stop the run before a GPU is touched."""
+    logger = get_run_logger()
+    report = run_checks(run.config, packages=packages, open_output=lambda: run.storage)
+    verdict = "PASS" if report.ok else f"FAIL {report.summary()}"
+    create_table_artifact(
+        # Failures and warnings first, in capitals: they are what the reader came for.
+        table=[
+            {**r.model_dump(), "status": r.status.upper() if r.status in _LOUD else r.status}
+            for r in sorted(report.rows, key=lambda r: _LOUD.get(r.status, len(_LOUD)))
+        ],
+        **artifact("provisioning-checks", run.output, f"provisioning {verdict}"),
+    )
+    for row in report.rows:
+        log = logger.error if row.status == "fail" else logger.info
+        log("check %-9s %-4s %s", row.name, row.status, row.figure)
+    if not report.ok:
+        raise ProvisioningFailed(f"provisioning failed: {report.summary()}")
+    return report
+
+
+@task(name="stage-model", retries=2, retry_delay_seconds=10, persist_result=False)
+def stage_model(config: RegenConfig, hf_token: str | None = None) -> Path:
+    """The directory the servers load from; a second staging of the same source is a no-op."""
+    logger, model = get_run_logger(), config.model
+    if not model.stage:
+        logger.info("model.stage is false: servers load %s directly", model.source)
+        return Path(model.source)
+    result = stage(model.source, model.staged_path(), revision=model.revision, hf_token=hf_token)
+    if result.skipped:
+        logger.info("model already staged at %s (%d files)", result.path, result.files)
+    else:
+        logger.info(
+            "staged %d files, %.1f GB in %.1f s to %s",
+            *(result.files, result.bytes / 1e9, result.seconds, result.path),
+        )
+    return Path(result.path)
+
+
+@task(name="launch-fleet", persist_result=False, cache_policy=NONE)
+def start_fleet(run: OpenedRun, model_path: Path, api_key: SecretStr) -> Fleet:
+    """Servers that answered a real generation; the caller owns teardown (a `with` block)."""
+    logger, config = get_run_logger(), run.config
+    if config.engine.kind == "external":
+        fleet = attach_fleet(config, api_key)
+    else:
+        commands = build_server_commands(config, model_path, api_key, config.work_dir)
+        logger.info(
+            "launching %d %s server(s) on ports %d-%d, logs in %s",
+            *(len(commands), config.engine.kind, commands[0].port, commands[-1].port),
+            config.work_dir / "logs",
+        )
+        fleet = launch_fleet(config, commands, api_key)
+    try:
+        benchmark_fleet(fleet, **config.engine.bench.model_dump())
+        write_fleet_report(run.storage, fleet.report)
+        healthy = f"{sum(r.status == 'healthy' for r in fleet.report)}/{len(fleet.report)}"
+        create_markdown_artifact(
+            markdown=fleet_markdown(fleet.report),
+            **artifact("fleet-report", run.output, f"fleet {healthy} healthy"),
+        )
+        for row in fleet.report:
+            logger.info("fleet %s", row.summary())
+    except BaseException:
+        fleet.teardown()
+        raise
+    return fleet
