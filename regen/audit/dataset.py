@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -33,6 +33,8 @@ class DatasetView:
     """Unreadable, or written by a run with another fingerprint."""
     plan: pl.DataFrame | None
     """Columns id, shard: every valid input id; None when the root has no plan.parquet."""
+    digests: dict[int, str] = field(default_factory=dict)
+    """Shard -> its manifest's sha256 of the data: what a stored audit summary was made from."""
 
 
 def open_dataset(storage: Storage, *, workers: int = 16) -> DatasetView:
@@ -45,6 +47,7 @@ def open_dataset(storage: Storage, *, workers: int = 16) -> DatasetView:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         manifests = list(pool.map(lambda nk: _read_manifest(storage, nk[1]), numbered))
     committed: dict[int, str] = {}
+    digests: dict[int, str] = {}
     without_data: list[int] = []
     unusable: list[int] = []
     for (shard, _), manifest in zip(numbered, manifests, strict=True):
@@ -58,10 +61,11 @@ def open_dataset(storage: Storage, *, workers: int = 16) -> DatasetView:
             without_data.append(shard)
         else:
             committed[shard] = data
+            digests[shard] = str(manifest.get("sha256", data))
     plan = _read_plan(storage)
     if not keys and plan is None:
         raise UserError(f"{storage.uri}: no shards/ and no plan.parquet: not a regen dataset")
-    return DatasetView(dict(sorted(committed.items())), without_data, unusable, plan)
+    return DatasetView(dict(sorted(committed.items())), without_data, unusable, plan, digests)
 
 
 def scan_rows(storage: Storage, view: DatasetView) -> pl.LazyFrame:
