@@ -256,7 +256,10 @@ def audit_rows(
     kinds = dict(ok["empty_answer"].drop_nulls().value_counts().iter_rows())
     counts = server_rates(features, config, settings.thinking)
     finish = features.group_by("finish_reason").len()
-    short = loss.tokens.filter(pl.col("loss_tokens") <= config.min_loss_tokens)
+    # Samples in row order, so the examples are the first rows, as every other check's are.
+    order = ok.select("id").with_row_index("_pos")
+    tokens = loss.tokens.join(order, on="id", how="left").sort("_pos", nulls_last=True)
+    short = tokens.filter(pl.col("loss_tokens") <= config.min_loss_tokens).select("id", "loss_tokens")
     return Summary(
         settings=settings.key,
         max_examples=k,
