@@ -167,5 +167,3 @@ def audit_result(
         finish_reasons=dict(sorted(summary.finish_reasons.items())),
         servers=server_breakdown(summary.servers),
     )
-
-

@@ -35,7 +35,10 @@ def server_rates(features: pl.DataFrame, config: AuditConfig, thinking: bool) ->
             rows=pl.len(),
             completions=ok.sum(),
             error=pl.col("is_error").sum(),
-            **{k: (ok & v.fill_null(False)).sum() for k, v in server_flags(config, thinking).items()},
+            **{
+                k: (ok & v.fill_null(False)).sum()
+                for k, v in server_flags(config, thinking).items()
+            },
         )
         .sort("server")
     )

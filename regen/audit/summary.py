@@ -52,8 +52,9 @@ _NOT_KEYED = {"live", "live_min_rows", "batch_rows"}
 
 
 def summary_key(shard: int, settings: str) -> str:
-    """Beside the shard's manifest: `shards/shard-000042.audit-<settings>.json`."""
-    return f"shards/shard-{shard:06d}.audit-{settings}.json"
+    """`audit/shard-000042.<settings>.json`: named by its shard, but outside `shards/`, where
+    readers take every `.json` for a manifest and every listed key for the run's data."""
+    return f"audit/shard-{shard:06d}.{settings}.json"
 
 
 class Hits(BaseModel):
@@ -78,7 +79,12 @@ class Answers(BaseModel):
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame(
             {"key": self.key, "n": self.n, "ids": self.ids, "snippet": self.snippet},
-            schema={"key": pl.UInt64, "n": pl.Int64, "ids": pl.List(pl.String), "snippet": pl.String},
+            schema={
+                "key": pl.UInt64,
+                "n": pl.Int64,
+                "ids": pl.List(pl.String),
+                "snippet": pl.String,
+            },
         )
 
     @classmethod
@@ -215,7 +221,9 @@ def audit_rows(
     def hits(frame: pl.DataFrame, flag: pl.Expr, reason: pl.Expr) -> Hits:
         found = frame.filter(flag)
         shown = found.head(k).select("id", reason.alias("reason"))
-        return Hits(n=found.height, examples=[Example(id=i, reason=r) for i, r in shown.iter_rows()])
+        return Hits(
+            n=found.height, examples=[Example(id=i, reason=r) for i, r in shown.iter_rows()]
+        )
 
     empty = hits(
         ok,
@@ -259,7 +267,9 @@ def audit_rows(
     # Samples in row order, so the examples are the first rows, as every other check's are.
     order = ok.select("id").with_row_index("_pos")
     tokens = loss.tokens.join(order, on="id", how="left").sort("_pos", nulls_last=True)
-    short = tokens.filter(pl.col("loss_tokens") <= config.min_loss_tokens).select("id", "loss_tokens")
+    short = tokens.filter(pl.col("loss_tokens") <= config.min_loss_tokens).select(
+        "id", "loss_tokens"
+    )
     return Summary(
         settings=settings.key,
         max_examples=k,
@@ -313,7 +323,10 @@ def merge(summaries: Iterable[Summary]) -> Summary:
 
     def keyed_hits(field: str) -> dict[str, Hits]:
         names = dict.fromkeys(n for p in parts for n in getattr(p, field))
-        return {n: add_hits([getattr(p, field)[n] for p in parts if n in getattr(p, field)]) for n in names}
+        return {
+            n: add_hits([getattr(p, field)[n] for p in parts if n in getattr(p, field)])
+            for n in names
+        }
 
     servers: dict[str, dict[str, int]] = {}
     examples: dict[str, dict[str, list[str]]] = {}
@@ -390,9 +403,14 @@ def _server_examples(
     """Per server and defect, its first ids: the examples of check 9 whichever server it names."""
     out: dict[str, dict[str, list[str]]] = {}
     ok = ~pl.col("is_error")
-    named = {"error": pl.col("is_error"), **{n: ok & f.fill_null(False) for n, f in server_flags(config, thinking).items()}}
+    named = {
+        "error": pl.col("is_error"),
+        **{n: ok & f.fill_null(False) for n, f in server_flags(config, thinking).items()},
+    }
     for name, flag in named.items():
-        found = features.filter(flag).group_by("server", maintain_order=True).agg(pl.col("id").head(k))
+        found = (
+            features.filter(flag).group_by("server", maintain_order=True).agg(pl.col("id").head(k))
+        )
         for server, ids in found.iter_rows():
             out.setdefault(server, {})[name] = ids
     return out

@@ -106,7 +106,8 @@ def template_parity_check(
         fail=config.template_parity.fail,
         examples=found.examples,
         detail=f"{found.differ} of {found.compared} stored prompts differ from the template in "
-        f"{model.template.path.name} ({found.rows} rows of {found.shards} of {shards} shards checked"
+        f"{model.template.path.name} ({found.rows} rows of {found.shards} of {shards} shards "
+        "checked"
         + (f"; {found.without} rows there store no prompt ids)" if found.without else ")"),
     )
 
