@@ -34,6 +34,14 @@ from tests.test_audit import MIXED
 from tests.test_audit_turns import _conversation
 
 
+CASES: dict[str, dict[str, Any]] = {
+    "mixed": {"defects": MIXED},
+    "incident_with_tokenizer": {"defects": {"incident": 0.5, "error": 0.02}},
+    "thinking_drop": {"thinking": "drop", "defects": {"empty_thinking": 0.3}},
+    "bad_server": {"bad_server": 1, "defects": {"collapse": 0.1}},
+}
+
+
 def _rows(storage: LocalStorage) -> pl.DataFrame:
     return scan_rows(storage, open_dataset(storage)).collect()
 
@@ -81,12 +89,7 @@ def test_merged_shards_equal_all_rows_at_once(tmp_path: Path, kind: str) -> None
             storage.root / "plan.parquet"
         )
     else:
-        options: dict[str, Any] = {
-            "mixed": {"defects": MIXED},
-            "incident_with_tokenizer": {"defects": {"incident": 0.5, "error": 0.02}},
-            "thinking_drop": {"thinking": "drop", "defects": {"empty_thinking": 0.3}},
-            "bad_server": {"bad_server": 1, "defects": {"collapse": 0.1}},
-        }[kind]
+        options = CASES[kind]
         storage = make_dataset(tmp_path / "k", rows=1200, shard_size=300, **options).storage
     whole = _one_shard_copy(storage, tmp_path / "one")
     sharded = run_audit(storage, AuditConfig(), tokenizer_path=tok)
