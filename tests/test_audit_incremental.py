@@ -33,7 +33,6 @@ from tests._audit_helpers import FINGERPRINT, make_dataset, tiny_tokenizer
 from tests.test_audit import MIXED
 from tests.test_audit_turns import _conversation
 
-
 CASES: dict[str, dict[str, Any]] = {
     "mixed": {"defects": MIXED},
     "incident_with_tokenizer": {"defects": {"incident": 0.5, "error": 0.02}},
