@@ -114,12 +114,14 @@ def answer_collapse_check(summary: Summary, config: AuditConfig) -> Check:
     ok = summary.completions
     if ok == 0:
         return Check(name=name, title=title, status="skipped", figure=None, detail="no completions")
-    answers = summary.answers.frame()
-    if answers.height == 0:
+    answers = summary.answers
+    if not answers.n:
         top_n, ids, snippet = 0, [], ""
     else:
-        top = answers.sort("n", descending=True, maintain_order=True).row(0, named=True)
-        top_n, ids, snippet = top["n"], top["ids"], top["snippet"]
+        # The first of the most common: max() keeps the first of equal counts.
+        at = max(range(len(answers.n)), key=answers.n.__getitem__)
+        top_n, snippet, key = answers.n[at], answers.snippet[at], answers.key[at]
+        ids = [i for i, ik in zip(answers.id, answers.id_key, strict=True) if ik == key]
     # A "most common" answer seen once is no collapse: nothing to show.
     shown = ids if top_n > 1 else []
     rate = top_n / ok

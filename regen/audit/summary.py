@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import TypeVar
 
@@ -67,29 +68,38 @@ class Hits(BaseModel):
 
 
 class Answers(BaseModel):
-    """Normalised answers by hash, in order of first appearance: count, first ids, snippet."""
+    """Normalised answers by hash, in order of first appearance: count and the first row's
+    snippet; and, flat (fast to load), each answer's first ids in row order."""
 
     model_config = ConfigDict(extra="forbid")
 
     key: list[int] = Field(default_factory=list)
     n: list[int] = Field(default_factory=list)
-    ids: list[list[str]] = Field(default_factory=list)
     snippet: list[str] = Field(default_factory=list)
+    id_key: list[int] = Field(default_factory=list)
+    id: list[str] = Field(default_factory=list)
 
-    def frame(self) -> pl.DataFrame:
+    def counts(self) -> pl.DataFrame:
         return pl.DataFrame(
-            {"key": self.key, "n": self.n, "ids": self.ids, "snippet": self.snippet},
-            schema={
-                "key": pl.UInt64,
-                "n": pl.Int64,
-                "ids": pl.List(pl.String),
-                "snippet": pl.String,
-            },
+            {"key": self.key, "n": self.n, "snippet": self.snippet},
+            schema={"key": pl.UInt64, "n": pl.Int64, "snippet": pl.String},
+        )
+
+    def ids(self) -> pl.DataFrame:
+        return pl.DataFrame(
+            {"key": self.id_key, "id": self.id}, schema={"key": pl.UInt64, "id": pl.String}
         )
 
     @classmethod
-    def of(cls, frame: pl.DataFrame) -> Answers:
-        return cls(**frame.select("key", "n", "ids", "snippet").to_dict(as_series=False))
+    def of(cls, counts: pl.DataFrame, ids: pl.DataFrame) -> Answers:
+        # Columns of known types: validating a million entries again would cost seconds.
+        return cls.model_construct(
+            key=counts["key"].to_list(),
+            n=counts["n"].to_list(),
+            snippet=counts["snippet"].to_list(),
+            id_key=ids["key"].to_list(),
+            id=ids["id"].to_list(),
+        )
 
 
 class LossFigures(BaseModel):
@@ -339,7 +349,8 @@ def merge(summaries: Iterable[Summary]) -> Summary:
             into_ids = examples.setdefault(server, {})
             for name, ids in by_flag.items():
                 into_ids[name] = (into_ids.get(name, []) + ids)[:k]
-    return Summary(
+    # Built from validated summaries: validating the merged lists again would cost seconds.
+    return Summary.model_construct(
         settings=first.settings,
         max_examples=k,
         sources={s: d for p in parts for s, d in p.sources.items()},
@@ -372,29 +383,26 @@ def merge_answers(parts: list[Answers], k: int, keep: int | None = None) -> Answ
     """Counts added by answer hash, first ids kept in order; with `keep`, only the `keep` most
     common answers (the rolling gate's bound: a pruned answer's count is lost, so a later
     collapse is under-counted by at most the count it had, itself under 1/`keep` of rows)."""
-    frame = pl.concat([a.frame() for a in parts])
-    merged = frame.group_by("key", maintain_order=True).agg(
-        pl.col("n").sum(),
-        pl.col("ids").explode().head(k),
-        pl.col("snippet").first(),
+    counts = (
+        pl.concat([a.counts() for a in parts])
+        .group_by("key", maintain_order=True)
+        .agg(pl.col("n").sum(), pl.col("snippet").first())
     )
-    if keep is not None and merged.height > keep:
-        merged = merged.sort("n", descending=True, maintain_order=True).head(keep)
-    return Answers.of(merged)
+    ids = pl.concat([a.ids() for a in parts])
+    if keep is not None and counts.height > keep:
+        counts = counts.sort("n", descending=True, maintain_order=True).head(keep)
+        ids = ids.filter(pl.col("key").is_in(counts["key"].implode()))
+    return Answers.of(counts, ids.group_by("key", maintain_order=True).head(k))
 
 
 def _answers(ok: pl.DataFrame, rows: pl.LazyFrame, k: int) -> Answers:
-    keyed = ok.filter(pl.col("answer_key").is_not_null())
-    table = keyed.group_by("answer_key", maintain_order=True).agg(
-        n=pl.len(), ids=pl.col("id").head(k), first=pl.col("id").first()
+    keyed = ok.filter(pl.col("answer_key").is_not_null()).select(key="answer_key", id="id")
+    counts = keyed.group_by("key", maintain_order=True).agg(n=pl.len(), first=pl.col("id").first())
+    snippets = answer_snippets(rows, counts["first"].to_list())
+    counts = counts.with_columns(
+        snippet=pl.col("first").replace_strict(snippets, default="", return_dtype=pl.String)
     )
-    snippets = answer_snippets(rows, table["first"].to_list())
-    return Answers(
-        key=table["answer_key"].to_list(),
-        n=table["n"].to_list(),
-        ids=table["ids"].to_list(),
-        snippet=[snippets.get(i, "") for i in table["first"]],
-    )
+    return Answers.of(counts, keyed.group_by("key", maintain_order=True).head(k))
 
 
 def _server_examples(
@@ -422,8 +430,15 @@ def _value_counts(values: pl.Series) -> dict[int, int]:
 
 
 def _add_counts(parts: Iterable[dict[K, int]]) -> dict[K, int]:
-    out: dict[K, int] = {}
-    for part in parts:
-        for key, n in part.items():
-            out[key] = out.get(key, 0) + n
-    return out
+    """Counts added by key; in one polars pass, as a million rows bring ~10^6 entries."""
+    dicts = [p for p in parts if p]
+    if len(dicts) <= 1:
+        return dict(dicts[0]) if dicts else {}
+    frame = pl.DataFrame(
+        {
+            "key": list(chain.from_iterable(dicts)),
+            "n": list(chain.from_iterable(d.values() for d in dicts)),
+        }
+    )
+    summed = frame.group_by("key", maintain_order=True).agg(pl.col("n").sum())
+    return dict(zip(summed["key"].to_list(), summed["n"].to_list(), strict=True))
