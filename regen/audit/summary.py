@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain
 from pathlib import Path
 from typing import TypeVar
@@ -160,7 +161,7 @@ class AuditSettings:
     parity_rows: int
     """Per shard; 0 renders every row."""
 
-    @property
+    @cached_property
     def key(self) -> str:
         """A hash of everything that changes a summary's figures (and of polars' version: the
         answer hashes are polars')."""
