@@ -111,7 +111,7 @@ def test_summary_round_trips_through_json(tmp_path: Path) -> None:
     settings = _settings(ds.storage, AuditConfig())
     summary = audit_rows(_rows(ds.storage), settings)
     assert Summary.model_validate_json(summary.to_json()) == summary
-    assert summary.answers.key and max(summary.answers.key) > 2**32  # polars' u64 hashes
+    assert (summary.answers.counts["key"] > 2**32).any()  # polars' u64 hashes survive JSON
 
 
 def test_quantiles_from_value_counts_are_polars_quantiles() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import polars as pl
+
 from regen.audit.result import Check, Example, grade
 from regen.audit.summary import Hits, Summary
 from regen.audit.thresholds import AuditConfig, Threshold
@@ -115,13 +117,11 @@ def answer_collapse_check(summary: Summary, config: AuditConfig) -> Check:
     if ok == 0:
         return Check(name=name, title=title, status="skipped", figure=None, detail="no completions")
     answers = summary.answers
-    if not answers.n:
-        top_n, ids, snippet = 0, [], ""
-    else:
-        # The first of the most common: max() keeps the first of equal counts.
-        at = max(range(len(answers.n)), key=answers.n.__getitem__)
-        top_n, snippet, key = answers.n[at], answers.snippet[at], answers.key[at]
-        ids = [i for i, ik in zip(answers.id, answers.id_key, strict=True) if ik == key]
+    top_n, ids, snippet = 0, [], ""
+    if answers.counts.height:
+        top = answers.counts.sort("n", descending=True, maintain_order=True).row(0, named=True)
+        top_n, snippet = top["n"], top["snippet"]
+        ids = answers.ids.filter(pl.col("key") == top["key"])["id"].to_list()
     # A "most common" answer seen once is no collapse: nothing to show.
     shown = ids if top_n > 1 else []
     rate = top_n / ok

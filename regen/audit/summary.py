@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from regen.audit.dataset import (
     DatasetView,
@@ -68,38 +68,47 @@ class Hits(BaseModel):
     examples: list[Example] = Field(default_factory=list)
 
 
+_COUNTS = {"key": pl.UInt64, "n": pl.Int64, "snippet": pl.String}
+_IDS = {"key": pl.UInt64, "id": pl.String}
+
+
 class Answers(BaseModel):
-    """Normalised answers by hash, in order of first appearance: count and the first row's
-    snippet; and, flat (fast to load), each answer's first ids in row order."""
+    """Normalised answers by hash: `counts` (key, n, the first row's snippet) in order of first
+    appearance, and `ids` (key, id) with each answer's first ids in row order.
 
-    model_config = ConfigDict(extra="forbid")
+    Held as frames (a million answers are ~40 MB there, ~10 times more as Python objects),
+    stored as flat JSON lists (fast to load)."""
 
-    key: list[int] = Field(default_factory=list)
-    n: list[int] = Field(default_factory=list)
-    snippet: list[str] = Field(default_factory=list)
-    id_key: list[int] = Field(default_factory=list)
-    id: list[str] = Field(default_factory=list)
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    def counts(self) -> pl.DataFrame:
-        return pl.DataFrame(
-            {"key": self.key, "n": self.n, "snippet": self.snippet},
-            schema={"key": pl.UInt64, "n": pl.Int64, "snippet": pl.String},
-        )
+    counts: pl.DataFrame = Field(default_factory=lambda: pl.DataFrame(schema=_COUNTS))
+    ids: pl.DataFrame = Field(default_factory=lambda: pl.DataFrame(schema=_IDS))
 
-    def ids(self) -> pl.DataFrame:
-        return pl.DataFrame(
-            {"key": self.id_key, "id": self.id}, schema={"key": pl.UInt64, "id": pl.String}
-        )
-
+    @model_validator(mode="before")
     @classmethod
-    def of(cls, counts: pl.DataFrame, ids: pl.DataFrame) -> Answers:
-        # Columns of known types: validating a million entries again would cost seconds.
-        return cls.model_construct(
-            key=counts["key"].to_list(),
-            n=counts["n"].to_list(),
-            snippet=counts["snippet"].to_list(),
-            id_key=ids["key"].to_list(),
-            id=ids["id"].to_list(),
+    def _from_lists(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "key" in data:
+            counts = {c: data[c] for c in _COUNTS}
+            ids = {"key": data["id_key"], "id": data["id"]}
+            return {
+                "counts": pl.DataFrame(counts, schema=_COUNTS),
+                "ids": pl.DataFrame(ids, schema=_IDS),
+            }
+        return data
+
+    @model_serializer
+    def _to_lists(self) -> dict[str, list[Any]]:
+        return {
+            **{c: self.counts[c].to_list() for c in _COUNTS},
+            "id_key": self.ids["key"].to_list(),
+            "id": self.ids["id"].to_list(),
+        }
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Answers)
+            and self.counts.equals(other.counts)
+            and self.ids.equals(other.ids)
         )
 
 
@@ -385,25 +394,27 @@ def merge_answers(parts: list[Answers], k: int, keep: int | None = None) -> Answ
     common answers (the rolling gate's bound: a pruned answer's count is lost, so a later
     collapse is under-counted by at most the count it had, itself under 1/`keep` of rows)."""
     counts = (
-        pl.concat([a.counts() for a in parts])
+        pl.concat([a.counts for a in parts])
         .group_by("key", maintain_order=True)
         .agg(pl.col("n").sum(), pl.col("snippet").first())
     )
-    ids = pl.concat([a.ids() for a in parts])
+    ids = pl.concat([a.ids for a in parts])
     if keep is not None and counts.height > keep:
         counts = counts.sort("n", descending=True, maintain_order=True).head(keep)
         ids = ids.filter(pl.col("key").is_in(counts["key"].implode()))
-    return Answers.of(counts, ids.group_by("key", maintain_order=True).head(k))
+    return Answers(counts=counts, ids=ids.group_by("key", maintain_order=True).head(k))
 
 
 def _answers(ok: pl.DataFrame, rows: pl.LazyFrame, k: int) -> Answers:
     keyed = ok.filter(pl.col("answer_key").is_not_null()).select(key="answer_key", id="id")
     counts = keyed.group_by("key", maintain_order=True).agg(n=pl.len(), first=pl.col("id").first())
     snippets = answer_snippets(rows, counts["first"].to_list())
-    counts = counts.with_columns(
-        snippet=pl.col("first").replace_strict(snippets, default="", return_dtype=pl.String)
+    counts = counts.select(
+        "key",
+        pl.col("n").cast(pl.Int64),
+        snippet=pl.col("first").replace_strict(snippets, default="", return_dtype=pl.String),
     )
-    return Answers.of(counts, keyed.group_by("key", maintain_order=True).head(k))
+    return Answers(counts=counts, ids=keyed.group_by("key", maintain_order=True).head(k))
 
 
 def _server_examples(
