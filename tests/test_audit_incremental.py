@@ -234,3 +234,23 @@ def test_canary_gate_from_one_summary(tmp_path: Path) -> None:
     decision = gate_decision(summary, settings, min_rows=200)
     assert decision.action == "stop"
     assert "empty_answer" in {f.check for f in decision.failing}
+
+
+def test_live_gate_keeps_the_answers_it_needs_and_leaves_summaries_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rolling gate bounds its answer table; a collapse stays at its full count, and the
+    shard summaries it was fed are not changed."""
+    import regen.audit.gate as gate_module
+
+    monkeypatch.setattr(gate_module, "GATE_ANSWERS", 50)
+    ds = make_dataset(tmp_path, rows=2000, shard_size=250, defects={"collapse": 0.3})
+    parts = _shard_stream(ds.storage, AuditConfig())
+    before = [p.model_copy(deep=True) for p in parts]
+    gate = LiveGate(_settings(ds.storage, AuditConfig()))
+    last = [gate.update(p) for p in parts][-1]
+    assert parts == before
+    assert gate.summary is not None and gate.summary.answers.counts.height == 50
+    assert last.action == "stop"
+    collapse = {f.check: f for f in last.failing}["answer_collapse"]
+    assert collapse.figure == pytest.approx(0.3)

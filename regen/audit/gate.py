@@ -126,7 +126,8 @@ class LiveGate:
 
     def update(self, shard: Summary) -> Decision:
         """Merge one committed shard's summary and judge the running figures."""
-        merged = shard if self.summary is None else merge([self.summary, shard])
+        # merge() copies: the caller's summary (stored, or reused) is never changed here.
+        merged = merge([shard] if self.summary is None else [self.summary, shard])
         merged.answers = merge_answers([merged.answers], merged.max_examples, keep=GATE_ANSWERS)
         self.summary = merged
         decision = gate_decision(merged, self.settings, quarantined=frozenset(self.quarantined))
