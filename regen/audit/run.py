@@ -7,6 +7,7 @@ settings or from other data; a second audit is then a merge only.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,10 @@ from regen.audit.template_parity import template_parity_check
 from regen.audit.thresholds import AuditConfig
 from regen.storage import Storage
 
+_FOLD = 200
+"""Summaries merged at a time while reading: bounds memory, costs a few merges of the
+running figures."""
+
 
 def run_audit(
     storage: Storage,
@@ -58,11 +63,16 @@ def run_audit(
     settings = settings_for(
         storage, view, config, thinking_requested=thinking_requested, tokenizer_path=tokenizer_path
     )
-    summaries = shard_summaries(storage, view, settings)
+    # Folded as they come, so memory holds one running merge, not every shard's summary.
+    running: list[Summary] = []
+    for summary in iter_shard_summaries(storage, view, settings, computed=[]):
+        running.append(summary)
+        if len(running) >= _FOLD:
+            running = [merge(running)]
     # Duplicate and missing ids span shards: the one check that reads ids across the dataset.
     ids = scan_rows(storage, view).select("id", "shard").collect()
     return audit_result(
-        merged(summaries.parts, settings),
+        merged(running, settings),
         settings,
         dataset=storage.uri,
         planned=view.plan.height if view.plan is not None else None,
@@ -79,9 +89,18 @@ class ShardSummaries:
 
 
 def shard_summaries(storage: Storage, view: DatasetView, settings: AuditSettings) -> ShardSummaries:
-    """Read each shard's stored summary; compute (one shard in memory) and store the ones
-    missing, made with other settings, or made from another generation of the shard's data."""
+    """Every committed shard's summary (see `iter_shard_summaries`), in a list."""
     out = ShardSummaries()
+    out.parts = list(iter_shard_summaries(storage, view, settings, out.computed))
+    return out
+
+
+def iter_shard_summaries(
+    storage: Storage, view: DatasetView, settings: AuditSettings, computed: list[int]
+) -> Iterator[Summary]:
+    """Read each shard's stored summary; compute (one shard in memory) and store the ones
+    missing, made with other settings, or made from another generation of the shard's data,
+    appending their shard numbers to `computed`."""
     key = settings.key
     for shard, data in view.committed.items():
         source = view.digests.get(shard, data)
@@ -91,9 +110,8 @@ def shard_summaries(storage: Storage, view: DatasetView, settings: AuditSettings
             rows = scan_rows(storage, one).collect()
             summary = audit_rows(rows, settings, sources={shard: source})
             storage.write_bytes(summary_key(shard, key), summary.to_json())
-            out.computed.append(shard)
-        out.parts.append(summary)
-    return out
+            computed.append(shard)
+        yield summary
 
 
 def read_summary(storage: Storage, shard: int, settings: str) -> Summary | None:
