@@ -5,8 +5,12 @@ but the texts are shorter (50-100 reasoning words, 20-40 answer words, drawn fro
 a million real-length reasoning texts would need ~10 GB just to generate. The repetition
 and tokenizer passes scale with text length, so real datasets take longer per row.
 
-Each audit runs in a child process so its peak RSS (ru_maxrss) is its own. The tokenizer
-pass uses a byte-level BPE trained here on the pools (no model download), on 100K rows.
+Each audit runs in a child process so its peak RSS (ru_maxrss) is its own. The first audit
+of the big dataset starts from scratch: it computes every shard's summary (one shard in
+memory at a time) and stores it under audit/; the second is the final audit as a run that
+committed its shards' summaries will have it: a merge of the stored summaries plus the
+dataset-level checks. The tokenizer pass uses a byte-level BPE trained here on the pools (no
+model download), on 100K rows.
 Usage: python benches/audit.py [--rows N] [--tokenizer-rows N] [--smoke]
 """
 
@@ -206,13 +210,21 @@ def main() -> None:
         train_tokenizer(small, tok)
         gen_s = time.perf_counter() - t
         plain = measure(big)
+        merge_only = measure(big)
+        summaries = sum(p.stat().st_size for p in (big / "audit").iterdir())
         with_tok = measure(small, tok)
     rows_per_s = with_tok["rows"] / with_tok["seconds"]
     table = [
         ("dataset generation (s)", f"{gen_s:.1f}"),
-        (f"audit, {plain['rows']:,} rows, no tokenizer (s)", f"{plain['seconds']:.1f}"),
+        (
+            f"audit from scratch, {plain['rows']:,} rows, no tokenizer (s)",
+            f"{plain['seconds']:.1f}",
+        ),
         ("  rows/s", f"{plain['rows'] / plain['seconds']:,.0f}"),
         ("  peak RSS (MB)", f"{plain['peak_rss_mb']:,.0f}"),
+        ("final audit, merge of stored summaries (s)", f"{merge_only['seconds']:.1f}"),
+        ("  peak RSS (MB)", f"{merge_only['peak_rss_mb']:,.0f}"),
+        ("  summaries stored (MB)", f"{summaries / 1e6:,.1f}"),
         (f"audit, {with_tok['rows']:,} rows, with tokenizer (s)", f"{with_tok['seconds']:.1f}"),
         ("  rows/s", f"{rows_per_s:,.0f}"),
         ("  peak RSS (MB)", f"{with_tok['peak_rss_mb']:,.0f}"),
@@ -226,6 +238,9 @@ def main() -> None:
                 "rows": plain["rows"],
                 "seconds": round(plain["seconds"], 2),
                 "peak_rss_mb": round(plain["peak_rss_mb"], 1),
+                "merge_seconds": round(merge_only["seconds"], 2),
+                "merge_peak_rss_mb": round(merge_only["peak_rss_mb"], 1),
+                "summaries_mb": round(summaries / 1e6, 2),
                 "tokenizer_rows": with_tok["rows"],
                 "tokenizer_seconds": round(with_tok["seconds"], 2),
                 "tokenizer_rows_per_s": round(rows_per_s, 1),

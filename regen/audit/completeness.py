@@ -6,11 +6,15 @@ import polars as pl
 
 from regen.audit.dataset import DatasetView
 from regen.audit.result import Check, Example, grade
+from regen.audit.summary import Summary
 from regen.audit.thresholds import AuditConfig
 
 
 def completeness_check(features: pl.DataFrame, view: DatasetView, config: AuditConfig) -> Check:
-    """Missing, duplicate or unplanned ids, or an uncommitted planned shard, fail outright."""
+    """Missing, duplicate or unplanned ids, or an uncommitted planned shard, fail outright.
+
+    `features` holds the id and shard of every committed row: a dataset-level check, the only
+    one that reads more than one shard's summary (ids only, a few tens of MB at 1M rows)."""
     k = config.max_examples
     counts = features.group_by("id").agg(n=pl.len(), shard=pl.col("shard").first())
     dups = counts.filter(pl.col("n") > 1).sort("shard", "id")
@@ -64,10 +68,10 @@ def completeness_check(features: pl.DataFrame, view: DatasetView, config: AuditC
     )
 
 
-def error_rows_check(features: pl.DataFrame, config: AuditConfig) -> Check:
+def error_rows_check(summary: Summary, config: AuditConfig) -> Check:
     """Error rows keep the dataset complete, but each is a sample the trainer never gets."""
-    errors = features.filter(pl.col("is_error"))
-    rate = errors.height / max(features.height, 1)
+    errors = summary.errors
+    rate = errors.n / max(summary.rows, 1)
     return Check(
         name="error_rows",
         title="1 error rows",
@@ -75,10 +79,8 @@ def error_rows_check(features: pl.DataFrame, config: AuditConfig) -> Check:
         figure=rate,
         warn=config.error_rate.warn,
         fail=config.error_rate.fail,
-        examples=[
-            Example(id=i, reason="error row") for i in errors.head(config.max_examples)["id"]
-        ],
-        detail=f"{errors.height} of {features.height} rows are errors",
+        examples=[e.model_copy() for e in errors.examples],
+        detail=f"{errors.n} of {summary.rows} rows are errors",
     )
 
 

@@ -7,7 +7,7 @@ run's manifest are never read as rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -34,6 +34,8 @@ class DatasetView:
     """Unreadable, naming another shard, or written by a run with another fingerprint."""
     plan: pl.DataFrame | None
     """Columns id, shard: every valid input id; None when the root has no plan.parquet."""
+    digests: dict[int, str] = field(default_factory=dict)
+    """Shard -> its manifest's sha256 of the data: what a stored audit summary was made from."""
 
 
 def open_dataset(storage: Storage, *, workers: int = 16) -> DatasetView:
@@ -42,7 +44,9 @@ def open_dataset(storage: Storage, *, workers: int = 16) -> DatasetView:
     require_dataset(storage, found)
     census = found.census
     committed = {shard: m.data for shard, m in found.manifests.items()}
-    return DatasetView(committed, census.without_data, census.unusable, read_plan(storage))
+    digests = {shard: m.sha256 for shard, m in found.manifests.items()}
+    plan = read_plan(storage)
+    return DatasetView(committed, census.without_data, census.unusable, plan, digests)
 
 
 def scan_rows(storage: Storage, view: DatasetView) -> pl.LazyFrame:

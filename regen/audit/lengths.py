@@ -1,16 +1,21 @@
 """Check 8: length distributions, and a sudden mode at a tiny length.
 
 A healthy generation has smooth length distributions; a template or parser bug shows as
-a large share of rows at nearly the same tiny length (the incident: 6 tokens).
+a large share of rows at nearly the same tiny length (the incident: 6 tokens). Lengths are
+kept as value counts of integers, so quantiles stay exact over merged shards.
 """
 
 from __future__ import annotations
 
-import numpy as np
-import polars as pl
+from typing import TYPE_CHECKING
 
-from regen.audit.result import Check, Example, Histogram, Quantiles, grade
+import numpy as np
+
+from regen.audit.result import Check, Histogram, Quantiles, grade
 from regen.audit.thresholds import AuditConfig
+
+if TYPE_CHECKING:
+    from regen.audit.summary import Summary
 
 
 def length_columns(thinking: bool) -> list[str]:
@@ -21,51 +26,64 @@ def length_columns(thinking: bool) -> list[str]:
     return cols
 
 
-def quantiles(ok: pl.DataFrame, columns: list[str]) -> dict[str, Quantiles]:
-    if ok.height == 0:
-        return {}
-    exprs = [
-        pl.col(c).cast(pl.Float64).quantile(q).alias(f"{c}:{q}")
-        for c in columns
-        for q in (0.01, 0.5, 0.99)
-    ]
-    row = ok.select(exprs).row(0, named=True)
+def quantile(counts: dict[int, int], q: float) -> float | None:
+    """polars' default ('nearest') quantile of the values these counts describe."""
+    total = sum(counts.values())
+    if total == 0:
+        return None
+    # polars rounds half away from zero: for a non-negative index, floor(x + 0.5).
+    index = int(np.floor((total - 1) * q + 0.5))
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen > index:
+            return float(value)
+    raise AssertionError("unreachable: index < total")
+
+
+def quantiles(lengths: dict[str, dict[int, int]], columns: list[str]) -> dict[str, Quantiles]:
     return {
-        c: Quantiles(p1=row[f"{c}:0.01"], p50=row[f"{c}:0.5"], p99=row[f"{c}:0.99"])
+        c: Quantiles(
+            p1=quantile(lengths.get(c, {}), 0.01),
+            p50=quantile(lengths.get(c, {}), 0.5),
+            p99=quantile(lengths.get(c, {}), 0.99),
+        )
         for c in columns
     }
 
 
-def histograms(ok: pl.DataFrame, columns: list[str]) -> dict[str, Histogram]:
+def histograms(lengths: dict[str, dict[int, int]], columns: list[str]) -> dict[str, Histogram]:
     """Power-of-two bins: tiny lengths get their own bins, long tails stay readable."""
     out = {}
     for c in columns:
-        values = ok[c].drop_nulls().to_numpy()
-        if values.size == 0:
+        counts = lengths.get(c, {})
+        if not counts:
             continue
+        values = np.fromiter(counts, dtype=np.int64)
+        weights = np.fromiter(counts.values(), dtype=np.int64)
         top = max(int(values.max()), 1)
         edges = np.concatenate([[0], 2.0 ** np.arange(0, int(np.ceil(np.log2(top + 1))) + 1)])
-        counts, _ = np.histogram(values, bins=edges)
-        out[c] = Histogram(edges=edges.tolist(), counts=counts.tolist())
+        binned, _ = np.histogram(values, bins=edges, weights=weights)
+        out[c] = Histogram(edges=edges.tolist(), counts=binned.astype(np.int64).tolist())
     return out
 
 
 def tiny_length_check(
-    ok: pl.DataFrame, config: AuditConfig, columns: list[str], lengths: dict[str, Quantiles]
+    summary: Summary, config: AuditConfig, columns: list[str], lengths: dict[str, Quantiles]
 ) -> Check:
     """The worst share of completions at or under `tiny_length_tokens`, over length columns."""
     name, title = "tiny_length", "8 tiny-length mode"
-    if ok.height == 0:
+    if summary.completions == 0:
         return Check(name=name, title=title, status="skipped", figure=None, detail="no completions")
     tiny = config.tiny_length_tokens
-    shares = ok.select(
-        (pl.col(c) <= tiny).sum().truediv(pl.col(c).count().clip(lower_bound=1)).alias(c)
+    shares = {
+        c: (summary.tiny[c].n if c in summary.tiny else 0)
+        / max(sum(summary.lengths.get(c, {}).values()), 1)
         for c in columns
         if c != "loss_tokens"
-    ).row(0, named=True)
+    }
     worst = max(shares, key=lambda c: shares[c])
     rate = float(shares[worst])
-    hits = ok.filter(pl.col(worst) <= tiny).head(config.max_examples).select("id", worst)
     p50 = ", ".join(f"{c} {_g(q.p50)}" for c, q in lengths.items())
     over = [f"{c} {v:.1%}" for c, v in shares.items() if v > 0]
     return Check(
@@ -75,9 +93,7 @@ def tiny_length_check(
         figure=rate,
         warn=config.tiny_length.warn,
         fail=config.tiny_length.fail,
-        examples=[Example(id=i, reason=f"{worst} = {v}") for i, v in hits.iter_rows()]
-        if rate
-        else [],
+        examples=[e.model_copy() for e in summary.tiny[worst].examples] if rate else [],
         detail=f"share at <= {tiny} tokens: {', '.join(over) or 'none'}; p50: {p50}",
     )
 

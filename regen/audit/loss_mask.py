@@ -10,13 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
-from regen.audit.result import Check, Example, grade
+from regen.audit.lengths import quantile
+from regen.audit.result import Check, grade
 from regen.audit.thresholds import AuditConfig
 from regen.lossmask import ROW_COLUMNS, ChatTemplate, lacks_ids, load_template, samples
 from regen.lossmask.ids import sample_sizes
+
+if TYPE_CHECKING:
+    from regen.audit.summary import LossFigures
 
 
 @dataclass(frozen=True)
@@ -103,12 +108,12 @@ def _named(sizes: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def loss_mask_check(found: LossMask, config: AuditConfig, missing: str) -> Check:
+def loss_mask_check(found: LossFigures, config: AuditConfig, missing: str) -> Check:
     """The share of samples whose loss mask is at most `min_loss_tokens` tokens; skipped,
     never passed, when no answer could be measured (`missing` says why)."""
     name, title = "loss_mask", "10 loss-mask tokens"
-    tokens = found.tokens
-    if tokens.height == 0:
+    measured = sum(found.tokens.values())
+    if measured == 0:
         detail = (
             "no completions"
             if found.turns == 0
@@ -117,11 +122,8 @@ def loss_mask_check(found: LossMask, config: AuditConfig, missing: str) -> Check
         )
         return Check(name=name, title=title, status="skipped", figure=None, detail=detail)
     limit = config.min_loss_tokens
-    short = tokens.filter(pl.col("loss_tokens") <= limit)
-    rate = short.height / tokens.height
-    q = tokens.select(pl.col("loss_tokens").quantile(p).alias(str(p)) for p in (0.01, 0.5, 0.99))
-    p1, p50, p99 = q.row(0)
-    shown = short.head(config.max_examples)
+    rate = found.short.n / measured
+    p1, p50, p99 = (quantile(found.tokens, p) for p in (0.01, 0.5, 0.99))
     return Check(
         name=name,
         title=title,
@@ -129,13 +131,13 @@ def loss_mask_check(found: LossMask, config: AuditConfig, missing: str) -> Check
         figure=rate,
         warn=config.loss_mask_short.warn,
         fail=config.loss_mask_short.fail,
-        examples=[Example(id=i, reason=f"{n} loss tokens") for i, n in shown.iter_rows()],
-        detail=f"{short.height} of {tokens.height} samples learn from <= {limit} tokens; "
+        examples=[e.model_copy() for e in found.short.examples],
+        detail=f"{found.short.n} of {measured} samples learn from <= {limit} tokens; "
         f"p1 {p1:g}, p50 {p50:g}, p99 {p99:g}; {_sources(found, missing)}",
     )
 
 
-def _sources(found: LossMask, missing: str) -> str:
+def _sources(found: LossFigures, missing: str) -> str:
     """Which path measured how many samples, and what was left unmeasured."""
     lacking = found.turns - found.from_ids
     text = f"from stored token ids: {found.from_ids}, from the chat template: {found.from_template}"

@@ -2,36 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import polars as pl
 
 from regen.audit.result import Check, Example, grade
+from regen.audit.summary import Hits, Summary
 from regen.audit.thresholds import AuditConfig, Threshold
-
-Snippets = Callable[[list[str]], dict[str, str]]
-"""Short answer snippets by id: model output, fetched only for the few examples shown."""
-
-
-def completions(features: pl.DataFrame) -> pl.DataFrame:
-    return features.filter(~pl.col("is_error"))
 
 
 def _flag_check(
-    name: str,
-    title: str,
-    ok: pl.DataFrame,
-    flag: pl.Expr,
-    reason: pl.Expr,
-    threshold: Threshold,
-    config: AuditConfig,
-    detail: str,
+    name: str, title: str, summary: Summary, threshold: Threshold, detail: str
 ) -> Check:
-    if ok.height == 0:
+    ok = summary.completions
+    if ok == 0:
         return Check(name=name, title=title, status="skipped", figure=None, detail="no completions")
-    hits = ok.filter(flag)
-    rate = hits.height / ok.height
-    shown = hits.head(config.max_examples).select("id", reason.alias("reason"))
+    hits = summary.flags.get(name, Hits())
+    rate = hits.n / ok
     return Check(
         name=name,
         title=title,
@@ -39,39 +24,30 @@ def _flag_check(
         figure=rate,
         warn=threshold.warn,
         fail=threshold.fail,
-        examples=[Example(id=i, reason=r) for i, r in shown.iter_rows()],
-        detail=f"{hits.height} of {ok.height} completions {detail}",
+        examples=[e.model_copy() for e in hits.examples],
+        detail=f"{hits.n} of {ok} completions {detail}",
     )
 
 
-def empty_answer_check(ok: pl.DataFrame, config: AuditConfig, snippets: Snippets) -> Check:
+def empty_answer_check(summary: Summary, config: AuditConfig) -> Check:
     """Check 2: empty, filler ('OK.') or too short to teach anything."""
     check = _flag_check(
         "empty_answer",
         "2 empty/trivial answers",
-        ok,
-        pl.col("empty_answer").is_not_null(),
-        pl.when(pl.col("empty_answer") == "short")
-        .then(pl.format("short: {} tokens", pl.col("answer_tokens")))
-        .otherwise(pl.col("empty_answer")),
+        summary,
         config.empty_answer,
-        config,
         "have an empty, filler or trivial answer",
     )
-    if ok.height:
-        kinds = dict(ok["empty_answer"].drop_nulls().value_counts().iter_rows())
+    if summary.completions:
+        kinds = summary.empty_kinds
         check.detail += (
             f" (empty {kinds.get('empty', 0)}, filler {kinds.get('filler', 0)}, "
             f"under {config.min_answer_tokens} tokens {kinds.get('short', 0)})"
         )
-    fillers = snippets([e.id for e in check.examples if e.reason == "filler"])
-    for e in check.examples:
-        if e.id in fillers:
-            e.reason = f"filler: {fillers[e.id]!r}"
     return check
 
 
-def empty_thinking_check(ok: pl.DataFrame, config: AuditConfig, thinking: bool) -> Check:
+def empty_thinking_check(summary: Summary, config: AuditConfig, thinking: bool) -> Check:
     """Check 3: thinking was asked for, yet the reasoning is empty."""
     if not thinking:
         return Check(
@@ -84,93 +60,71 @@ def empty_thinking_check(ok: pl.DataFrame, config: AuditConfig, thinking: bool) 
     return _flag_check(
         "empty_thinking",
         "3 empty thinking",
-        ok,
-        pl.col("empty_thinking"),
-        pl.lit("empty reasoning_content"),
+        summary,
         config.empty_thinking,
-        config,
         "have no reasoning although thinking was requested",
     )
 
 
-def think_leak_check(ok: pl.DataFrame, config: AuditConfig) -> Check:
+def think_leak_check(summary: Summary, config: AuditConfig) -> Check:
     """Check 4: the reasoning parser missed a tag, so thinking leaks into the answer."""
     return _flag_check(
         "think_leak",
         "4 think-tag leakage",
-        ok,
-        pl.col("think_leak"),
-        pl.lit("<think> tag in content or unbalanced in reasoning"),
+        summary,
         config.think_leak,
-        config,
         "have a think tag in the answer or unbalanced tags in the reasoning",
     )
 
 
-def truncation_checks(ok: pl.DataFrame, config: AuditConfig) -> list[Check]:
+def truncation_checks(summary: Summary, config: AuditConfig) -> list[Check]:
     """Check 5: cut off by max_tokens; inside the thinking means no answer at all."""
     return [
         _flag_check(
             "truncation",
             "5 truncation",
-            ok,
-            pl.col("truncated"),
-            pl.lit("finish_reason length"),
+            summary,
             config.truncated,
-            config,
             "stopped at max_tokens (finish_reason length)",
         ),
         _flag_check(
             "truncated_in_thinking",
             "5 truncated in thinking",
-            ok,
-            pl.col("truncated_in_thinking"),
-            pl.lit("finish_reason length, no answer"),
+            summary,
             config.truncated_in_thinking,
-            config,
             "ran out of tokens inside the thinking and have no answer",
         ),
     ]
 
 
-def repetition_check(ok: pl.DataFrame, config: AuditConfig) -> Check:
+def repetition_check(summary: Summary, config: AuditConfig) -> Check:
     """Check 6: a decoding loop, a span repeated over most of a response."""
     return _flag_check(
         "repetition",
         "6 repetition loops",
-        ok,
-        pl.col("repetition") >= config.repetition_share,
-        pl.format(
-            "{}% of {}-grams repeated",
-            (100 * pl.col("repetition")).round(0).cast(pl.Int64),
-            pl.lit(config.repetition_ngram),
-        ),
+        summary,
         config.repetition,
-        config,
         f"repeat {config.repetition_ngram}-word spans over at least "
         f"{config.repetition_share:.0%} of the reasoning or the answer",
     )
 
 
-def answer_collapse_check(ok: pl.DataFrame, config: AuditConfig, snippets: Snippets) -> Check:
-    """Check 7: the share of the single most common (normalised) answer."""
+def answer_collapse_check(summary: Summary, config: AuditConfig) -> Check:
+    """Check 7: the share of the single most common (normalised) answer; ties go to the
+    answer seen first."""
     name, title = "answer_collapse", "7 answer collapse"
-    keyed = ok.filter(pl.col("answer_key").is_not_null())
-    if ok.height == 0:
+    ok = summary.completions
+    if ok == 0:
         return Check(name=name, title=title, status="skipped", figure=None, detail="no completions")
-    if keyed.height == 0:
-        top_rows = keyed
-        rate = 0.0
-    else:
-        counts = keyed.group_by("answer_key").len().sort("len", descending=True)
-        top_key, top_n = counts.row(0)
-        top_rows = keyed.filter(pl.col("answer_key") == top_key)
-        rate = top_n / ok.height
+    answers = summary.answers
+    top_n, ids, snippet = 0, [], ""
+    if answers.counts.height:
+        top = answers.counts.sort("n", descending=True, maintain_order=True).row(0, named=True)
+        top_n, snippet = top["n"], top["snippet"]
+        ids = answers.ids.filter(pl.col("key") == top["key"])["id"].to_list()
     # A "most common" answer seen once is no collapse: nothing to show.
-    shown = top_rows.head(config.max_examples) if top_rows.height > 1 else top_rows.head(0)
-    ids = shown["id"].to_list()
-    text = snippets(top_rows.head(1)["id"].to_list())
-    snippet = next(iter(text.values()), "")
+    shown = ids if top_n > 1 else []
+    rate = top_n / ok
     return Check(
         name=name,
         title=title,
@@ -178,8 +132,8 @@ def answer_collapse_check(ok: pl.DataFrame, config: AuditConfig, snippets: Snipp
         figure=rate,
         warn=config.answer_collapse.warn,
         fail=config.answer_collapse.fail,
-        examples=[Example(id=i, reason=f"answer {snippet!r}") for i in ids],
+        examples=[Example(id=i, reason=f"answer {snippet!r}") for i in shown],
         # The answer itself is shown only in the report's examples: model output can echo
         # the prompt, and the detail goes to logs.
-        detail=f"most common answer on {top_rows.height} of {ok.height} completions",
+        detail=f"most common answer on {top_n} of {ok} completions",
     )

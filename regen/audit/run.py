@@ -1,40 +1,47 @@
-"""`run_audit`: read the committed dataset once, run every check, return the verdict."""
+"""`run_audit`: the final gate, a merge of the shards' summaries plus the dataset-level checks.
+
+Each committed shard's summary is read from beside its manifest, or computed from that shard
+alone (one shard in memory) and written there when it is missing or was made with other
+settings or from other data; a second audit is then a merge only.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from regen.audit.completeness import completeness_check, error_rows_check
-from regen.audit.dataset import (
-    answer_snippets,
-    open_dataset,
-    per_turn,
-    scan_rows,
-    thinking_enabled,
-)
-from regen.audit.dataset import thinking_requested as run_thinking
-from regen.audit.features import collect_features
+from regen.audit.dataset import DatasetView, open_dataset, scan_rows
 from regen.audit.lengths import histograms, length_columns, quantiles, tiny_length_check
-from regen.audit.loss_mask import (
-    load_model_template,
-    loss_mask_check,
-    measure_loss_mask,
-    stored_ids,
-)
+from regen.audit.loss_mask import loss_mask_check
 from regen.audit.quality import (
     answer_collapse_check,
-    completions,
     empty_answer_check,
     empty_thinking_check,
     repetition_check,
     think_leak_check,
     truncation_checks,
 )
-from regen.audit.result import AuditResult, verdict_of
-from regen.audit.servers import server_breakdown, server_check, server_rates
+from regen.audit.result import AuditResult, Check, Quantiles, verdict_of
+from regen.audit.servers import server_breakdown, server_check
+from regen.audit.summary import (
+    AuditSettings,
+    Summary,
+    audit_rows,
+    merge,
+    settings_for,
+    summary_key,
+)
 from regen.audit.template_parity import template_parity_check
 from regen.audit.thresholds import AuditConfig
 from regen.storage import Storage
+
+_FOLD = 200
+"""Summaries merged at a time while reading: bounds memory, costs a few merges of the
+running figures."""
 
 
 def run_audit(
@@ -44,7 +51,8 @@ def run_audit(
     thinking_requested: bool | None = None,
     tokenizer_path: Path | str | None = None,
 ) -> AuditResult:
-    """Audit the committed shards under `storage`; nothing is written (see `write_report`).
+    """Audit the committed shards under `storage`; only shard summaries are written (the
+    report is `write_report`'s).
 
     `thinking_requested` defaults to run.json's `regeneration.thinking` being `save`.
     `tokenizer_path` is the model directory (or its tokenizer.json) whose chat template
@@ -52,56 +60,128 @@ def run_audit(
     stored prompts; without it and without ids, those checks are `skipped`, never passed.
     """
     view = open_dataset(storage)
-    thinking = run_thinking(storage) if thinking_requested is None else thinking_requested
-    path = Path(tokenizer_path) if tokenizer_path else None
-    model = load_model_template(path, enable_thinking=thinking_enabled(storage))
-    conversations = scan_rows(storage, view)
-    stored = stored_ids(conversations)
-    features = collect_features(conversations, config)
-    # Completeness and errors count conversations; the answer checks count every turn. The
-    # text features are the audit's costly part: computed again only where turns were split.
-    if stored.multi_turn:
-        rows = per_turn(conversations)
-        ok = completions(collect_features(rows, config))
-    else:
-        rows, ok = conversations, completions(features)
-    loss = measure_loss_mask(conversations, stored, model, ok.height, config.batch_rows)
-
-    def snippets(ids: list[str]) -> dict[str, str]:
-        return answer_snippets(rows, ids)
-
-    columns = length_columns(thinking)
-    lengths = quantiles(ok, columns)
-    plots = histograms(ok, columns)
-    if loss.tokens.height:
-        # Per sample, not per row: measured apart from the other lengths, shown with them.
-        columns.append("loss_tokens")
-        lengths |= quantiles(loss.tokens, ["loss_tokens"])
-        plots |= histograms(loss.tokens, ["loss_tokens"])
-    counts = server_rates(features, config, thinking)
-    checks = [
-        completeness_check(features, view, config),
-        error_rows_check(features, config),
-        empty_answer_check(ok, config, snippets),
-        empty_thinking_check(ok, config, thinking),
-        think_leak_check(ok, config),
-        *truncation_checks(ok, config),
-        repetition_check(ok, config),
-        answer_collapse_check(ok, config, snippets),
-        tiny_length_check(ok, config, columns, lengths),
-        server_check(features, counts, config, thinking),
-        loss_mask_check(loss, config, model.missing),
-        template_parity_check(storage, view, model, config),
-    ]
-    finish = features.group_by("finish_reason").len().sort("finish_reason")
-    return AuditResult(
+    settings = settings_for(
+        storage, view, config, thinking_requested=thinking_requested, tokenizer_path=tokenizer_path
+    )
+    # Folded as they come, so memory holds one running merge, not every shard's summary.
+    running: list[Summary] = []
+    for summary in iter_shard_summaries(storage, view, settings, computed=[]):
+        running.append(summary)
+        if len(running) >= _FOLD:
+            running = [merge(running)]
+    # Duplicate and missing ids span shards: the one check that reads ids across the dataset.
+    ids = scan_rows(storage, view).select("id", "shard").collect()
+    return audit_result(
+        merged(running, settings),
+        settings,
         dataset=storage.uri,
-        rows=features.height,
         planned=view.plan.height if view.plan is not None else None,
+        completeness=completeness_check(ids, view, config),
+    )
+
+
+@dataclass
+class ShardSummaries:
+    """Every committed shard's summary, in shard order, and which were computed now."""
+
+    parts: list[Summary] = field(default_factory=list)
+    computed: list[int] = field(default_factory=list)
+
+
+def shard_summaries(storage: Storage, view: DatasetView, settings: AuditSettings) -> ShardSummaries:
+    """Every committed shard's summary (see `iter_shard_summaries`), in a list."""
+    out = ShardSummaries()
+    out.parts = list(iter_shard_summaries(storage, view, settings, out.computed))
+    return out
+
+
+def iter_shard_summaries(
+    storage: Storage, view: DatasetView, settings: AuditSettings, computed: list[int]
+) -> Iterator[Summary]:
+    """Read each shard's stored summary; compute (one shard in memory) and store the ones
+    missing, made with other settings, or made from another generation of the shard's data,
+    appending their shard numbers to `computed`."""
+    key = settings.key
+    for shard, data in view.committed.items():
+        source = view.digests.get(shard, data)
+        summary = read_summary(storage, shard, key)
+        if summary is None or summary.sources != {shard: source}:
+            one = DatasetView({shard: data}, [], [], None)
+            rows = scan_rows(storage, one).collect()
+            summary = audit_rows(rows, settings, sources={shard: source})
+            storage.write_bytes(summary_key(shard, key), summary.to_json())
+            computed.append(shard)
+        yield summary
+
+
+def read_summary(storage: Storage, shard: int, settings: str) -> Summary | None:
+    """The stored summary, or None when there is none or it is unreadable (then recomputed)."""
+    key = summary_key(shard, settings)
+    try:
+        return Summary.model_validate_json(storage.read_bytes(key))
+    except (FileNotFoundError, ValidationError):
+        return None
+
+
+def merged(parts: list[Summary], settings: AuditSettings) -> Summary:
+    """The merge, or an empty summary when nothing is committed."""
+    if not parts:
+        return Summary(settings=settings.key, max_examples=settings.config.max_examples)
+    return merge(parts)
+
+
+def row_checks(summary: Summary, settings: AuditSettings) -> list[Check]:
+    """Every check but completeness, from a summary: the final gate's and the live gate's."""
+    config, thinking = settings.config, settings.thinking
+    columns = length_columns(thinking)
+    lengths = length_quantiles(summary, columns)
+    return [
+        error_rows_check(summary, config),
+        empty_answer_check(summary, config),
+        empty_thinking_check(summary, config, thinking),
+        think_leak_check(summary, config),
+        *truncation_checks(summary, config),
+        repetition_check(summary, config),
+        answer_collapse_check(summary, config),
+        tiny_length_check(summary, config, columns, lengths),
+        server_check(summary.servers, summary.server_examples, config, thinking),
+        loss_mask_check(summary.loss, config, settings.model.missing),
+        template_parity_check(summary.parity, settings.model, config, len(summary.sources)),
+    ]
+
+
+def length_quantiles(summary: Summary, columns: list[str]) -> dict[str, Quantiles]:
+    """p1/p50/p99 of the row lengths over completions, and of the loss tokens per sample
+    (measured apart from the other lengths, shown with them)."""
+    lengths = quantiles(summary.lengths, columns) if summary.completions else {}
+    if summary.loss.tokens:
+        lengths |= quantiles({"loss_tokens": summary.loss.tokens}, ["loss_tokens"])
+    return lengths
+
+
+def audit_result(
+    summary: Summary,
+    settings: AuditSettings,
+    *,
+    dataset: str,
+    planned: int | None,
+    completeness: Check,
+) -> AuditResult:
+    """The AuditResult (audit.json, audit.md) of merged figures and the completeness check."""
+    columns = length_columns(settings.thinking)
+    lengths = length_quantiles(summary, columns)
+    plots = histograms(summary.lengths, columns) if summary.completions else {}
+    if summary.loss.tokens:
+        plots |= histograms({"loss_tokens": summary.loss.tokens}, ["loss_tokens"])
+    checks = [completeness, *row_checks(summary, settings)]
+    return AuditResult(
+        dataset=dataset,
+        rows=summary.rows,
+        planned=planned,
         verdict=verdict_of(checks),
         checks=checks,
         lengths=lengths,
         histograms=plots,
-        finish_reasons={r: int(n) for r, n in finish.iter_rows()},
-        servers=server_breakdown(counts),
+        finish_reasons=dict(sorted(summary.finish_reasons.items())),
+        servers=server_breakdown(summary.servers),
     )

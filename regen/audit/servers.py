@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -10,7 +11,7 @@ from regen.audit.result import Check, Example, ServerRates, grade
 from regen.audit.thresholds import AuditConfig
 
 
-def _flags(config: AuditConfig, thinking: bool) -> dict[str, pl.Expr]:
+def server_flags(config: AuditConfig, thinking: bool) -> dict[str, pl.Expr]:
     """Per-row defects over completions; `error` is the only one counted over every row."""
     flags = {
         "empty_answer": pl.col("empty_answer").is_not_null(),
@@ -34,20 +35,24 @@ def server_rates(features: pl.DataFrame, config: AuditConfig, thinking: bool) ->
             rows=pl.len(),
             completions=ok.sum(),
             error=pl.col("is_error").sum(),
-            **{k: (ok & v.fill_null(False)).sum() for k, v in _flags(config, thinking).items()},
+            **{
+                k: (ok & v.fill_null(False)).sum()
+                for k, v in server_flags(config, thinking).items()
+            },
         )
         .sort("server")
     )
 
 
-def server_breakdown(counts: pl.DataFrame) -> list[ServerRates]:
-    keys = [c for c in counts.columns if c not in {"server", "rows", "completions"}]
+def server_breakdown(counts: dict[str, dict[str, int]]) -> list[ServerRates]:
     out = []
-    for row in counts.iter_rows(named=True):
+    for server, row in counts.items():
         rates = {
-            k: row[k] / max(row["rows"] if k == "error" else row["completions"], 1) for k in keys
+            k: n / max(row["rows"] if k == "error" else row["completions"], 1)
+            for k, n in row.items()
+            if k not in {"rows", "completions"}
         }
-        out.append(ServerRates(server=row["server"], rows=row["rows"], rates=rates))
+        out.append(ServerRates(server=server, rows=row["rows"], rates=rates))
     return out
 
 
@@ -59,7 +64,10 @@ def _z_score(hits: int, n: int, rest_hits: int, rest_n: int) -> float:
 
 
 def server_check(
-    features: pl.DataFrame, counts: pl.DataFrame, config: AuditConfig, thinking: bool
+    counts: dict[str, dict[str, int]],
+    examples: dict[str, dict[str, list[str]]],
+    config: AuditConfig,
+    thinking: bool,
 ) -> Check:
     """The largest excess of one server's rate over the other servers', where it is an outlier.
 
@@ -67,17 +75,62 @@ def server_check(
     excess rate, so a fleet-wide problem (every server alike) is left to the other checks.
     """
     name, title = "server_outlier", "9 per-server breakdown"
-    if counts.height < 2:
+    if len(counts) < 2:
         return Check(
             name=name, title=title, status="skipped", figure=None, detail="one server: no peers"
         )
-    flags = _flags(config, thinking)
-    worst: tuple[float, str, str, float, float] | None = None
+    worst, findings = server_outliers(counts, config, thinking)
+    if worst is None:
+        return Check(
+            name=name,
+            title=title,
+            status="pass",
+            figure=0.0,
+            warn=config.server_outlier.warn,
+            fail=config.server_outlier.fail,
+            detail=f"{len(counts)} servers, none far worse than the others",
+        )
+    ids = examples.get(worst.server, {}).get(worst.defect, [])
+    return Check(
+        name=name,
+        title=title,
+        status=grade(worst.excess, config.server_outlier),
+        figure=worst.excess,
+        warn=config.server_outlier.warn,
+        fail=config.server_outlier.fail,
+        examples=[Example(id=i, reason=f"{worst.server}: {worst.defect}") for i in ids],
+        detail="; ".join(findings) or f"{worst.server} {worst.defect} slightly above the others",
+    )
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """One server's defect rate far above the rest of the fleet's."""
+
+    server: str
+    defect: str
+    rate: float
+    rest: float
+
+    @property
+    def excess(self) -> float:
+        return self.rate - self.rest
+
+
+def server_outliers(
+    counts: dict[str, dict[str, int]], config: AuditConfig, thinking: bool
+) -> tuple[Outlier | None, list[str]]:
+    """The worst outlier (largest excess; the first found on a tie) and, for each (server,
+    defect) whose excess reaches the warn threshold, a line naming it."""
+    worst: Outlier | None = None
     findings = []
-    for key in ["error", *flags]:
+    servers = sorted(counts)
+    for key in ["error", *server_flags(config, thinking)]:
         denom = "rows" if key == "error" else "completions"
-        total_hits, total_n = counts[key].sum(), counts[denom].sum()
-        for server, hits, n in counts.select("server", key, denom).iter_rows():
+        total_hits = sum(counts[s].get(key, 0) for s in servers)
+        total_n = sum(counts[s][denom] for s in servers)
+        for server in servers:
+            hits, n = counts[server].get(key, 0), counts[server][denom]
             rest_n = total_n - n
             if n == 0 or rest_n == 0:
                 continue
@@ -89,31 +142,6 @@ def server_check(
                 continue
             if excess >= config.server_outlier.warn:
                 findings.append(f"{server} {key} {rate:.1%} vs {rest:.1%} on the others")
-            if worst is None or excess > worst[0]:
-                worst = (excess, server, key, rate, rest)
-    if worst is None:
-        return Check(
-            name=name,
-            title=title,
-            status="pass",
-            figure=0.0,
-            warn=config.server_outlier.warn,
-            fail=config.server_outlier.fail,
-            detail=f"{counts.height} servers, none far worse than the others",
-        )
-    excess, server, key, _, _ = worst
-    scope = pl.lit(True) if key == "error" else ~pl.col("is_error")
-    flag = pl.col("is_error") if key == "error" else flags[key].fill_null(False)
-    hits = features.filter((pl.col("server") == server) & scope & flag)
-    return Check(
-        name=name,
-        title=title,
-        status=grade(excess, config.server_outlier),
-        figure=excess,
-        warn=config.server_outlier.warn,
-        fail=config.server_outlier.fail,
-        examples=[
-            Example(id=i, reason=f"{server}: {key}") for i in hits.head(config.max_examples)["id"]
-        ],
-        detail="; ".join(findings) or f"{server} {key} slightly above the others",
-    )
+            if worst is None or excess > worst.excess:
+                worst = Outlier(server, key, rate, rest)
+    return worst, findings

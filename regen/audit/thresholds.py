@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -70,6 +72,17 @@ class AuditConfig(BaseModel):
         "deterministic); 0 renders every row.",
     )
     max_examples: int = Field(default=5, ge=0)
+    live: Literal["stop", "warn", "off"] = Field(
+        default="stop",
+        description="While generating, a check over its fail threshold stops the run (stop), "
+        "is only reported (warn), or the running figures are not judged at all (off).",
+    )
+    live_min_rows: int = Field(
+        default=2000,
+        ge=0,
+        description="Rows committed before the rolling audit may stop a run: a few early rows "
+        "over a threshold are chance, not a broken run.",
+    )
     batch_rows: int = Field(
         default=100_000, ge=1000, description="Rows per batch of the scan; bounds peak memory."
     )

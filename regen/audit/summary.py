@@ -1,0 +1,456 @@
+"""A shard's audit summary: every figure the checks need, from the rows in hand, mergeable.
+
+The audit used to read the whole dataset into one frame (4.4 GB at 100K rows). A summary holds
+counts, a few example ids, value counts of integer lengths (so quantiles stay exact after a
+merge) and hashed answers with counts (for the collapse check): a few kB per shard. The final
+audit, the rolling gate during a run and a canary's gate all merge summaries, so they are one
+mechanism and agree by construction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain
+from pathlib import Path
+from typing import Any, TypeVar
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+from regen.audit.dataset import (
+    DatasetView,
+    answer_snippets,
+    per_turn,
+    thinking_enabled,
+)
+from regen.audit.dataset import thinking_requested as run_thinking
+from regen.audit.features import collect_features
+from regen.audit.loss_mask import ModelTemplate, load_model_template, measure_loss_mask, stored_ids
+from regen.audit.result import Example
+from regen.audit.servers import server_flags, server_rates
+from regen.audit.template_parity import ParityFigures, parity_figures
+from regen.audit.thresholds import AuditConfig
+from regen.storage import Storage
+
+SUMMARY_FORMAT = 1
+"""Raised when what a summary holds or how it is computed changes: old ones are recomputed."""
+
+LENGTH_COLUMNS = ["prompt_tokens", "reasoning_tokens", "completion_tokens", "answer_tokens"]
+FLAGS = [
+    "empty_answer",
+    "empty_thinking",
+    "think_leak",
+    "truncation",
+    "truncated_in_thinking",
+    "repetition",
+]
+K = TypeVar("K", str, int)
+# Settings that change no figure of a summary: changing them must not recompute any.
+_NOT_KEYED = {"live", "live_min_rows", "batch_rows"}
+
+
+def summary_key(shard: int, settings: str) -> str:
+    """`audit/shard-000042.<settings>.json`: named by its shard, but outside `shards/`, where
+    readers take every `.json` for a manifest and every listed key for the run's data."""
+    return f"audit/shard-{shard:06d}.{settings}.json"
+
+
+class Hits(BaseModel):
+    """How many rows a defect hit, and the first few of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = 0
+    examples: list[Example] = Field(default_factory=list)
+
+
+_COUNTS = {"key": pl.UInt64, "n": pl.Int64, "snippet": pl.String}
+_IDS = {"key": pl.UInt64, "id": pl.String}
+
+
+class Answers(BaseModel):
+    """Normalised answers by hash: `counts` (key, n, the first row's snippet) in order of first
+    appearance, and `ids` (key, id) with each answer's first ids in row order.
+
+    Held as frames (a million answers are ~40 MB there, ~10 times more as Python objects),
+    stored as flat JSON lists (fast to load)."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    counts: pl.DataFrame = Field(default_factory=lambda: pl.DataFrame(schema=_COUNTS))
+    ids: pl.DataFrame = Field(default_factory=lambda: pl.DataFrame(schema=_IDS))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_lists(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "key" in data:
+            counts = {c: data[c] for c in _COUNTS}
+            ids = {"key": data["id_key"], "id": data["id"]}
+            return {
+                "counts": pl.DataFrame(counts, schema=_COUNTS),
+                "ids": pl.DataFrame(ids, schema=_IDS),
+            }
+        return data
+
+    @model_serializer
+    def _to_lists(self) -> dict[str, list[Any]]:
+        return {
+            **{c: self.counts[c].to_list() for c in _COUNTS},
+            "id_key": self.ids["key"].to_list(),
+            "id": self.ids["id"].to_list(),
+        }
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Answers)
+            and self.counts.equals(other.counts)
+            and self.ids.equals(other.ids)
+        )
+
+
+class LossFigures(BaseModel):
+    """Check 10's figures: loss tokens per sample, and which path measured them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turns: int = 0
+    from_ids: int = 0
+    from_template: int = 0
+    short: Hits = Field(default_factory=Hits)
+    tokens: dict[int, int] = Field(default_factory=dict)
+
+
+class Summary(BaseModel):
+    """The audit's figures over some rows: one shard's, or many shards' merged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    settings: str
+    max_examples: int
+    sources: dict[int, str] = Field(default_factory=dict)
+    """Shard -> the digest of the data it was computed from (its manifest's sha256)."""
+    rows: int = 0
+    """Conversations; completeness and errors count these, the answer checks count turns."""
+    errors: Hits = Field(default_factory=Hits)
+    finish_reasons: dict[str, int] = Field(default_factory=dict)
+    completions: int = 0
+    """Answered turns (error rows left out): the denominator of checks 2-8."""
+    flags: dict[str, Hits] = Field(default_factory=dict)
+    empty_kinds: dict[str, int] = Field(default_factory=dict)
+    tiny: dict[str, Hits] = Field(default_factory=dict)
+    lengths: dict[str, dict[int, int]] = Field(default_factory=dict)
+    """Column -> {length: completions}: exact quantiles and histograms after any merge."""
+    answers: Answers = Field(default_factory=Answers)
+    servers: dict[str, dict[str, int]] = Field(default_factory=dict)
+    server_examples: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
+    loss: LossFigures = Field(default_factory=LossFigures)
+    parity: ParityFigures = Field(default_factory=ParityFigures)
+
+    @property
+    def shards(self) -> list[int]:
+        return sorted(self.sources)
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """What makes a summary: thresholds and knobs, what thinking stores, the model template,
+    and the rows per shard that check 11 renders again."""
+
+    config: AuditConfig
+    thinking: bool
+    """Rows should carry reasoning (regeneration.thinking is save)."""
+    model: ModelTemplate
+    parity_rows: int
+    """Per shard; 0 renders every row."""
+
+    @cached_property
+    def key(self) -> str:
+        """A hash of everything that changes a summary's figures (and of polars' version: the
+        answer hashes are polars')."""
+        config = self.config.model_dump(mode="json", exclude=_NOT_KEYED)
+        template = self.model.template
+        identity = (
+            hashlib.sha256(
+                template.path.read_bytes() + template.tokenizer.to_str().encode()
+            ).hexdigest()
+            if template is not None
+            else None
+        )
+        blob = json.dumps(
+            [
+                SUMMARY_FORMAT,
+                pl.__version__,
+                config,
+                self.thinking,
+                self.model.enable_thinking,
+                identity,
+                self.parity_rows,
+            ],
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def settings_for(
+    storage: Storage,
+    view: DatasetView,
+    config: AuditConfig,
+    *,
+    thinking_requested: bool | None = None,
+    tokenizer_path: Path | str | None = None,
+) -> AuditSettings:
+    """The settings of a dataset's audit: run.json's thinking, the model directory's template,
+    and check 11's budget of `template_parity_rows` spread evenly over the planned shards."""
+    thinking = run_thinking(storage) if thinking_requested is None else thinking_requested
+    path = Path(tokenizer_path) if tokenizer_path else None
+    model = load_model_template(path, enable_thinking=thinking_enabled(storage))
+    limit = config.template_parity_rows
+    shards = view.plan["shard"].n_unique() if view.plan is not None else len(view.committed)
+    per_shard = -(-limit // max(shards, 1)) if limit else 0
+    return AuditSettings(config, thinking, model, per_shard)
+
+
+def audit_rows(
+    rows: pl.DataFrame, settings: AuditSettings, *, sources: dict[int, str] | None = None
+) -> Summary:
+    """The summary of rows in hand (one shard's, or a canary's): every figure, no verdict.
+
+    `sources` names the data the rows came from (shard -> digest); by default, the shards in
+    the rows' `shard` column with no digest.
+    """
+    config, k = settings.config, settings.config.max_examples
+    conversations = rows.lazy()
+    features = collect_features(conversations, config)
+    stored = stored_ids(conversations)
+    # Completeness and errors count conversations; the answer checks count every turn. The
+    # text features are the costly part: computed again only where turns were split.
+    if stored.multi_turn:
+        turn_rows = per_turn(conversations)
+        ok = collect_features(turn_rows, config).filter(~pl.col("is_error"))
+    else:
+        turn_rows, ok = conversations, features.filter(~pl.col("is_error"))
+    loss = measure_loss_mask(conversations, stored, settings.model, ok.height, config.batch_rows)
+
+    def hits(frame: pl.DataFrame, flag: pl.Expr, reason: pl.Expr) -> Hits:
+        found = frame.filter(flag)
+        shown = found.head(k).select("id", reason.alias("reason"))
+        return Hits(
+            n=found.height, examples=[Example(id=i, reason=r) for i, r in shown.iter_rows()]
+        )
+
+    empty = hits(
+        ok,
+        pl.col("empty_answer").is_not_null(),
+        pl.when(pl.col("empty_answer") == "short")
+        .then(pl.format("short: {} tokens", pl.col("answer_tokens")))
+        .otherwise(pl.col("empty_answer")),
+    )
+    fillers = answer_snippets(turn_rows, [e.id for e in empty.examples if e.reason == "filler"])
+    for e in empty.examples:
+        if e.id in fillers:
+            e.reason = f"filler: {fillers[e.id]!r}"
+    flags = {
+        "empty_answer": empty,
+        "empty_thinking": hits(ok, pl.col("empty_thinking"), pl.lit("empty reasoning_content")),
+        "think_leak": hits(
+            ok, pl.col("think_leak"), pl.lit("<think> tag in content or unbalanced in reasoning")
+        ),
+        "truncation": hits(ok, pl.col("truncated"), pl.lit("finish_reason length")),
+        "truncated_in_thinking": hits(
+            ok, pl.col("truncated_in_thinking"), pl.lit("finish_reason length, no answer")
+        ),
+        "repetition": hits(
+            ok,
+            pl.col("repetition") >= config.repetition_share,
+            pl.format(
+                "{}% of {}-grams repeated",
+                (100 * pl.col("repetition")).round(0).cast(pl.Int64),
+                pl.lit(config.repetition_ngram),
+            ),
+        ),
+    }
+    tiny = {
+        c: hits(ok, pl.col(c) <= config.tiny_length_tokens, pl.format(f"{c} = {{}}", pl.col(c)))
+        for c in LENGTH_COLUMNS
+    }
+    lengths = {c: _value_counts(ok[c]) for c in LENGTH_COLUMNS}
+    kinds = dict(ok["empty_answer"].drop_nulls().value_counts().iter_rows())
+    counts = server_rates(features, config, settings.thinking)
+    finish = features.group_by("finish_reason").len()
+    # Samples in row order, so the examples are the first rows, as every other check's are.
+    order = ok.select("id").with_row_index("_pos")
+    tokens = loss.tokens.join(order, on="id", how="left").sort("_pos", nulls_last=True)
+    short = tokens.filter(pl.col("loss_tokens") <= config.min_loss_tokens).select(
+        "id", "loss_tokens"
+    )
+    return Summary(
+        settings=settings.key,
+        max_examples=k,
+        sources=sources
+        if sources is not None
+        else {int(s): "" for s in rows["shard"].unique().drop_nulls()},
+        rows=features.height,
+        errors=hits(features, pl.col("is_error"), pl.lit("error row")),
+        finish_reasons={r: int(n) for r, n in finish.iter_rows()},
+        completions=ok.height,
+        flags=flags,
+        empty_kinds={str(kind): int(n) for kind, n in kinds.items()},
+        tiny=tiny,
+        lengths=lengths,
+        answers=_answers(ok, turn_rows, k),
+        servers={row.pop("server"): row for row in counts.iter_rows(named=True)},
+        server_examples=_server_examples(features, config, settings.thinking, k),
+        loss=LossFigures(
+            turns=loss.turns,
+            from_ids=loss.from_ids,
+            from_template=loss.from_template,
+            short=Hits(
+                n=short.height,
+                examples=[
+                    Example(id=i, reason=f"{n} loss tokens") for i, n in short.head(k).iter_rows()
+                ],
+            ),
+            tokens=_value_counts(loss.tokens["loss_tokens"]),
+        ),
+        parity=parity_figures(rows, settings.model, settings.parity_rows, k),
+    )
+
+
+def merge(summaries: Iterable[Summary]) -> Summary:
+    """The figures over all the summaries' rows, examples in the order given (shard order for
+    the final audit, commit order for the rolling gate). Summaries made with other settings
+    cannot be merged: their figures mean other things."""
+    parts = list(summaries)
+    if not parts:
+        raise ValueError("nothing to merge")
+    first = parts[0]
+    if any(p.settings != first.settings for p in parts):
+        raise ValueError("summaries made with different audit settings cannot be merged")
+    if len(parts) == 1:
+        return first.model_copy(deep=True)
+    k = first.max_examples
+
+    def add_hits(items: list[Hits]) -> Hits:
+        examples = [e for h in items for e in h.examples][:k]
+        return Hits(n=sum(h.n for h in items), examples=examples)
+
+    def keyed_hits(field: str) -> dict[str, Hits]:
+        names = dict.fromkeys(n for p in parts for n in getattr(p, field))
+        return {
+            n: add_hits([getattr(p, field)[n] for p in parts if n in getattr(p, field)])
+            for n in names
+        }
+
+    servers: dict[str, dict[str, int]] = {}
+    examples: dict[str, dict[str, list[str]]] = {}
+    for p in parts:
+        for server, figures in p.servers.items():
+            into = servers.setdefault(server, {})
+            for name, n in figures.items():
+                into[name] = into.get(name, 0) + n
+        for server, by_flag in p.server_examples.items():
+            into_ids = examples.setdefault(server, {})
+            for name, ids in by_flag.items():
+                into_ids[name] = (into_ids.get(name, []) + ids)[:k]
+    # Built from validated summaries: validating the merged lists again would cost seconds.
+    return Summary.model_construct(
+        settings=first.settings,
+        max_examples=k,
+        sources={s: d for p in parts for s, d in p.sources.items()},
+        rows=sum(p.rows for p in parts),
+        errors=add_hits([p.errors for p in parts]),
+        finish_reasons=_add_counts(p.finish_reasons for p in parts),
+        completions=sum(p.completions for p in parts),
+        flags=keyed_hits("flags"),
+        empty_kinds=_add_counts(p.empty_kinds for p in parts),
+        tiny=keyed_hits("tiny"),
+        lengths={
+            c: _add_counts(p.lengths.get(c, {}) for p in parts)
+            for c in dict.fromkeys(c for p in parts for c in p.lengths)
+        },
+        answers=merge_answers([p.answers for p in parts], k),
+        servers=dict(sorted(servers.items())),
+        server_examples=examples,
+        loss=LossFigures(
+            turns=sum(p.loss.turns for p in parts),
+            from_ids=sum(p.loss.from_ids for p in parts),
+            from_template=sum(p.loss.from_template for p in parts),
+            short=add_hits([p.loss.short for p in parts]),
+            tokens=_add_counts(p.loss.tokens for p in parts),
+        ),
+        parity=ParityFigures.merge([p.parity for p in parts], k),
+    )
+
+
+def merge_answers(parts: list[Answers], k: int, keep: int | None = None) -> Answers:
+    """Counts added by answer hash, first ids kept in order; with `keep`, only the `keep` most
+    common answers (the rolling gate's bound: a pruned answer's count is lost, so a later
+    collapse is under-counted by at most the count it had, itself under 1/`keep` of rows)."""
+    counts = (
+        pl.concat([a.counts for a in parts])
+        .group_by("key", maintain_order=True)
+        .agg(pl.col("n").sum(), pl.col("snippet").first())
+    )
+    ids = pl.concat([a.ids for a in parts])
+    if keep is not None and counts.height > keep:
+        counts = counts.sort("n", descending=True, maintain_order=True).head(keep)
+        ids = ids.filter(pl.col("key").is_in(counts["key"].implode()))
+    return Answers(counts=counts, ids=ids.group_by("key", maintain_order=True).head(k))
+
+
+def _answers(ok: pl.DataFrame, rows: pl.LazyFrame, k: int) -> Answers:
+    keyed = ok.filter(pl.col("answer_key").is_not_null()).select(key="answer_key", id="id")
+    counts = keyed.group_by("key", maintain_order=True).agg(n=pl.len(), first=pl.col("id").first())
+    snippets = answer_snippets(rows, counts["first"].to_list())
+    counts = counts.select(
+        "key",
+        pl.col("n").cast(pl.Int64),
+        snippet=pl.col("first").replace_strict(snippets, default="", return_dtype=pl.String),
+    )
+    return Answers(counts=counts, ids=keyed.group_by("key", maintain_order=True).head(k))
+
+
+def _server_examples(
+    features: pl.DataFrame, config: AuditConfig, thinking: bool, k: int
+) -> dict[str, dict[str, list[str]]]:
+    """Per server and defect, its first ids: the examples of check 9 whichever server it names."""
+    out: dict[str, dict[str, list[str]]] = {}
+    ok = ~pl.col("is_error")
+    named = {
+        "error": pl.col("is_error"),
+        **{n: ok & f.fill_null(False) for n, f in server_flags(config, thinking).items()},
+    }
+    for name, flag in named.items():
+        found = (
+            features.filter(flag).group_by("server", maintain_order=True).agg(pl.col("id").head(k))
+        )
+        for server, ids in found.iter_rows():
+            out.setdefault(server, {})[name] = ids
+    return out
+
+
+def _value_counts(values: pl.Series) -> dict[int, int]:
+    counts = values.drop_nulls().cast(pl.Int64).value_counts(sort=False)
+    return {int(v): int(n) for v, n in counts.iter_rows()}
+
+
+def _add_counts(parts: Iterable[dict[K, int]]) -> dict[K, int]:
+    """Counts added by key; in one polars pass, as a million rows bring ~10^6 entries."""
+    dicts = [p for p in parts if p]
+    if len(dicts) <= 1:
+        return dict(dicts[0]) if dicts else {}
+    frame = pl.DataFrame(
+        {
+            "key": list(chain.from_iterable(dicts)),
+            "n": list(chain.from_iterable(d.values() for d in dicts)),
+        }
+    )
+    summed = frame.group_by("key", maintain_order=True).agg(pl.col("n").sum())
+    return dict(zip(summed["key"].to_list(), summed["n"].to_list(), strict=True))
