@@ -262,7 +262,7 @@ def main() -> None:
         "clean_seconds_without_canary": round(plain["seconds"], 3),
         "clean_seconds_with_canary": round(canaried["seconds"], 3),
         "clean_canary_audit_s": round(canaried["audit_s"], 4),
-        "clean_overhead_ratio": round((canaried["seconds"] - plain["seconds"]) / plain["seconds"], 4),
+        "clean_overhead_ratio": round(canaried["seconds"] / plain["seconds"] - 1, 4),
         "smoke": args.smoke,
     }
     table = Table(title=f"live gate, {args.prompts:,} prompts, {args.servers} emulators")
