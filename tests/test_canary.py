@@ -26,7 +26,7 @@ from regen.canary import (
 from regen.errors import UserError
 from regen.shards import commit_shard, prompts_for_shard, read_manifest
 from regen.storage import LocalStorage
-from tests.test_dispatcher import dispatcher, emulators, prompts
+from tests.test_dispatcher import Emulator, dispatcher, emulators, prompts
 
 FP = "f" * 64
 
@@ -53,7 +53,7 @@ def test_sample_is_deterministic_and_spread_over_every_pending_shard(tmp_path: P
     assert canary_sample(cache, pending, 1000).height == 80
 
 
-def _requests(fleet: list) -> float:  # type: ignore[type-arg]
+def _requests(fleet: list[Emulator]) -> float:
     return sum(e.metric("sglang:e2e_request_latency_seconds_count") for e in fleet)
 
 
