@@ -220,6 +220,14 @@ class GenerationConfig(_Section):
     new_output: bool = Field(
         default=False, description="Allow a changed fingerprint: start a fresh dataset."
     )
+    # Not fingerprinted (no generation.* setting is): a canary only changes the order rows
+    # are sent in, never what a row holds, so datasets made with and without one compare.
+    canary_prompts: int = Field(
+        default=256,
+        ge=0,
+        description="Prompts sampled over every pending shard, generated and audited before "
+        "the rest is sent; 0 turns the canary off.",
+    )
 
 
 class RegenConfig(_Section):

@@ -259,3 +259,34 @@ def test_dead_fleet_fails_pending_shards_within_fleet_dead_s(tmp_path: Path) -> 
         waited = time.monotonic() - killed
     assert first.height == 4 and first["error"].null_count() == 4
     assert 1.0 < waited < 8, waited
+
+
+def test_quarantined_server_leaves_for_good_and_loses_no_row(tmp_path: Path) -> None:
+    # The live audit's call: server-1 answers fast and passes probes, yet its answers are bad.
+    with emulators(tmp_path, 3, answer_tokens="40:80", time_scale=1.0) as fleet:
+        rows = prompts(60)
+        with dispatcher(fleet) as d:
+            future = d.submit_shard(0, rows)
+            deadline = time.monotonic() + 10
+            while not (d.stats().servers[1].completed and d.stats().servers[1].in_flight):
+                assert time.monotonic() < deadline, d.stats()
+                time.sleep(0.005)
+            d.quarantine("server-1", "empty_answer 100 % on this server")
+            served = d.stats().servers[1].completed
+            out = future.result(timeout=30)
+            time.sleep(0.6)  # three probe backoffs: a transport quarantine would be back
+            stats = d.stats()
+            with pytest.raises(ValueError, match="no server 'server-9'"):
+                d.quarantine("server-9", "unknown")
+            d.quarantine(0, "bad too")
+            with pytest.raises(ValueError, match="server-2 is the last server"):
+                d.quarantine("server-2", "the last one")
+    assert_complete(out, rows, 0)
+    assert out["error"].null_count() == rows.height
+    assert (out["server"] == "server-1").sum() == served  # nothing it held came back from it
+    assert out["attempts"].max() == 1  # a moved row spent no attempt
+    assert stats.ok == 60 and stats.retries == 0
+    held = stats.servers[1]
+    assert held.state is ServerState.QUARANTINED and held.quarantines == 1
+    assert held.quarantine_reason == "empty_answer 100 % on this server"
+    assert stats.servers[0].quarantine_reason is None

@@ -25,6 +25,11 @@ Why this shape:
   whole fleet down. A quarantined server is re-probed with backoff and comes back when
   the probe passes. No healthy server for `generation.fleet_dead_s` fails every pending
   future with `FleetError`; shards already returned are unaffected.
+- Quarantine by the caller (`quarantine(server, reason)`): the live audit found a server
+  whose answers are bad (a broken GPU, a corrupted staged copy) although it answers fast
+  and passes every probe. It leaves the same way, its in-flight rows re-sent to the others
+  at no attempt's cost (their answers would be suspect), but it is never re-probed: it
+  stays out for the run, with its reason in `stats()`.
 - Conversations (`regeneration.turns: all`). A row's next turn is queued the moment its
   previous answer arrives, at the front of the retry queue: it goes ahead of fresh rows, so
   a conversation never waits on other rows and slots stay full. Each turn has its own
@@ -89,6 +94,7 @@ class _Server:
         "last_failure",
         "output_tokens",
         "probe",
+        "quarantine_reason",
         "quarantines",
         "running",
         "slots",
@@ -107,6 +113,7 @@ class _Server:
         self.failed_attempts = 0
         self.output_tokens = 0
         self.quarantines = 0
+        self.quarantine_reason: str | None = None
         self.probe: asyncio.Task[None] | None = None
 
     @property
@@ -229,6 +236,28 @@ class Dispatcher:
             self._loop.call_soon_threadsafe(self._accept, job)
         return job.future
 
+    def quarantine(self, server: str | int, reason: str) -> None:
+        """Take a server out for the rest of the run: by name (`server-1`) or index.
+
+        Its in-flight rows go to the other servers, none lost and none counted twice; its
+        completed rows stay where they are (the caller decides what to do with them). Raises
+        ValueError for an unknown server or for the last one that could still serve: the run
+        must stop instead, which is the caller's call, not a dead fleet's timeout.
+        """
+        if self._loop is None or self._closed:
+            raise RuntimeError("Dispatcher is not running (call start() first)")
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def apply() -> None:
+            try:
+                self._hold_out(self._server(server), reason)
+                done.set_result(None)
+            except ValueError as err:
+                done.set_exception(err)
+
+        self._loop.call_soon_threadsafe(apply)
+        done.result()
+
     def stats(self) -> DispatchStats:
         """A consistent snapshot of the counters; cheap enough to call every second."""
         with self._lock:
@@ -243,6 +272,7 @@ class Dispatcher:
                     failed_attempts=s.failed_attempts,
                     output_tokens=s.output_tokens,
                     quarantines=s.quarantines,
+                    quarantine_reason=s.quarantine_reason,
                 )
                 for s in self._servers
             )
@@ -485,7 +515,7 @@ class Dispatcher:
             if self._current is job:
                 self._current = None
 
-    def _quarantine(self, server: _Server) -> None:
+    def _quarantine(self, server: _Server, reason: str = "", *, reprobe: bool = True) -> None:
         server.state = ServerState.QUARANTINED
         taken = list(server.running.items())
         with self._lock:
@@ -496,17 +526,45 @@ class Dispatcher:
             work.attempts -= 1  # its server failed, not the row: no attempt spent
             work.avoid = server.endpoint.index
             self._retry.append(work)
+        if not reason:
+            reason = f"{server.consecutive_failures} consecutive failures ({server.last_failure})"
         log.warning(
-            "%s quarantined after %d consecutive failures (%s); %d requests moved elsewhere",
+            "%s quarantined: %s; %d requests moved elsewhere",
             server.endpoint.name,
-            server.consecutive_failures,
-            server.last_failure,
+            reason,
             len(taken),
         )
         assert self._loop is not None
-        server.probe = self._loop.create_task(self._reprobe_until_healthy(server))
+        if reprobe:
+            server.probe = self._loop.create_task(self._reprobe_until_healthy(server))
         self._check_fleet()
         self._pump()
+
+    def _server(self, name: str | int) -> _Server:
+        for s in self._servers:
+            if name in (s.endpoint.name, s.endpoint.index):
+                return s
+        known = ", ".join(s.endpoint.name for s in self._servers)
+        raise ValueError(f"no server {name!r} in this dispatcher ({known})")
+
+    def _hold_out(self, server: _Server, reason: str) -> None:
+        if server.quarantine_reason is not None:
+            return  # already out: the first reason stands
+        # A transport-quarantined server may come back; one held out never does.
+        left = [s for s in self._servers if s is not server and s.quarantine_reason is None]
+        if not left:
+            raise ValueError(
+                f"{server.endpoint.name} is the last server that can serve; stop the run instead"
+            )
+        if server.probe is not None:
+            server.probe.cancel()
+            server.probe = None
+        with self._lock:
+            server.quarantine_reason = reason
+        if server.healthy:
+            self._quarantine(server, reason, reprobe=False)
+        else:
+            log.warning("%s held out for the rest of the run: %s", server.endpoint.name, reason)
 
     async def _reprobe_until_healthy(self, server: _Server) -> None:
         t = self._tuning

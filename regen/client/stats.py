@@ -24,6 +24,9 @@ class ServerStats:
     failed_attempts: int
     output_tokens: int
     quarantines: int
+    # Set when a caller took the server out (`Dispatcher.quarantine`): out for the rest of
+    # the run, whatever its probes say. None for a transport quarantine, which re-probes.
+    quarantine_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

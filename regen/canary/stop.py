@@ -1,0 +1,99 @@
+"""The record a stopped run leaves, and the refusal of a rerun that would stop the same way.
+
+A run the live gate stopped would stop again if rerun unchanged, after renting the GPUs and
+sending the canary once more; so the rerun is refused before anything starts, with the reason
+the last run stopped. A rerun goes on when the config changed (a new fingerprint: the old
+record no longer speaks for it) or when the user says the cause is fixed outside the config
+(`generation.new_output`, e.g. a repaired chat template or model upload): then the record and
+the old canary rows are set aside, kept but never reused, and the canary is sent afresh.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from regen.audit.result import Check
+from regen.canary.keys import STOP_KEY, canary_key, set_aside_prefix
+from regen.errors import UserError
+from regen.figures import pct
+from regen.storage import Storage
+
+_SHOWN_IDS = 3
+
+
+class RunStopped(UserError):
+    """The last run on this output stopped at its live gate and nothing has changed since."""
+
+
+class StopRecord(BaseModel):
+    """Why a run stopped: the failing checks with their figures and example ids.
+
+    `stage` is `canary` when the sample failed before the plan was sent, `rolling` when the
+    running figures of committed shards crossed a fail threshold.
+    """
+
+    fingerprint: str
+    stage: Literal["canary", "rolling"]
+    rows_audited: int
+    prompts_sent: int
+    prompts_planned: int
+    checks: list[Check] = Field(min_length=1)
+    canary: str | None = Field(default=None, description="Key of the kept canary rows.")
+    stopped_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+    def reason(self) -> str:
+        """One line: each failing check with its figure and a few example ids."""
+        where = "at the canary" if self.stage == "canary" else "in its rolling audit"
+        parts = []
+        for check in self.checks:
+            ids = ", ".join(e.id for e in check.examples[:_SHOWN_IDS])
+            part = f"{check.name} {pct(check.figure)}"
+            if check.detail:
+                part += f" ({check.detail})"
+            parts.append(part + (f", e.g. ids {ids}" if ids else ""))
+        return f"the last run stopped {where} after {self.rows_audited:,} rows: " + "; ".join(parts)
+
+
+def write_stop_record(storage: Storage, record: StopRecord) -> str:
+    """Write `report/stopped.json`; the key written."""
+    storage.write_bytes(STOP_KEY, record.model_dump_json(indent=2).encode())
+    return STOP_KEY
+
+
+def read_stop_record(storage: Storage) -> StopRecord | None:
+    try:
+        data = storage.read_bytes(STOP_KEY)
+    except FileNotFoundError:
+        return None
+    return StopRecord.model_validate_json(data)
+
+
+def check_not_stopped(storage: Storage, fingerprint: str, *, new_output: bool = False) -> None:
+    """Refuse an unchanged rerun of a stopped run; otherwise clear the way for this run.
+
+    Raises `RunStopped` naming the checks that stopped the last run. A record of another
+    fingerprint, or any record under `new_output`, is moved under `superseded/` with the
+    canary rows of its fingerprint, so neither the report folder nor the next canary
+    carries the stopped run's results.
+    """
+    record = read_stop_record(storage)
+    if record is None:
+        return
+    if record.fingerprint == fingerprint and not new_output:
+        raise RunStopped(
+            f"{storage.uri}: {record.reason()}; rerunning unchanged would stop the same way: "
+            "fix the cause and rerun with generation.new_output: true or a new output"
+        )
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    target = set_aside_prefix(record.fingerprint, stamp)
+    canary = canary_key(record.fingerprint)
+    # Copies first, the record last: a crash midway leaves the record, and the next run
+    # finishes setting it aside.
+    kept = [key for key in (canary, STOP_KEY) if storage.exists(key)]
+    for key in kept:
+        storage.write_bytes(target + key, storage.read_bytes(key))
+    for key in kept:  # deleting a missing key is fine locally and on S3 alike
+        storage.delete(key)

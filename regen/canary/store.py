@@ -1,0 +1,94 @@
+"""The canary's rows: sent once, kept under `canary/`, committed later in their own shards.
+
+Nothing is sent twice: a canary row already stored is never sent again, neither by a
+resumed canary nor by its shard, whose commit takes it from the store instead. Nothing is
+committed twice: the store lives outside `shards/`, which every reader goes through manifests
+to read, so a canary row counts once, when its shard commits. When a run stops at the canary
+its rows stay in the store, beside the stop record, for a person to read.
+"""
+
+from __future__ import annotations
+
+import io
+
+import polars as pl
+
+from regen.canary.keys import canary_key
+from regen.client import Dispatcher
+from regen.schema import row_schema
+from regen.storage import Storage
+
+# The number the canary is submitted under: below every shard, so the dispatcher's queue
+# (ordered by shard number) sends it before any shard that may already be waiting.
+CANARY_JOB = -1
+
+
+def read_canary(storage: Storage, fingerprint: str) -> pl.DataFrame:
+    """The stored canary rows of this run (`row_schema()`), or none."""
+    try:
+        data = storage.read_bytes(canary_key(fingerprint))
+    except FileNotFoundError:
+        return pl.DataFrame(schema=row_schema())
+    return pl.read_parquet(io.BytesIO(data))
+
+
+def run_canary(
+    dispatcher: Dispatcher, storage: Storage, fingerprint: str, sample: pl.DataFrame
+) -> pl.DataFrame:
+    """Generate the sample's rows not yet stored, store them, return every sample row.
+
+    The rows come back in sample order, each with the shard it belongs to; the caller audits
+    them and either stops the run or lets its shards commit them.
+    """
+    stored = read_canary(storage, fingerprint)
+    todo = sample.join(stored.select("id"), on="id", how="anti", maintain_order="left")
+    if todo.height:
+        sent = dispatcher.submit_shard(CANARY_JOB, todo).result()
+        # The dispatcher stamps the job's number; each row belongs to its own shard.
+        sent = sent.with_columns(todo.get_column("shard").alias("shard"))
+        stored = pl.concat([stored, sent])
+        buf = io.BytesIO()
+        stored.write_parquet(buf, compression="zstd")
+        storage.write_bytes(canary_key(fingerprint), buf.getvalue())
+    return stored.join(sample.select("id"), on="id", how="semi").pipe(_in_order, sample)
+
+
+def split_shard(prompts: pl.DataFrame, canary: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(prompt rows to send, rows the canary already generated) of one shard's prompt rows."""
+    done = canary.join(prompts.select("id"), on="id", how="semi")
+    todo = prompts.join(done.select("id"), on="id", how="anti", maintain_order="left")
+    return todo, done
+
+
+def merge_shard(prompts: pl.DataFrame, sent: pl.DataFrame, done: pl.DataFrame) -> pl.DataFrame:
+    """The shard's rows to commit: the sent and the canary's, each id once, in plan order.
+
+    Raises ValueError when the two do not make up the shard exactly: committing a shard
+    that lacks an id, or holds one twice, would break the dataset's one promise.
+    """
+    merged = pl.concat([sent, done.select(sent.columns)])
+    if merged.height != prompts.height or merged.get_column("id").is_duplicated().any():
+        raise ValueError(
+            f"{merged.height} generated rows (sent {sent.height}, canary {done.height}) "
+            f"do not make up the shard's {prompts.height} prompts once each"
+        )
+    return _in_order(merged, prompts)
+
+
+def generate_shard_rows(
+    dispatcher: Dispatcher, shard: int, prompts: pl.DataFrame, canary: pl.DataFrame
+) -> pl.DataFrame:
+    """A shard's rows ready to commit: what the canary made, plus the rest sent now."""
+    todo, done = split_shard(prompts, canary)
+    sent = (
+        dispatcher.submit_shard(shard, todo).result()
+        if todo.height
+        else pl.DataFrame(schema=row_schema())
+    )
+    return merge_shard(prompts, sent, done)
+
+
+def _in_order(rows: pl.DataFrame, order: pl.DataFrame) -> pl.DataFrame:
+    """`rows` in the order of `order`'s ids (rows lacking from `order` are an error upstream)."""
+    position = order.select("id").with_row_index("_pos")
+    return rows.join(position, on="id").sort("_pos").drop("_pos")

@@ -1,0 +1,146 @@
+"""The canary: a deterministic sample sent first, its rows sent once and committed once."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from regen.audit.result import Check, Example
+from regen.canary import (
+    STOP_KEY,
+    RunStopped,
+    StopRecord,
+    canary_key,
+    canary_sample,
+    check_not_stopped,
+    generate_shard_rows,
+    merge_shard,
+    read_canary,
+    run_canary,
+    split_shard,
+    write_stop_record,
+)
+from regen.errors import UserError
+from regen.shards import commit_shard, prompts_for_shard, read_manifest
+from regen.storage import LocalStorage
+from tests.test_dispatcher import Emulator, dispatcher, emulators, prompts
+
+FP = "f" * 64
+
+
+def _cache(path: Path, rows: int, shard_size: int) -> Path:
+    """A prompt cache as `cache_prompts` writes it: id, shard, messages in plan order."""
+    frame = prompts(rows).with_columns(
+        (pl.int_range(pl.len(), dtype=pl.Int64) // shard_size).alias("shard")
+    )
+    frame.select("id", "shard", "messages").write_parquet(path, row_group_size=shard_size)
+    return path
+
+
+def test_sample_is_deterministic_and_spread_over_every_pending_shard(tmp_path: Path) -> None:
+    cache = _cache(tmp_path / "prompts.parquet", 100, 10)
+    pending = [1, 2, 3, 5, 6, 7, 8, 9]  # 0 and 4 committed
+    sample = canary_sample(cache, pending, 16)
+    assert sample.height == 16
+    assert sample.columns == ["id", "shard", "messages"]
+    assert sample["shard"].value_counts().sort("shard")["count"].to_list() == [2] * 8
+    assert sample["shard"].is_sorted()  # plan order
+    assert sample.equals(canary_sample(cache, pending, 16))
+    assert canary_sample(cache, pending, 0).height == 0
+    assert canary_sample(cache, pending, 1000).height == 80
+
+
+def _requests(fleet: list[Emulator]) -> float:
+    return sum(e.metric("sglang:e2e_request_latency_seconds_count") for e in fleet)
+
+
+def test_canary_rows_are_sent_once_and_committed_once_in_their_shards(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "out")
+    cache = _cache(tmp_path / "prompts.parquet", 30, 10)
+    sample = canary_sample(cache, [0, 1, 2], 6)
+    with emulators(tmp_path, 2) as fleet, dispatcher(fleet) as d:
+        canary = run_canary(d, storage, FP, sample)
+        assert canary["id"].to_list() == sample["id"].to_list()
+        assert canary["shard"].to_list() == sample["shard"].to_list()
+        assert canary["error"].null_count() == 6
+        assert run_canary(d, storage, FP, sample).equals(canary)  # a resumed canary sends none
+        stored = read_canary(storage, FP)
+        for shard in range(3):
+            rows = prompts_for_shard(cache, shard)
+            out = generate_shard_rows(d, shard, rows, stored)
+            assert out["id"].to_list() == rows["id"].to_list()
+            commit_shard(storage, shard, out, fingerprint=FP, timings={})
+        requests = _requests(fleet)
+    assert requests == 30  # every id once at the servers: canary rows were not sent again
+    committed = pl.concat(
+        pl.read_parquet(io.BytesIO(storage.read_bytes(m.data)))
+        for m in (read_manifest(storage, k) for k in range(3))
+        if m is not None
+    )
+    assert sorted(committed["id"].to_list()) == sorted(prompts(30)["id"].to_list())
+    kept = committed.join(canary.select("id"), on="id", how="semi").sort("id")
+    assert kept.equals(canary.sort("id"))  # the canary's own answers, not new ones
+
+
+def test_a_shard_merge_refuses_an_id_twice_or_missing(tmp_path: Path) -> None:
+    cache = _cache(tmp_path / "prompts.parquet", 10, 10)
+    storage = LocalStorage(tmp_path / "out")
+    rows = prompts_for_shard(cache, 0)
+    with emulators(tmp_path, 1) as fleet, dispatcher(fleet) as d:
+        canary = run_canary(d, storage, FP, canary_sample(cache, [0], 3))
+        todo, done = split_shard(rows, canary)
+        assert todo.height == 7 and done.height == 3
+        sent = d.submit_shard(0, rows).result(timeout=30)  # canary ids sent again
+    with pytest.raises(ValueError, match="do not make up the shard's 10 prompts once each"):
+        merge_shard(rows, sent, done)
+    with pytest.raises(ValueError, match="do not make up"):
+        merge_shard(rows, sent.head(7), done.head(2))
+
+
+def _record(fingerprint: str) -> StopRecord:
+    check = Check(
+        name="empty_answer",
+        title="2 empty/trivial answers",
+        status="fail",
+        figure=0.87,
+        fail=0.05,
+        examples=[Example(id=f"p-{i:05d}", reason="filler") for i in range(5)],
+        detail="223 of 256 completions have an empty, filler or trivial answer",
+    )
+    return StopRecord(
+        fingerprint=fingerprint,
+        stage="canary",
+        rows_audited=256,
+        prompts_sent=256,
+        prompts_planned=5000,
+        checks=[check],
+        canary=canary_key(fingerprint),
+    )
+
+
+def test_an_unchanged_rerun_of_a_stopped_run_is_refused(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "out")
+    check_not_stopped(storage, FP)  # nothing stopped yet
+    storage.write_bytes(canary_key(FP), b"rows")
+    write_stop_record(storage, _record(FP))
+    with pytest.raises(RunStopped) as refused:
+        check_not_stopped(storage, FP)
+    message = str(refused.value)
+    assert isinstance(refused.value, UserError)
+    assert "stopped at the canary after 256 rows: empty_answer 87.0 %" in message
+    assert "e.g. ids p-00000, p-00001, p-00002;" in message
+    assert "generation.new_output: true or a new output" in message
+    assert storage.exists(STOP_KEY)  # a refusal changes nothing
+
+    check_not_stopped(storage, FP, new_output=True)  # the cause was fixed outside the config
+    assert not storage.exists(STOP_KEY) and not storage.exists(canary_key(FP))
+    aside = storage.list("superseded/")
+    assert [k.split("/", 2)[2] for k in aside] == [canary_key(FP), STOP_KEY]
+    assert storage.read_bytes(next(k for k in aside if "canary/" in k)) == b"rows"
+
+    write_stop_record(storage, _record(FP))
+    check_not_stopped(storage, "0" * 64)  # a changed config goes on
+    assert not storage.exists(STOP_KEY)
