@@ -1,7 +1,7 @@
 """Live-gate bench: what the canary costs on a healthy run and what it saves on a bad one.
 
 Everything runs through the library pieces a run uses, without Prefect: the prompts are
-loaded, planned and cached (`regen.prompts`, `regen.shards`), the fleet is launched and torn
+loaded, planned and cached (`regen.prompts`, `regen.dataset`), the fleet is launched and torn
 down by `regen.fleet` (real emulator processes), one `Dispatcher` feeds every shard, shards
 commit through `commit_shard`, and the canary is `regen.canary` (sample, store, shard merge,
 stop record).
@@ -65,12 +65,12 @@ from regen.canary import (
 )
 from regen.client import Dispatcher
 from regen.config import RegenConfig, parse_config
+from regen.dataset import cache_prompts, commit_shard, plan_shards, prompts_for_shard
 from regen.fleet import Fleet, build_server_commands, generate_api_key, launch_fleet
 from regen.ports import free_port_range
 from regen.prompts import load_prompts
 from regen.rehearsal import bundled
 from regen.schema import row_schema
-from regen.shards import cache_prompts, commit_shard, plan_shards, prompts_for_shard
 from regen.storage import LocalStorage
 
 INCIDENT = "empty-answer=0.87"

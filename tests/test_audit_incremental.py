@@ -25,11 +25,12 @@ from regen.audit import (
 from regen.audit.dataset import open_dataset, scan_rows
 from regen.audit.lengths import quantile
 from regen.audit.run import row_checks, shard_summaries
-from regen.audit.summary import AuditSettings, summary_key
+from regen.audit.summary import AuditSettings
+from regen.dataset import commit_shard, read_manifest, read_shard, replace_shard
+from regen.dataset.keys import summary_key
 from regen.schema import row_schema
-from regen.shards import commit_shard, read_manifest, read_shard, replace_shard
 from regen.storage import LocalStorage
-from tests._audit_helpers import FINGERPRINT, make_dataset, tiny_tokenizer
+from tests.support.audit import FINGERPRINT, make_dataset, tiny_tokenizer
 from tests.test_audit import MIXED
 from tests.test_audit_turns import _conversation
 

@@ -23,10 +23,11 @@ from regen.canary import (
     split_shard,
     write_stop_record,
 )
+from regen.dataset import commit_shard, prompts_for_shard, read_manifest
 from regen.errors import UserError
-from regen.shards import commit_shard, prompts_for_shard, read_manifest
 from regen.storage import LocalStorage
-from tests.test_dispatcher import Emulator, dispatcher, emulators, prompts
+from support.emulator import Emulator
+from tests.test_dispatcher import dispatcher, emulators, prompts
 
 FP = "f" * 64
 

@@ -33,10 +33,10 @@ from regen.audit.summary import (
     audit_rows,
     merge,
     settings_for,
-    summary_key,
 )
 from regen.audit.template_parity import template_parity_check
 from regen.audit.thresholds import AuditConfig
+from regen.dataset.keys import summary_key
 from regen.storage import Storage
 
 _FOLD = 200

@@ -53,12 +53,6 @@ K = TypeVar("K", str, int)
 _NOT_KEYED = {"live", "live_min_rows", "batch_rows"}
 
 
-def summary_key(shard: int, settings: str) -> str:
-    """`audit/shard-000042.<settings>.json`: named by its shard, but outside `shards/`, where
-    readers take every `.json` for a manifest and every listed key for the run's data."""
-    return f"audit/shard-{shard:06d}.{settings}.json"
-
-
 class Hits(BaseModel):
     """How many rows a defect hit, and the first few of them."""
 

@@ -9,7 +9,6 @@ The gate itself (which checks fail) belongs to `regen.audit`; this package only 
 keeps and records.
 """
 
-from regen.canary.keys import STOP_KEY, canary_key
 from regen.canary.sample import canary_sample
 from regen.canary.stop import RunStopped, StopRecord, check_not_stopped, write_stop_record
 from regen.canary.store import (
@@ -19,6 +18,7 @@ from regen.canary.store import (
     run_canary,
     split_shard,
 )
+from regen.dataset.keys import STOP_KEY, canary_key
 
 __all__ = [
     "STOP_KEY",

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from regen.audit.result import Check
-from regen.canary.keys import STOP_KEY, canary_key, set_aside_prefix
+from regen.dataset.keys import STOP_KEY, canary_key, set_aside_prefix
 from regen.errors import UserError
 from regen.figures import pct
 from regen.storage import Storage

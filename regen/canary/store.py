@@ -13,8 +13,8 @@ import io
 
 import polars as pl
 
-from regen.canary.keys import canary_key
 from regen.client import Dispatcher
+from regen.dataset.keys import canary_key
 from regen.schema import row_schema
 from regen.storage import Storage
 

@@ -3,9 +3,11 @@
 A root holds `run.json` and `plan.parquet` (what the run is), `rejects/`, `progress.json`,
 `shards/shard-NNNNNN.json` (a shard's manifest, its commit mark) and its data
 `shards/shard-NNNNNN[.gG].parquet` (generation G >= 2 after a replace), `claims/` and
-`nodes/` (a multi-node run's leases and heartbeats) and `superseded/<fingerprint>/` (an older
-run moved aside). Shard numbers are zero-padded to six digits and grow past them, so every
-pattern takes six or more; one regex per kind of key keeps writers and readers agreeing.
+`nodes/` (a multi-node run's leases and heartbeats), `superseded/<fingerprint>/` (an older
+run moved aside), `audit/` (each shard's audit summary), `canary/` (the canary's rows) and
+`report/` (the audit report; `report/stopped.json` when the live gate stopped the run).
+Shard numbers are zero-padded to six digits and grow past them, so every pattern takes six
+or more; one regex per kind of key keeps writers and readers agreeing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ SHARDS_PREFIX = "shards/"
 SUPERSEDED_PREFIX = "superseded/"
 CLAIMS_PREFIX = "claims/"
 NODES_PREFIX = "nodes/"
+CANARY_PREFIX = "canary/"
+# Beside report/audit.json: the first file a person opens after a run stopped.
+STOP_KEY = "report/stopped.json"
 
 _MANIFEST = re.compile(r"^shards/shard-(\d{6,})\.json$")
 _DATA = re.compile(r"^shards/shard-(\d{6,})(?:\.g(\d+))?\.parquet$")
@@ -77,3 +82,19 @@ def progress_key(node: str | None = None) -> str:
 
 def superseded_prefix(fingerprint: str) -> str:
     return f"{SUPERSEDED_PREFIX}{fingerprint}/"
+
+
+def summary_key(shard: int, settings: str) -> str:
+    """`audit/shard-000042.<settings>.json`: a shard's audit summary, keyed by the settings
+    that made it; outside `shards/`, where every `.json` is a manifest."""
+    return f"audit/shard-{shard:06d}.{settings}.json"
+
+
+def canary_key(fingerprint: str) -> str:
+    """The canary rows of one run; the fingerprint keeps another config's rows out."""
+    return f"{CANARY_PREFIX}canary-{fingerprint}.parquet"
+
+
+def set_aside_prefix(fingerprint: str, stamp: str) -> str:
+    """Where a stop record and its canary go when a rerun overrides them: kept, not deleted."""
+    return f"{SUPERSEDED_PREFIX}stopped-{fingerprint[:12]}-{stamp}/"
