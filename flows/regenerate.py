@@ -81,32 +81,37 @@ def regenerate_completions(
     model_path = stage_model(config, hf_token=hf_token)
     plan = plan_run(run)
     api_key = config.engine.api_key or generate_api_key()
+    tokenizer = str(config.model.tokenizer_path or model_path)
     generation = GenerationSummary.empty()
     if plan.pending:
         with start_fleet(run, model_path, api_key) as fleet:
-            generation = generate(run, plan, fleet, api_key, node)
+            generation = generate(run, plan, fleet, api_key, tokenizer, node)
+    stopped = Failed(message=f"live quality gate: {generation.stopped}")
     if node is not None:
-        return RunSummary(
-            output=config.output,
-            rows_ok=generation.ok,
-            rows_failed=generation.failed,
-            completion_tokens=generation.completion_tokens,
-            tokens_per_s=generation.tokens_per_s,
-            verdict=f"not audited here: node {node.name} of a multi-node run",
+        return (
+            stopped
+            if generation.stopped
+            else RunSummary(
+                output=config.output,
+                rows_ok=generation.ok,
+                rows_failed=generation.failed,
+                completion_tokens=generation.completion_tokens,
+                tokens_per_s=generation.tokens_per_s,
+                verdict=f"not audited here: node {node.name} of a multi-node run",
+            )
         )
+    # A run the live gate stopped is audited too: the report covers what was committed.
     report = audit(
-        config.output,
-        config.audit,
-        tokenizer_path=str(config.model.tokenizer_path or model_path),
-        storage=run.storage,
+        config.output, config.audit, tokenizer, storage=run.storage, stopped=generation.stopped
     )
+    if generation.stopped:
+        return stopped
     if report.verdict == "fail":
         return Failed(message=report.failure_message())
     failed = round((report.check("error_rows").figure or 0.0) * report.rows)
     # A failed audit returned above: an unfit dataset is never exported.
     targets = config.export.targets() if config.export else []
     for dest, options in targets:
-        tokenizer = str(config.model.tokenizer_path or model_path)
         export(config.output, dest, options, tokenizer, storage=run.storage)
     return RunSummary(
         output=config.output,

@@ -15,9 +15,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 from rich.progress import Progress, TaskID
 
@@ -60,6 +60,9 @@ class ProgressSnapshot:
     rows_per_s: float
     eta_s: float | None
     servers: tuple[ServerProgress, ...]
+    audit: dict[str, Any] | None = None
+    """The rolling audit's running figures (`regen.audit.gate.running_figures`), once a shard
+    has committed."""
 
     @property
     def fraction(self) -> float:
@@ -76,6 +79,20 @@ class ProgressSnapshot:
             f"ETA {duration(self.eta_s)}"
         )
 
+    def audit_line(self) -> str:
+        """The rolling audit in one line: rows behind it, each failing or warning check."""
+        if not self.audit:
+            return "rolling audit: no shard committed yet"
+        checks = self.audit.get("checks", {})
+        loud = [f"{k} {pct(v['figure'])} {v['status']}" for k, v in checks.items()
+                if v.get("status") in ("fail", "warn")]  # fmt: skip
+        quarantined = self.audit.get("quarantined") or []
+        return (
+            f"rolling audit over {self.audit.get('rows', 0):,} rows: "
+            + (", ".join(loud) or "every check within thresholds")
+            + (f"; quarantined {', '.join(quarantined)}" if quarantined else "")
+        )
+
     def to_markdown(self) -> str:
         """The end of generation: the headline's rates are the last minute's, so the whole
         run's mean follows it (a short run has no minute-long window to speak of)."""
@@ -85,6 +102,8 @@ class ProgressSnapshot:
             "",
             f"This run: {self.output_tokens:,} output tokens in {duration(self.elapsed_s)}, "
             f"{sig(mean)} tok/s on average; {self.retries:,} retries.",
+            "",
+            self.audit_line(),
             "",
             "| server | state | in flight | tok/s |",
             "|---|---|---|---|",
@@ -210,6 +229,7 @@ class ProgressWriter:
         self._thread: threading.Thread | None = None
         self._bar: Progress | None = None
         self._bar_task: TaskID | None = None
+        self._audit: dict[str, Any] | None = None
 
     def start(self) -> ProgressWriter:
         if self._show_bar:
@@ -244,8 +264,12 @@ class ProgressWriter:
         """Count a shard whose manifest is written (`ok`/`failed` are in the dispatcher's)."""
         self._meter.shard_committed(rows)
 
+    def set_audit(self, figures: dict[str, Any]) -> None:
+        """The rolling audit's latest figures, written with the next progress."""
+        self._audit = figures
+
     def snapshot(self) -> ProgressSnapshot:
-        return self._meter.snapshot(self._dispatcher.stats())
+        return replace(self._meter.snapshot(self._dispatcher.stats()), audit=self._audit)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
@@ -302,6 +326,8 @@ class LiveReport:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.at))
         lines = [
             f"**{self.progress.headline()}**",
+            "",
+            self.progress.audit_line(),
             "",
             f"Updated {stamp}; per-server figures from each server's `/metrics`.",
             "",

@@ -24,11 +24,14 @@ def audit(
     config: AuditConfig,
     tokenizer_path: str | None = None,
     storage: Storage | None = None,
+    stopped: str | None = None,
 ) -> AuditResult:
     """Every check against its threshold; the markdown report becomes the dataset's artifact.
-    `storage` is `output` when the run has it open."""
+    `storage` is `output` when the run has it open; `stopped` says why the live gate stopped
+    the run, for the report's first line."""
     logger, storage = get_run_logger(), storage or open_storage(output)
     result = run_audit(storage, config, tokenizer_path=tokenizer_path)
+    result.stopped = stopped
     write_report(storage, result)
     create_markdown_artifact(
         markdown=result.to_markdown() + f"\n\nReport files: `{storage.uri}/report/`\n",

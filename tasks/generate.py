@@ -19,15 +19,16 @@ from prefect.context import get_run_context
 from prefect.states import State
 from pydantic import SecretStr
 
-from regen.client import Dispatcher
 from regen.errors import FleetError
 from regen.fleet import Fleet
 from regen.generation import shard as shards
 from regen.generation.feed import Feed, feeding
 from regen.generation.lease import Lease, shards_in_flight
+from regen.generation.live import LiveAudit
 from regen.generation.loop import as_future, run_all, run_claimed
 from regen.generation.plan import RunPlan
 from regen.generation.plan import plan_run as plan_generation
+from regen.generation.shard import OnCommit, RowSource
 from regen.generation.summary import GenerationSummary, ShardOutcome, summarize
 from regen.naming import artifact, dataset_markdown, dataset_name
 from regen.nodes import NodeAssignment
@@ -70,16 +71,17 @@ def _worth_retrying(task: object, task_run: object, state: State[Any]) -> bool:
 def generate_shard(
     shard: int,
     plan: RunPlan,
-    dispatcher: Dispatcher,
+    dispatcher: RowSource,
     storage: Storage,
     retry_errors: bool,
     lease: Lease | None = None,
+    on_commit: OnCommit | None = None,
 ) -> ShardOutcome:
     """Generate one shard through the shared dispatcher and commit it (manifest last)."""
-    log = get_run_logger()
     return shards.generate_shard(
-        shard, plan, dispatcher, storage, retry_errors=retry_errors, lease=lease, log=log
-    )
+        shard, plan, dispatcher, storage, retry_errors=retry_errors, lease=lease,
+        on_commit=on_commit, log=get_run_logger(),
+    )  # fmt: skip
 
 
 @contextmanager
@@ -101,7 +103,9 @@ def _feeding(
 
     def progress(snapshot: ProgressSnapshot) -> None:
         update_progress_artifact(
-            artifact_id=progress_id, progress=round(100 * snapshot.fraction, 2)
+            artifact_id=progress_id,
+            progress=round(100 * snapshot.fraction, 2),
+            description=f"{name}: {snapshot.audit_line()}" if snapshot.audit else None,
         )
 
     def live(report: LiveReport) -> None:
@@ -128,28 +132,43 @@ def generate(
     plan: RunPlan,
     fleet: Fleet,
     api_key: SecretStr,
+    tokenizer_path: str | None,
     node: NodeAssignment | None = None,
 ) -> GenerationSummary:
-    """Every pending shard as a task fed through one dispatcher, or with `node` this node's
-    share of a multi-node run; raise if any shard failed after its retries."""
+    """The canary, then every pending shard as a task fed through one dispatcher (or with
+    `node` this node's share of a multi-node run) while the live gate judges each commit;
+    raise if any shard failed after its retries. A stop is the summary's `stopped`."""
     start, generation = time.monotonic(), run.config.generation
     task = generate_shard.with_options(retries=generation.shard_retries)
+    log = get_run_logger()
     with _feeding(run, plan, fleet, api_key, node.name if node else None) as feed:
+        live = LiveAudit.open(
+            run.storage, plan, feed.dispatcher, run.config.audit, tokenizer_path,
+            on_figures=feed.progress.set_audit, log=log,
+        )  # fmt: skip
+        # One canary per run: the nodes of a multi-node run rely on the rolling audit.
+        if node is None and run.config.audit.live != "off":
+            live.run_canary(generation.canary_prompts)
+        slots = len(fleet.endpoints) * run.config.concurrency
+        window = shards_in_flight(slots, run.config.shard_size)
 
         def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
             # A node claims only shards without a manifest: it never retries error rows.
             retry = generation.retry_errors and lease is None
-            return as_future(task.submit(shard, plan, feed.dispatcher, run.storage, retry, lease))
+            return as_future(
+                task.submit(shard, plan, live.rows, run.storage, retry, lease, live.on_commit)
+            )
 
         if node is None:
-            result = run_all(plan.pending, submit, on_outcome=feed.committed)
+            result = run_all(
+                plan.pending, submit, window=window, on_outcome=feed.committed, stop=live.stopped
+            )
         else:
-            slots = len(fleet.endpoints) * run.config.concurrency
             run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
-            window = shards_in_flight(slots, run.config.shard_size)
             result = run_claimed(
                 run.storage, node, plan.fingerprint, submit, window=window,
-                info={"flow_run_id": run_id}, on_outcome=feed.committed,
+                info={"flow_run_id": run_id}, on_outcome=feed.committed, stop=live.stopped,
             )  # fmt: skip
-            get_run_logger().info(result.headline(node.name))
-    return summarize(result.outcomes, result.failures, start)
+            log.info(result.headline(node.name))
+    stopped = live.record.reason() if live.record else None
+    return summarize(result.outcomes, result.failures, start, stopped)

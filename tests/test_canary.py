@@ -8,15 +8,16 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from regen.audit.result import Check, Example
+from regen.audit.gate import Finding
+from regen.audit.result import Example
 from regen.canary import (
     STOP_KEY,
+    CanaryFirst,
     RunStopped,
     StopRecord,
     canary_key,
     canary_sample,
     check_not_stopped,
-    generate_shard_rows,
     merge_shard,
     read_canary,
     run_canary,
@@ -68,10 +69,10 @@ def test_canary_rows_are_sent_once_and_committed_once_in_their_shards(tmp_path: 
         assert canary["shard"].to_list() == sample["shard"].to_list()
         assert canary["error"].null_count() == 6
         assert run_canary(d, storage, FP, sample).equals(canary)  # a resumed canary sends none
-        stored = read_canary(storage, FP)
+        source = CanaryFirst(d, read_canary(storage, FP))
         for shard in range(3):
             rows = prompts_for_shard(cache, shard)
-            out = generate_shard_rows(d, shard, rows, stored)
+            out = source.submit_shard(shard, rows).result()
             assert out["id"].to_list() == rows["id"].to_list()
             commit_shard(storage, shard, out, fingerprint=FP, timings={})
         requests = _requests(fleet)
@@ -102,12 +103,12 @@ def test_a_shard_merge_refuses_an_id_twice_or_missing(tmp_path: Path) -> None:
 
 
 def _record(fingerprint: str) -> StopRecord:
-    check = Check(
-        name="empty_answer",
+    check = Finding(
+        check="empty_answer",
         title="2 empty/trivial answers",
-        status="fail",
         figure=0.87,
         fail=0.05,
+        rows=256,
         examples=[Example(id=f"p-{i:05d}", reason="filler") for i in range(5)],
         detail="223 of 256 completions have an empty, filler or trivial answer",
     )

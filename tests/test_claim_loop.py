@@ -253,7 +253,7 @@ def test_run_all_commits_the_others_when_one_shard_fails(tmp_path: Path) -> None
         return pool.submit(generate_shard, shard, p, model, storage)
 
     start = time.monotonic()
-    result = run_all(p.pending, submit)
+    result = run_all(p.pending, submit, window=4)
     assert [o.shard for o in result.outcomes] == [s for s in range(NUM_SHARDS) if s != 4]
     assert (
         len(result.failures) == 1
@@ -266,3 +266,19 @@ def test_run_all_commits_the_others_when_one_shard_fails(tmp_path: Path) -> None
     assert ok.shards_generated == NUM_SHARDS - 1
     assert ok.rows == ok.ok == (NUM_SHARDS - 1) * SHARD_SIZE
     assert ok.completion_tokens == 7 * ok.rows
+
+
+def test_run_all_starts_no_shard_once_stopped(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    storage = LocalStorage(tmp_path / "out")
+    model, pool = Model(), futures.ThreadPoolExecutor(4)
+    started: list[int] = []
+
+    def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
+        started.append(shard)
+        return pool.submit(generate_shard, shard, p, model, storage)
+
+    result = run_all(p.pending, submit, window=2, stop=lambda: len(started) >= 3)
+    assert started == [0, 1, 2], "a window of 2: the third starts as one ends, then none"
+    assert sorted(o.shard for o in result.outcomes) == [0, 1, 2] and not result.failures
+    assert manifested_shards(storage) == {0, 1, 2}

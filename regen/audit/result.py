@@ -69,6 +69,8 @@ class AuditResult(BaseModel):
     histograms: dict[str, Histogram] = Field(default_factory=dict)
     finish_reasons: dict[str, int] = Field(default_factory=dict)
     servers: list[ServerRates] = Field(default_factory=list)
+    stopped: str | None = None
+    """Why the live gate stopped the run this audit closes (the rows and checks it named)."""
 
     def check(self, name: str) -> Check:
         """The check called `name`; KeyError names it when there is none."""
@@ -114,6 +116,11 @@ class AuditResult(BaseModel):
             + (f", {self.planned:,} planned" if self.planned is not None else "")
             + ".",
             "",
+            *(
+                [f"**The live quality gate {self.stopped}** (`report/stopped.json`).", ""]
+                if self.stopped
+                else []
+            ),
             "| status | check | figure | warn at | fail at |",
             "|---|---|--:|--:|--:|",
         ]

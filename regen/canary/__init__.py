@@ -12,7 +12,7 @@ keeps and records.
 from regen.canary.sample import canary_sample
 from regen.canary.stop import RunStopped, StopRecord, check_not_stopped, write_stop_record
 from regen.canary.store import (
-    generate_shard_rows,
+    CanaryFirst,
     merge_shard,
     read_canary,
     run_canary,
@@ -22,12 +22,12 @@ from regen.dataset.keys import STOP_KEY, canary_key
 
 __all__ = [
     "STOP_KEY",
+    "CanaryFirst",
     "RunStopped",
     "StopRecord",
     "canary_key",
     "canary_sample",
     "check_not_stopped",
-    "generate_shard_rows",
     "merge_shard",
     "read_canary",
     "run_canary",

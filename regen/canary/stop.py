@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from regen.audit.result import Check
+from regen.audit.gate import Finding
 from regen.dataset.keys import STOP_KEY, canary_key, set_aside_prefix
 from regen.errors import UserError
 from regen.figures import pct
@@ -40,21 +40,22 @@ class StopRecord(BaseModel):
     rows_audited: int
     prompts_sent: int
     prompts_planned: int
-    checks: list[Check] = Field(min_length=1)
+    checks: list[Finding] = Field(min_length=1)
     canary: str | None = Field(default=None, description="Key of the kept canary rows.")
     stopped_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def reason(self) -> str:
-        """One line: each failing check with its figure and a few example ids."""
+        """One line: each failing check with its figure, threshold and a few example ids
+        (the details are in the record and the report)."""
         where = "at the canary" if self.stage == "canary" else "in its rolling audit"
         parts = []
         for check in self.checks:
             ids = ", ".join(e.id for e in check.examples[:_SHOWN_IDS])
-            part = f"{check.name} {pct(check.figure)}"
-            if check.detail:
-                part += f" ({check.detail})"
+            part = f"{check.check} {pct(check.figure)}"
+            if check.fail is not None:
+                part += f" (fail at {pct(check.fail)})"
             parts.append(part + (f", e.g. ids {ids}" if ids else ""))
-        return f"the last run stopped {where} after {self.rows_audited:,} rows: " + "; ".join(parts)
+        return f"stopped {where} after {self.rows_audited:,} rows: " + "; ".join(parts)
 
 
 def write_stop_record(storage: Storage, record: StopRecord) -> str:
@@ -84,8 +85,8 @@ def check_not_stopped(storage: Storage, fingerprint: str, *, new_output: bool = 
         return
     if record.fingerprint == fingerprint and not new_output:
         raise RunStopped(
-            f"{storage.uri}: {record.reason()}; rerunning unchanged would stop the same way: "
-            "fix the cause and rerun with generation.new_output: true or a new output"
+            f"{storage.uri}: the last run {record.reason()}; rerunning unchanged would stop the "
+            "same way: fix the cause and rerun with generation.new_output: true or a new output"
         )
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     target = set_aside_prefix(record.fingerprint, stamp)

@@ -10,6 +10,7 @@ its rows stay in the store, beside the stop record, for a person to read.
 from __future__ import annotations
 
 import io
+from concurrent import futures
 
 import polars as pl
 
@@ -75,17 +76,31 @@ def merge_shard(prompts: pl.DataFrame, sent: pl.DataFrame, done: pl.DataFrame) -
     return _in_order(merged, prompts)
 
 
-def generate_shard_rows(
-    dispatcher: Dispatcher, shard: int, prompts: pl.DataFrame, canary: pl.DataFrame
-) -> pl.DataFrame:
-    """A shard's rows ready to commit: what the canary made, plus the rest sent now."""
-    todo, done = split_shard(prompts, canary)
-    sent = (
-        dispatcher.submit_shard(shard, todo).result()
-        if todo.height
-        else pl.DataFrame(schema=row_schema())
-    )
-    return merge_shard(prompts, sent, done)
+class CanaryFirst:
+    """The run's row source once the canary has run: a shard's canary rows come from the
+    store, only the rest is sent (to the dispatcher, the shard tasks' `RowSource`)."""
+
+    def __init__(self, dispatcher: Dispatcher, canary: pl.DataFrame) -> None:
+        self.dispatcher = dispatcher
+        self.canary = canary
+
+    def submit_shard(self, shard: int, prompts: pl.DataFrame) -> futures.Future[pl.DataFrame]:
+        todo, done = split_shard(prompts, self.canary)
+        if not done.height:
+            return self.dispatcher.submit_shard(shard, prompts)
+        merged: futures.Future[pl.DataFrame] = futures.Future()
+        if not todo.height:
+            merged.set_result(merge_shard(prompts, pl.DataFrame(schema=row_schema()), done))
+            return merged
+
+        def settle(sent: futures.Future[pl.DataFrame]) -> None:
+            try:
+                merged.set_result(merge_shard(prompts, sent.result(), done))
+            except Exception as err:
+                merged.set_exception(err)
+
+        self.dispatcher.submit_shard(shard, todo).add_done_callback(settle)
+        return merged
 
 
 def _in_order(rows: pl.DataFrame, order: pl.DataFrame) -> pl.DataFrame:

@@ -75,17 +75,27 @@ def run_all(
     shards: list[int],
     submit: SubmitShard,
     *,
+    window: int,
     on_outcome: Callable[[ShardOutcome], None] | None = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> NodeResult:
-    """Every shard submitted at once (the task runner bounds how many run), waited in order."""
+    """Every shard, up to `window` running at once, in plan order; once `stop()` is true no
+    new shard starts and the running ones end (what they generated is committed)."""
     result = NodeResult()
-    for shard, future in [(s, submit(s, None)) for s in shards]:
-        outcome = result.settle(shard, future)
-        if outcome is not None:
-            result.outcomes.append(outcome)
-            if on_outcome is not None:
-                on_outcome(outcome)
-    return result
+    todo = iter(shards)
+    running: dict[futures.Future[ShardOutcome], int] = {}
+    while True:
+        while not stop() and len(running) < window and (shard := next(todo, None)) is not None:
+            running[submit(shard, None)] = shard
+        if not running:
+            result.outcomes.sort(key=lambda o: o.shard)
+            return result
+        for future in futures.wait(running, return_when=futures.FIRST_COMPLETED).done:
+            outcome = result.settle(running.pop(future), future)
+            if outcome is not None:
+                result.outcomes.append(outcome)
+                if on_outcome is not None:
+                    on_outcome(outcome)
 
 
 def run_claimed(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from regen.canary.stop import check_not_stopped
 from regen.config import RegenConfig
 from regen.dataset import (
     Manifest,
@@ -52,6 +53,8 @@ def plan_run(config: RegenConfig, storage: Storage) -> RunPlan:
     write_rejects(storage, prompts)
     plan = plan_shards(prompts, config.shard_size)
     info = new_run_info(config, prompts, plan)
+    # Before anything is written: an unchanged rerun of a stopped run would stop again.
+    check_not_stopped(storage, info.fingerprint, new_output=config.generation.new_output)
     run = open_run(storage, info, plan, new_output=config.generation.new_output)
     cache = config.work_dir / "prompts" / f"{run.fingerprint}.parquet"
     cache_prompts(prompts, plan, cache, turns=config.regeneration.turns)

@@ -41,6 +41,8 @@ class GenerationSummary(BaseModel):
     completion_tokens: int
     seconds: float
     tokens_per_s: float
+    stopped: str | None = None
+    """Why the live gate stopped the run (`report/stopped.json` has the rest), if it did."""
 
     @classmethod
     def empty(cls) -> GenerationSummary:
@@ -56,7 +58,9 @@ class GenerationSummary(BaseModel):
         )
 
 
-def summarize(outcomes: list[ShardOutcome], failures: list[str], start: float) -> GenerationSummary:
+def summarize(
+    outcomes: list[ShardOutcome], failures: list[str], start: float, stopped: str | None = None
+) -> GenerationSummary:
     """The run's figures since `start` (a `time.monotonic()`); raise if any shard failed for
     good, after the others committed, so a rerun resumes only the failed ones."""
     if failures:
@@ -71,4 +75,5 @@ def summarize(outcomes: list[ShardOutcome], failures: list[str], start: float) -
         completion_tokens=tokens,
         seconds=seconds,
         tokens_per_s=tokens / seconds if seconds else 0.0,
+        stopped=stopped,
     )
