@@ -86,7 +86,7 @@ async def serve(args: EmuArgs) -> int:
     log.info(READY_LINE)
     reporter = asyncio.create_task(server.scheduler.report_loop())
     await stop.wait()
-    log.info("Shutting down.")
+    log.info("Shutting down. Served %d requests.", server.counters.requests)
     reporter.cancel()
     await runner.cleanup()
     return 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 # Output faults, in the order they are tried for a prompt: the first one drawn wins.
 OUTPUT_FAULTS = ("empty-answer", "truncate", "think-leak", "repeat-loop")
 _FRACTIONS = (*OUTPUT_FAULTS, "http500")
-_COUNTS = ("crash-after", "hang-after")
+_COUNTS = ("crash-after", "hang-after", "faults-after")
 _FLAGS = ("fail-startup", "no-ready")
 NAMES = (*_FRACTIONS, *_COUNTS, "slow", *_FLAGS)
 
@@ -24,6 +24,8 @@ class Faults:
     fractions: dict[str, float] = field(default_factory=dict)
     crash_after: int | None = None
     hang_after: int | None = None
+    faults_after: int | None = None
+    """Output faults start after this many chat requests: a run that goes bad mid-way."""
     slow: float = 1.0
     fail_startup: bool = False
     no_ready: bool = False
@@ -67,6 +69,7 @@ def parse_faults(specs: list[str]) -> Faults:
         fractions=fractions,
         crash_after=counts.get("crash-after"),
         hang_after=counts.get("hang-after"),
+        faults_after=counts.get("faults-after"),
         slow=slow,
         fail_startup="fail-startup" in flags,
         no_ready="no-ready" in flags,
@@ -74,4 +77,6 @@ def parse_faults(specs: list[str]) -> Faults:
 
 
 def _example(name: str) -> str:
-    return {"crash-after": "10", "hang-after": "10", "slow": "0.5"}.get(name, "0.1")
+    return {"crash-after": "10", "hang-after": "10", "faults-after": "100", "slow": "0.5"}.get(
+        name, "0.1"
+    )

@@ -233,11 +233,14 @@ class EmulatedModel:
         self._loop_ids = [self._id[w] for w in loop]
         self.eos_id = self._id[EOS]  # matched_stop of a finished answer
 
-    def plan(self, messages: list[dict[str, Any]], min_tokens: int = 0) -> Plan:
-        """Lengths and fault of the answer to this history, all fixed by (history, seed)."""
+    def plan(
+        self, messages: list[dict[str, Any]], min_tokens: int = 0, *, faulty: bool = True
+    ) -> Plan:
+        """Lengths and fault of the answer to this history, all fixed by (history, seed);
+        no output fault when not `faulty` (before faults-after=N)."""
         digest = history_digest(messages)
         fault = None
-        for name in OUTPUT_FAULTS:
+        for name in OUTPUT_FAULTS if faulty else ():
             fraction = self.faults.fractions.get(name, 0.0)
             if fraction and unit(self.seed, name, digest) < fraction:
                 fault = name

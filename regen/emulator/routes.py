@@ -241,7 +241,7 @@ class EmulatorServer:
         rid = str(body.get("rid") or uuid.uuid4().hex)
         if self.scheduler.in_flight(rid):  # tokenizer_manager: a rid in flight is a ValueError
             return error_response(400, f"Duplicate request ID detected: {rid}", VALUE_ERROR)
-        plan = self.model.plan(messages, min_tokens)
+        plan = self.model.plan(messages, min_tokens, faulty=self.faults.output_faults_on)
         try:
             out = await self.scheduler.run(rid, plan, budget, prompt, thinking)
         except RequestError as err:

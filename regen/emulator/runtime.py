@@ -135,6 +135,12 @@ class FaultRuntime:
         if hang is not None and arrival >= hang:
             await asyncio.get_running_loop().create_future()
 
+    @property
+    def output_faults_on(self) -> bool:
+        """faults-after=N: the output faults hit only chats after the first N (probes count)."""
+        after = self.faults.faults_after
+        return after is None or self._arrivals > after
+
     def http500(self) -> bool:
         """Whether this request draws the transient 500 (`http500=FRACTION`)."""
         fraction = self.faults.fractions.get("http500", 0.0)
