@@ -30,9 +30,10 @@ from regen.generation.plan import RunPlan
 from regen.generation.plan import plan_run as plan_generation
 from regen.generation.shard import OnCommit, RowSource
 from regen.generation.summary import GenerationSummary, ShardOutcome, summarize
+from regen.live_report import LiveReport
 from regen.naming import artifact, dataset_markdown, dataset_name
 from regen.nodes import NodeAssignment
-from regen.progress import LiveReport, ProgressSnapshot
+from regen.progress import ProgressSnapshot
 from regen.run import OpenedRun
 from regen.storage import Storage
 

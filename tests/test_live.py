@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from regen.fleet.metrics import FleetScraper
+from regen.live_report import LiveReport
 from regen.naming import artifact_key
-from regen.progress import LiveReport, ProgressSnapshot
+from regen.progress import ProgressSnapshot
 from regen.rehearsal import rehearsal_config
 from regen.sglang_api.endpoint import Endpoint
 from support.emulator import emulators as launch_emulators

@@ -5,6 +5,10 @@ counts, a few example ids, value counts of integer lengths (so quantiles stay ex
 merge) and hashed answers with counts (for the collapse check): a few kB per shard. The final
 audit, the rolling gate during a run and a canary's gate all merge summaries, so they are one
 mechanism and agree by construction.
+
+One module over 400 lines on purpose: the summary's fields, `audit_rows` that fills them and
+`merge` that adds them up must change together, or a merged audit stops equalling one over all
+rows.
 """
 
 from __future__ import annotations

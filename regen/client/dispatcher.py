@@ -1,5 +1,10 @@
 """The one dispatcher of a run: every shard's rows through one queue to every server.
 
+One module over 400 lines on purpose: the queue, the scheduler, retries and quarantine all
+read and change the same per-server state on the dispatcher's own loop; split apart, each part
+would reach into the others' state. Requests and their wire shapes live in `shard_job` and
+`regen.sglang_api`.
+
 Why this shape:
 
 - One FIFO across shards. Each shard is its own Prefect task, but the GPUs must not see

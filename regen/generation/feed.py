@@ -20,7 +20,8 @@ from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
 from regen.generation.plan import RunPlan
 from regen.generation.summary import ShardOutcome
-from regen.progress import LiveReport, LiveWatch, ProgressSnapshot, ProgressWriter
+from regen.live_report import LiveReport, LiveWatch
+from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.storage import Storage
 
 
