@@ -35,7 +35,7 @@ def _loaded(module: str) -> set[str]:
 
 
 def test_regen_imports_no_layer_above_it() -> None:
-    above = ("flows", "tasks", "blocks", "tests", "benches", "prefect")
+    above = ("flows", "tasks", "blocks", "tests", "benches", "support", "prefect")
     upward = {
         f"{path}: {name}"
         for path, names in _imports(REGEN).items()
@@ -64,3 +64,50 @@ def test_import_regen_config_loads_no_audit_machinery() -> None:
     loaded = _loaded("regen.config")
     assert "regen.audit.thresholds" in loaded  # what the config embeds, and only that
     assert not {m for m in loaded if m.startswith("regen.audit.") and m != "regen.audit.thresholds"}
+
+
+def _module_name(path: Path) -> str:
+    parts = ["regen", *path.relative_to(REGEN).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(path: Path, known: set[str]) -> set[str]:
+    """The regen modules a file imports when it is imported: module-level statements only
+    (a function's import runs later, a TYPE_CHECKING block never)."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return {name for name in found if name in known}
+
+
+def test_regen_has_no_import_cycle() -> None:
+    paths = {_module_name(p): p for p in REGEN.rglob("*.py")}
+    graph = {name: _top_level_imports(path, set(paths)) - {name} for name, path in paths.items()}
+    # A module importing regen.x.y also runs regen.x's __init__: that edge is part of a cycle.
+    for name in list(graph):
+        for dep in list(graph[name]):
+            parts = dep.split(".")
+            graph[name].update(
+                ".".join(parts[:i]) for i in range(2, len(parts)) if ".".join(parts[:i]) in paths
+            )
+            graph[name].discard(name)
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1 and not node.startswith(dep + "."):
+                cycles.append([*stack[stack.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles[:10])
