@@ -3,7 +3,6 @@ shard fed through the run's one dispatcher (its own loop in its own thread)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -23,13 +22,13 @@ from regen.errors import FleetError
 from regen.fleet import Fleet
 from regen.generation import shard as shards
 from regen.generation.feed import Feed, feeding
-from regen.generation.lease import Lease, shards_in_flight
-from regen.generation.live import LiveAudit
-from regen.generation.loop import as_future, run_all, run_claimed
+from regen.generation.lease import Lease
+from regen.generation.loop import as_future
 from regen.generation.plan import RunPlan
 from regen.generation.plan import plan_run as plan_generation
 from regen.generation.shard import OnCommit, RowSource
-from regen.generation.summary import GenerationSummary, ShardOutcome, summarize
+from regen.generation.stage import generate_plan
+from regen.generation.summary import GenerationSummary, ShardOutcome
 from regen.live_report import LiveReport
 from regen.naming import artifact, dataset_markdown, dataset_name
 from regen.nodes import NodeAssignment
@@ -137,39 +136,19 @@ def generate(
     node: NodeAssignment | None = None,
 ) -> GenerationSummary:
     """The canary, then every pending shard as a task fed through one dispatcher (or with
-    `node` this node's share of a multi-node run) while the live gate judges each commit;
-    raise if any shard failed after its retries. A stop is the summary's `stopped`."""
-    start, generation = time.monotonic(), run.config.generation
-    task = generate_shard.with_options(retries=generation.shard_retries)
-    log = get_run_logger()
+    `node` this node's share of a multi-node run), judged by the live gate."""
+    task = generate_shard.with_options(retries=run.config.generation.shard_retries)
+
+    def start(
+        shard: int, lease: Lease | None, rows: RowSource, on_commit: OnCommit
+    ) -> futures.Future[ShardOutcome]:
+        # A node claims only shards without a manifest: it never retries error rows.
+        retry = run.config.generation.retry_errors and lease is None
+        return as_future(task.submit(shard, plan, rows, run.storage, retry, lease, on_commit))
+
+    run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
     with _feeding(run, plan, fleet, api_key, node.name if node else None) as feed:
-        live = LiveAudit.open(
-            run.storage, plan, feed.dispatcher, run.config.audit, tokenizer_path,
-            on_figures=feed.progress.set_audit, log=log,
+        return generate_plan(
+            run, plan, feed, start, tokenizer_path=tokenizer_path, node=node,
+            info={"flow_run_id": run_id}, log=get_run_logger(),
         )  # fmt: skip
-        # One canary per run: the nodes of a multi-node run rely on the rolling audit.
-        if node is None and run.config.audit.live != "off":
-            live.run_canary(generation.canary_prompts)
-        slots = len(fleet.endpoints) * run.config.concurrency
-        window = shards_in_flight(slots, run.config.shard_size)
-
-        def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
-            # A node claims only shards without a manifest: it never retries error rows.
-            retry = generation.retry_errors and lease is None
-            return as_future(
-                task.submit(shard, plan, live.rows, run.storage, retry, lease, live.on_commit)
-            )
-
-        if node is None:
-            result = run_all(
-                plan.pending, submit, window=window, on_outcome=feed.committed, stop=live.stopped
-            )
-        else:
-            run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
-            result = run_claimed(
-                run.storage, node, plan.fingerprint, submit, window=window,
-                info={"flow_run_id": run_id}, on_outcome=feed.committed, stop=live.stopped,
-            )  # fmt: skip
-            log.info(result.headline(node.name))
-    stopped = live.record.reason() if live.record else None
-    return summarize(result.outcomes, result.failures, start, stopped)

@@ -29,6 +29,8 @@ from regen.storage import Storage
 class Feed:
     dispatcher: Dispatcher
     progress: ProgressWriter
+    slots: int
+    """Requests the fleet serves at once (servers x concurrency)."""
     final: ProgressSnapshot | None = None
     """The last snapshot, taken as generation ends (set when the `with` block exits)."""
 
@@ -82,6 +84,6 @@ def feeding(
             on_update=on_live,
         ),
     ):
-        feed = Feed(dispatcher, progress)
+        feed = Feed(dispatcher, progress, slots=len(fleet.endpoints) * config.concurrency)
         yield feed
         feed.final = progress.snapshot()

@@ -1,0 +1,70 @@
+"""Stage 4 whole, free of Prefect: the canary, then the shards (every pending one, or those a
+node claims), each commit judged by the live gate, until done or stopped.
+
+How a shard is started is the caller's (`start`: a Prefect task's submit in a flow, a thread
+pool in a test); everything decided between the shards is here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+
+from regen.generation.feed import Feed
+from regen.generation.lease import Lease, shards_in_flight
+from regen.generation.live import LiveAudit
+from regen.generation.loop import run_all, run_claimed
+from regen.generation.plan import RunPlan
+from regen.generation.shard import Log, OnCommit, RowSource
+from regen.generation.summary import GenerationSummary, ShardOutcome, summarize
+from regen.nodes import NodeAssignment
+from regen.run import OpenedRun
+
+_log = logging.getLogger(__name__)
+
+StartShard = Callable[[int, Lease | None, RowSource, OnCommit], "futures.Future[ShardOutcome]"]
+"""Start one shard: its number, the node's lease (None on a single node), where its rows come
+from and the hook its commit calls; the future gives the outcome."""
+
+
+def generate_plan(
+    run: OpenedRun,
+    plan: RunPlan,
+    feed: Feed,
+    start: StartShard,
+    *,
+    tokenizer_path: Path | str | None,
+    node: NodeAssignment | None = None,
+    info: dict[str, str] | None = None,
+    log: Log = _log,
+) -> GenerationSummary:
+    """Generate the plan's pending shards through `feed`; raise if any shard failed after its
+    retries. A stop of the live gate is the summary's `stopped` (`report/stopped.json`)."""
+    began, config = time.monotonic(), run.config
+    live = LiveAudit.open(
+        run.storage, plan, feed.dispatcher, config.audit, tokenizer_path,
+        on_figures=feed.progress.set_audit, log=log,
+    )  # fmt: skip
+    # One canary per run: the nodes of a multi-node run rely on the rolling audit.
+    if node is None and config.audit.live != "off":
+        live.run_canary(config.generation.canary_prompts)
+    window = shards_in_flight(feed.slots, config.shard_size)
+
+    def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
+        return start(shard, lease, live.rows, live.on_commit)
+
+    if node is None:
+        result = run_all(
+            plan.pending, submit, window=window, on_outcome=feed.committed, stop=live.stopped
+        )
+    else:
+        result = run_claimed(
+            run.storage, node, plan.fingerprint, submit, window=window, info=info,
+            on_outcome=feed.committed, stop=live.stopped,
+        )  # fmt: skip
+        log.info(result.headline(node.name))
+    stopped = live.record.reason() if live.record else None
+    return summarize(result.outcomes, result.failures, began, stopped)
