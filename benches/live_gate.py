@@ -43,9 +43,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benches._common import results_path
-from regen.audit.features import collect_features
+from regen.audit.loss_mask import load_model_template
 from regen.audit.quality import (
-    completions,
     empty_answer_check,
     empty_thinking_check,
     repetition_check,
@@ -53,6 +52,7 @@ from regen.audit.quality import (
     truncation_checks,
 )
 from regen.audit.result import Check
+from regen.audit.summary import AuditSettings, audit_rows
 from regen.audit.thresholds import AuditConfig
 from regen.canary import (
     StopRecord,
@@ -132,13 +132,15 @@ def _requests(fleet: Fleet) -> int:
 def _gate(rows: pl.DataFrame, audit: AuditConfig) -> tuple[list[Check], float]:
     """The failing row-level checks of `rows` and the seconds the audit took."""
     start = time.monotonic()
-    ok = completions(collect_features(rows.lazy(), audit))
+    # The run's gate judges a summary: the same one here, with no template (no check 10/11).
+    settings = AuditSettings(audit, True, load_model_template(None, enable_thinking=True), 0)
+    summary = audit_rows(rows, settings)
     checks = [
-        empty_answer_check(ok, audit, lambda ids: {}),
-        empty_thinking_check(ok, audit, True),
-        think_leak_check(ok, audit),
-        *truncation_checks(ok, audit),
-        repetition_check(ok, audit),
+        empty_answer_check(summary, audit),
+        empty_thinking_check(summary, audit, True),
+        think_leak_check(summary, audit),
+        *truncation_checks(summary, audit),
+        repetition_check(summary, audit),
     ]
     return [c for c in checks if c.status == "fail"], time.monotonic() - start
 

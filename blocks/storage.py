@@ -14,7 +14,7 @@ from blocks import load_block
 from regen.s3 import RetryPolicy, S3Storage, client_config
 
 if TYPE_CHECKING:
-    from botocore.client import BaseClient
+    from mypy_boto3_s3 import S3Client  # boto3-stubs[s3], a dev dependency
 
 
 def storage_from_s3_bucket_block(block: S3Bucket, retry: RetryPolicy | None = None) -> S3Storage:
@@ -32,7 +32,7 @@ def storage_from_s3_bucket_block(block: S3Bucket, retry: RetryPolicy | None = No
     if credentials.region_name is not None:
         params["region_name"] = credentials.region_name
 
-    def factory() -> BaseClient:
+    def factory() -> S3Client:
         return session.client("s3", config=config, **params)
 
     return S3Storage(block.bucket_name, block.bucket_folder, factory, session=session, retry=retry)

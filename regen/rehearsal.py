@@ -38,7 +38,8 @@ def rehearsal_config(
         data["output"] = out
     work_dir = Path(data.get("work_dir", ".regen"))
     # The real model stays where it is: a rehearsal stages the emulated one under its name.
-    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    saved_model = data.get("model")
+    model: dict[str, Any] = saved_model if isinstance(saved_model, dict) else {}
     name = str(model.get("served_name", "qwen3-emu"))
     data["model"] = {
         "source": str(bundled("emulator-model")),

@@ -26,7 +26,7 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_d
 from regen.errors import UserError
 
 if TYPE_CHECKING:
-    from botocore.client import BaseClient
+    from mypy_boto3_s3 import S3Client  # boto3-stubs[s3], a dev dependency
 
 T = TypeVar("T")
 
@@ -106,7 +106,7 @@ class S3Storage:
         self,
         bucket: str,
         prefix: str,
-        client_factory: Callable[[], BaseClient],
+        client_factory: Callable[[], S3Client],
         *,
         session: boto3.Session | None = None,
         retry: RetryPolicy | None = None,
@@ -119,7 +119,7 @@ class S3Storage:
         self._client_factory = client_factory
         self._session = session
         self._client_lock = threading.Lock()
-        self._client_obj: BaseClient | None = None
+        self._client_obj: S3Client | None = None
 
     @classmethod
     def from_url(
@@ -130,12 +130,12 @@ class S3Storage:
         session = boto3.Session()
         config = client_config()
 
-        def factory() -> BaseClient:
+        def factory() -> S3Client:
             return session.client("s3", endpoint_url=endpoint_url, config=config)
 
         return cls(bucket, prefix, factory, session=session, retry=retry)
 
-    def _client(self) -> BaseClient:
+    def _client(self) -> S3Client:
         # boto3 clients are thread-safe but creating them from one session is not.
         with self._client_lock:
             if self._client_obj is None:
@@ -145,7 +145,7 @@ class S3Storage:
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _call(self, op: str, key: str, fn: Callable[[BaseClient], T]) -> T:
+    def _call(self, op: str, key: str, fn: Callable[[S3Client], T]) -> T:
         """`fn` with the client, transient failures retried until the policy's deadline."""
 
         def attempt() -> T:
@@ -201,7 +201,7 @@ class S3Storage:
         full = self._key(key)
         attempts = 0
 
-        def put(c: BaseClient) -> bool:
+        def put(c: S3Client) -> bool:
             nonlocal attempts
             attempts += 1
             try:
@@ -224,7 +224,7 @@ class S3Storage:
         full = self._key(key)
 
         # The body is read inside the retried call: a connection reset mid-body is retried too.
-        def get(c: BaseClient) -> bytes:
+        def get(c: S3Client) -> bytes:
             return c.get_object(Bucket=self.bucket, Key=full)["Body"].read()
 
         return self._call("get_object", key, get)
@@ -243,7 +243,7 @@ class S3Storage:
         """Objects under `prefix` with size and ETag, sorted by key; hidden names skipped."""
         base = f"{self.prefix}/" if self.prefix else ""
 
-        def listing(c: BaseClient) -> list[S3Object]:
+        def listing(c: S3Client) -> list[S3Object]:
             pages = c.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=base + prefix
             )
@@ -306,7 +306,7 @@ class S3Storage:
                 options["aws_session_token"] = frozen.token
         return options
 
-    def _bucket_region(self, client: BaseClient) -> str:
+    def _bucket_region(self, client: S3Client) -> str:
         # polars, unlike boto3, does not follow S3's region redirects: ask the bucket itself.
         try:
             head = self._call("head_bucket", "", lambda c: c.head_bucket(Bucket=self.bucket))

@@ -45,22 +45,22 @@ a server that does not support it); a trainer's `input_ids` and `loss_mask` come
 
 def row_schema() -> pl.Schema:
     """Columns of a shard file; `error` is null for a completion, the reason for an error row."""
-    return pl.Schema(
-        {
-            "id": pl.String,
-            "shard": pl.Int64,
-            "messages": pl.List(OUTPUT_MESSAGE),
-            "content": pl.String,
-            "reasoning_content": pl.String,
-            "finish_reason": pl.String,
-            "prompt_tokens": pl.Int64,
-            "completion_tokens": pl.Int64,
-            "reasoning_tokens": pl.Int64,
-            "model": pl.String,
-            "server": pl.String,
-            "attempts": pl.Int64,
-            "latency_s": pl.Float64,
-            "error": pl.String,
-            "turns": pl.List(TURN),
-        }
-    )
+    # Annotated: mypy would infer dict[str, object] from the mix of struct, list and plain types.
+    columns: dict[str, pl.DataType | type[pl.DataType]] = {
+        "id": pl.String,
+        "shard": pl.Int64,
+        "messages": pl.List(OUTPUT_MESSAGE),
+        "content": pl.String,
+        "reasoning_content": pl.String,
+        "finish_reason": pl.String,
+        "prompt_tokens": pl.Int64,
+        "completion_tokens": pl.Int64,
+        "reasoning_tokens": pl.Int64,
+        "model": pl.String,
+        "server": pl.String,
+        "attempts": pl.Int64,
+        "latency_s": pl.Float64,
+        "error": pl.String,
+        "turns": pl.List(TURN),
+    }
+    return pl.Schema(columns)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import polars as pl
 
 from regen.client.effort import pick_effort
+from regen.config import ReasoningEffort
 from regen.conversations import Turns
 from regen.schema import OUTPUT_MESSAGE, TURN, row_schema
 from regen.sglang_api.response import Completion
@@ -38,6 +39,15 @@ _RESULT_COLUMNS = (
 )
 # The last turn's server ids (turns=last); with turns=all each turn record holds its own.
 _ID_COLUMNS = ("prompt_token_ids", "response_token_ids")
+
+
+class _HistoryMessage(TypedDict):
+    """One message of a turns=all conversation, shaped as `OUTPUT_MESSAGE`: only answers
+    carry reasoning, so `content` is always text while `reasoning_content` may be None."""
+
+    role: str
+    content: str
+    reasoning_content: str | None
 
 
 class ShardJob:
@@ -69,7 +79,7 @@ class ShardJob:
         *,
         turns: Turns = "last",
         keep_reasoning: bool = True,
-        efforts: Mapping[str, float] | None = None,
+        efforts: Mapping[ReasoningEffort, float] | None = None,
     ) -> None:
         missing = {"id", "messages"} - set(rows.columns)
         if missing:
@@ -89,7 +99,7 @@ class ShardJob:
         self._efforts = dict(efforts or {})
         # turns=all only, per row: the conversation so far (output messages), the index of
         # the next input message, the current turn (from 1), TURN records, running sums.
-        self._history: list[list[dict[str, str | None]]] = []
+        self._history: list[list[_HistoryMessage]] = []
         self._next: list[int] = []
         self.turn: list[int] = []
         self._records: list[list[dict[str, Any]]] = []
@@ -150,12 +160,12 @@ class ShardJob:
         as the chat template takes no earlier reasoning."""
         if not self._all:
             return self.messages[pos]
-        return [{"role": m["role"], "content": m["content"]} for m in self._history[pos]]  # type: ignore[misc]
+        return [{"role": m["role"], "content": m["content"]} for m in self._history[pos]]
 
     def turn_of(self, pos: int) -> int:
         return self.turn[pos] if self._all else 1
 
-    def effort(self, pos: int) -> str | None:
+    def effort(self, pos: int) -> ReasoningEffort | None:
         """The `reasoning_effort` of row `pos`'s current turn (None: send none)."""
         return pick_effort(self._efforts, self.ids[pos], self.turn_of(pos))
 

@@ -57,7 +57,7 @@ def flags() -> list[dict[str, Any]]:
     """Every option of `sglang serve`: names, dest, kind, type, nargs, choices, required.
 
     Defaults are left out: some follow the machine, and the emulator needs only the shape."""
-    from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]
+    from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
@@ -85,7 +85,7 @@ def flags() -> list[dict[str, Any]]:
 
 def check(argv: list[str]) -> dict[str, Any]:
     """One argv through `prepare_server_args`: {"ok", "values"} or {"ok": False, "error"}."""
-    from sglang.srt.server_args import prepare_server_args  # type: ignore[import-not-found]
+    from sglang.srt.server_args import prepare_server_args
 
     err = io.StringIO()
     try:

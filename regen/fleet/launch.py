@@ -42,7 +42,7 @@ def _row(endpoint: Endpoint, **fields: object) -> FleetRow:
         gpu=endpoint.gpu,
         port=urlsplit(endpoint.url).port,
         url=endpoint.url,
-        **fields,  # type: ignore[arg-type]
+        **fields,
     )
 
 

@@ -32,7 +32,7 @@ from regen.staging.sources import ModelSource, open_source
 from regen.staging.space import check_space
 
 if TYPE_CHECKING:
-    from botocore.client import BaseClient
+    from mypy_boto3_s3 import S3Client  # boto3-stubs[s3], a dev dependency
 
 _HASH_CHUNK = 8 << 20
 
@@ -64,7 +64,7 @@ def stage_model(
     margin_bytes: int = 2 << 30,
     workers: int = 8,
     progress: Callable[[int, int], None] | None = None,
-    s3_client_factory: Callable[[], BaseClient] | None = None,
+    s3_client_factory: Callable[[], S3Client] | None = None,
 ) -> StageResult:
     """Copy the model at `source` to `target` unless a valid marker says it is already there.
 

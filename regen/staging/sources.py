@@ -18,7 +18,7 @@ from regen.s3 import S3Storage, parse_s3_url
 from regen.staging.layout import HUB_DOWNLOAD, SourceFile, hidden, part_path
 
 if TYPE_CHECKING:
-    from botocore.client import BaseClient
+    from mypy_boto3_s3 import S3Client  # boto3-stubs[s3], a dev dependency
 
 # Verifies a file written at the path and moves it to its place in the target.
 Place = Callable[[SourceFile, Path], None]
@@ -179,7 +179,7 @@ def open_source(
     source: str,
     revision: str | None = None,
     hf_token: str | None = None,
-    s3_client_factory: Callable[[], BaseClient] | None = None,
+    s3_client_factory: Callable[[], S3Client] | None = None,
 ) -> ModelSource:
     """The `ModelSource` for a local directory, `s3://bucket/prefix` or `hf://org/repo`."""
     if source.startswith("s3://"):
