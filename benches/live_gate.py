@@ -19,9 +19,10 @@ its own output and work dir, so none is a rerun of another.
 - clean: no fault, `--clean-prompts` prompts, the gate on (defaults: canary 256 prompts,
   `audit.live: stop`) and off (`generation.canary_prompts: 0`, `audit.live: off`),
   alternated (the order flips every repeat) `--repeats` times each. Both kinds store each
-  committed shard's audit summary, which the final audit merges; "off" saves the canary and
-  the judging. `clean_overhead_ratio` is median(with) / median(without) - 1 of the flow's
-  wall time; `clean_overhead_ratio_fastest` compares the fastest of each. Target <= 3 %.
+  committed shard's audit summary (the final audit merges them) and merge it into the running
+  figures of progress.json; "off" saves the canary and the judging (stop, quarantine).
+  `clean_overhead_ratio` is median(with) / median(without) - 1 of the flow's wall time;
+  `clean_overhead_ratio_fastest` compares the fastest of each. Target <= 3 %.
 
     .venv/bin/python benches/live_gate.py [--prompts 5000] [--clean-prompts 2000]
         [--servers 4] [--repeats 3] [--smoke]
