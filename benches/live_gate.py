@@ -1,329 +1,223 @@
-"""Live-gate bench: what the canary costs on a healthy run and what it saves on a bad one.
+"""Live-gate bench: what the gate saves on a bad run and costs on a healthy one, in the real flow.
 
-Everything runs through the library pieces a run uses, without Prefect: the prompts are
-loaded, planned and cached (`regen.prompts`, `regen.dataset`), the fleet is launched and torn
-down by `regen.fleet` (real emulator processes), one `Dispatcher` feeds every shard, shards
-commit through `commit_shard`, and the canary is `regen.canary` (sample, store, shard merge,
-stop record).
+Every run is `regenerate_completions(config, return_state=True)`, the flow `regen rehearse`
+runs, called in this process under one `prefect_test_harness` (its API server is up before
+the first run, so no run's wall time carries Prefect's start). Each run gets a rehearsal
+config (`regen.rehearsal.rehearsal_config`: emulators, the engine's defaults otherwise) with
+its own output and work dir, so none is a rerun of another.
 
-- incident: every server with `empty-answer=0.87`. The canary is sent first and audited; the
-  gate fails it, the stop record is written and the fleet torn down. Figures: the share of
-  the planned prompts the servers received (counted at their own /metrics, minus the launch
-  probes) and the seconds from launch to the stop; beside them, what the same fleet takes to
-  generate the whole plan without a canary (what a run without the gate spends before its
-  final audit fails).
-- clean: a healthy fleet generates the plan with the canary and without it, alternately,
-  `--repeats` times each into fresh outputs; the overhead ratio compares the fastest of each
-  (with / without - 1); the estimate `clean_overhead_estimate` times the canary phase
-  alone (send, wait for its longest answer, audit) less what its rows cost at full speed.
+- incident: every server with `empty-answer=0.87` on `--prompts` synthetic prompts.
+  `seconds_to_stop` is the wall time from calling the flow to its final (Failed) state:
+  provision, stage, plan, launch, canary, stop, teardown and the report of what was kept.
+  `sent_share_at_stop` is the requests the emulators served (summed from their own logs,
+  `Served N requests` at shutdown) minus the launch's own requests (readiness probes and the
+  fleet micro-benchmark), over the planned prompts. The launch's requests are measured on the
+  clean runs without the gate, which send every prompt exactly once on a fleet of the same
+  size and settings: served - prompts. The dispatcher's own count (`prompts_sent` in
+  `report/stopped.json`) is reported beside it as a cross-check, with the check figures
+  that stopped the run.
+- clean: no fault, `--clean-prompts` prompts, the gate on (defaults: canary 256 prompts,
+  `audit.live: stop`) and off (`generation.canary_prompts: 0`, `audit.live: off`),
+  alternated (the order flips every repeat) `--repeats` times each. Both kinds store each
+  committed shard's audit summary (the final audit merges them) and merge it into the running
+  figures of progress.json; "off" saves the canary and the judging (stop, quarantine).
+  `clean_overhead_ratio` is median(with) / median(without) - 1 of the flow's wall time;
+  `clean_overhead_ratio_fastest` compares the fastest of each. Target <= 3 %.
 
-The gate here runs the audit's row-level checks over the canary rows at the default
-thresholds; the run's own gate (regen.audit's per-shard summaries) decides the same way.
-
-    .venv/bin/python benches/live_gate.py [--prompts 5000] [--servers 4] [--smoke]
+    .venv/bin/python benches/live_gate.py [--prompts 5000] [--clean-prompts 2000]
+        [--servers 4] [--repeats 3] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
+import re
+import statistics
 import sys
 import tempfile
 import time
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-import polars as pl
-from prometheus_client.parser import text_string_to_metric_families
+import yaml
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benches._common import results_path
-from regen.audit.loss_mask import load_model_template
-from regen.audit.quality import (
-    empty_answer_check,
-    empty_thinking_check,
-    repetition_check,
-    think_leak_check,
-    truncation_checks,
-)
-from regen.audit.result import Check
-from regen.audit.summary import AuditSettings, audit_rows
-from regen.audit.thresholds import AuditConfig
-from regen.canary import (
-    StopRecord,
-    canary_key,
-    canary_sample,
-    generate_shard_rows,
-    read_canary,
-    run_canary,
-    write_stop_record,
-)
-from regen.client import Dispatcher
-from regen.config import RegenConfig, parse_config
-from regen.dataset import cache_prompts, commit_shard, plan_shards, prompts_for_shard
-from regen.fleet import Fleet, build_server_commands, generate_api_key, launch_fleet
-from regen.ports import free_port_range
-from regen.prompts import load_prompts
-from regen.rehearsal import bundled
-from regen.schema import row_schema
+from benches.scale import write_prompts
+from regen.canary.stop import read_stop_record
+from regen.config import RegenConfig
+from regen.figures import pct
+from regen.rehearsal import rehearsal_config
 from regen.storage import LocalStorage
 
 INCIDENT = "empty-answer=0.87"
+GATE_OFF = {"generation": {"canary_prompts": 0}, "audit": {"live": "off"}}
+_SERVED = re.compile(r"Shutting down\. Served (\d+) requests\.")
 
 
-def _config(work: Path, prompts: Path, servers: int, faults: list[str]) -> RegenConfig:
-    return parse_config(
-        {
-            "model": {
-                "source": str(bundled("emulator-model")),
-                "served_name": "qwen3-emu",
-                "stage": False,
-            },
-            "prompts": str(prompts),
-            "output": str(work / "out"),
-            "work_dir": str(work / "work"),
-            "shard_size": 100,
-            "engine": {
-                "kind": "emulator",
-                "python": sys.executable,
-                "gpus": list(range(servers)),
-                "base_port": free_port_range(servers, random.randint(20000, 60000)),
-                "max_running_requests": 16,
-                "startup_timeout_s": 60,
-                "emulator": {
-                    "load_s": 0.2,
-                    "time_scale": 0.002,
-                    "reasoning_tokens": "200:4000",
-                    "answer_tokens": "20:800",
-                    "faults": faults,
-                },
-            },
-        }
-    )
+def _config(
+    root: Path, prompts: Path, servers: int, faults: list[str], *, gate: bool
+) -> RegenConfig:
+    """A rehearsal config of its own output and work dir under `root`."""
+    root.mkdir(parents=True)
+    data: dict[str, Any] = {"work_dir": str(root / "work")}
+    if not gate:
+        data |= GATE_OFF
+    path = root / "regen.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return rehearsal_config(
+        config_path=path, prompts=str(prompts), out=str(root / "out"), servers=servers,
+        faults=faults,
+    )  # fmt: skip
 
 
-def _write_prompts(path: Path, count: int) -> Path:
-    lines = (
-        json.dumps({"id": f"p{i:06d}", "messages": [{"role": "user", "content": f"q {i}?"}]})
-        for i in range(count)
-    )
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def _served(config: RegenConfig) -> int:
+    """Requests the run's emulators answered, from their logs (every lifetime of each)."""
+    logs = sorted((config.work_dir / "logs").glob("server-*.log"))
+    counts = [int(n) for p in logs for n in _SERVED.findall(p.read_text())]
+    if len(logs) != len(config.engine.gpus) or len(counts) < len(logs):
+        raise SystemExit(f"live_gate: a server of {config.work_dir} did not log its count")
+    return sum(counts)
 
 
-def _requests(fleet: Fleet) -> int:
-    """Requests the servers answered, from their own /metrics (probes included)."""
-    total = 0.0
-    for endpoint in fleet.endpoints:
-        with urllib.request.urlopen(f"{endpoint.url}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "sglang:e2e_request_latency_seconds_count":
-                    total += sample.value
-    return int(total)
+def _run(config: RegenConfig) -> tuple[Any, float, int]:
+    """The flow's final state, its wall seconds, the requests its emulators served."""
+    from flows.regenerate import regenerate_completions
+
+    start = time.perf_counter()
+    state = regenerate_completions(config, return_state=True)
+    return state, time.perf_counter() - start, _served(config)
 
 
-def _gate(rows: pl.DataFrame, audit: AuditConfig) -> tuple[list[Check], float]:
-    """The failing row-level checks of `rows` and the seconds the audit took."""
-    start = time.monotonic()
-    # The run's gate judges a summary: the same one here, with no template (no check 10/11).
-    settings = AuditSettings(audit, True, load_model_template(None, enable_thinking=True), 0)
-    summary = audit_rows(rows, settings)
-    checks = [
-        empty_answer_check(summary, audit),
-        empty_thinking_check(summary, audit, True),
-        think_leak_check(summary, audit),
-        *truncation_checks(summary, audit),
-        repetition_check(summary, audit),
-    ]
-    return [c for c in checks if c.status == "fail"], time.monotonic() - start
+def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    incident_prompts = root / "incident.jsonl"
+    clean_prompts = root / "clean.jsonl"
+    write_prompts(incident_prompts, args.prompts)
+    write_prompts(clean_prompts, args.clean_prompts)
 
+    bad = _config(root / "incident", incident_prompts, args.servers, [INCIDENT], gate=True)
+    state, seconds, served = _run(bad)
+    if not state.is_failed() or "live quality gate: stopped" not in (state.message or ""):
+        raise SystemExit(f"live_gate: the incident was not stopped by the gate: {state}")
+    record = read_stop_record(LocalStorage(Path(bad.output)))
+    assert record is not None, "a stopped run leaves report/stopped.json"
 
-def _generate(
-    config: RegenConfig,
-    fleet: Fleet,
-    output: Path,
-    canary_size: int,
-    stop_on_fail: bool,
-) -> dict[str, float]:
-    """Plan, canary, gate, shards: a run's generation stage, timed from before the launch."""
-    storage = LocalStorage(output)
-    prompt_set = load_prompts(config.prompts)
-    plan = plan_shards(prompt_set, config.shard_size)
-    cache = cache_prompts(prompt_set, plan, output / "prompts.parquet")
-    fingerprint = "b" * 64
-    pending = list(range(plan.num_shards))
-    before = _requests(fleet)
-    start = time.monotonic()
-    audit_s = canary_s = 0.0
-    with Dispatcher(
-        fleet.endpoints,
-        api_key=fleet.api_key,
-        model=config.model.served_name,
-        sampling=config.sampling,
-        generation=config.generation,
-        concurrency_per_server=config.concurrency,
-    ) as dispatcher:
-        canary = pl.DataFrame(schema=row_schema())
-        if canary_size:
-            sample = canary_sample(cache, pending, canary_size)
-            canary = run_canary(dispatcher, storage, fingerprint, sample)
-            failed, audit_s = _gate(canary, config.audit)
-            canary_s = time.monotonic() - start
-            if failed and stop_on_fail:
-                sent = _requests(fleet) - before
-                write_stop_record(
-                    storage,
-                    StopRecord(
-                        fingerprint=fingerprint,
-                        stage="canary",
-                        rows_audited=canary.height,
-                        prompts_sent=sent,
-                        prompts_planned=plan.num_rows,
-                        checks=failed,
-                        canary=canary_key(fingerprint),
-                    ),
-                )
-                return {
-                    "seconds": time.monotonic() - start,
-                    "sent": sent,
-                    "planned": plan.num_rows,
-                    "audit_s": audit_s,
-                    "canary_s": canary_s,
-                    "stopped": 1,
-                    "reason_share": failed[0].figure or 0.0,
-                }
-            canary = read_canary(storage, fingerprint)
+    clean: dict[str, list[float]] = {"with": [], "without": []}
+    served_clean: dict[str, list[int]] = {"with": [], "without": []}
+    for k in range(args.repeats):
+        # The order flips every repeat, so neither kind always runs on a fresher machine.
+        for kind in ("with", "without") if k % 2 == 0 else ("without", "with"):
+            run_root = root / f"clean-{k}-{kind}"
+            config = _config(run_root, clean_prompts, args.servers, [], gate=kind == "with")
+            done, wall, count = _run(config)
+            if not done.is_completed():
+                raise SystemExit(f"live_gate: a clean run ({kind} the gate) ended {done}")
+            clean[kind].append(wall)
+            served_clean[kind].append(count)
 
-        def shard_task(shard: int) -> None:
-            rows = prompts_for_shard(cache, shard)
-            out = generate_shard_rows(dispatcher, shard, rows, canary)
-            commit_shard(storage, shard, out, fingerprint=fingerprint, timings={})
-
-        # Every shard queued at once, as the flow maps them: the dispatcher keeps slots full.
-        with ThreadPoolExecutor(max_workers=len(pending)) as pool:
-            list(pool.map(shard_task, pending))
+    launch = {n - args.clean_prompts for n in served_clean["without"]}
+    if len(launch) != 1:
+        raise SystemExit(f"live_gate: the launches served different counts: {sorted(launch)}")
+    launch_requests = launch.pop()
+    sent = served - launch_requests
+    sent_once = set(served_clean["with"]) == {args.clean_prompts + launch_requests}
+    median = {kind: statistics.median(times) for kind, times in clean.items()}
+    fastest = {kind: min(times) for kind, times in clean.items()}
     return {
-        "seconds": time.monotonic() - start,
-        "sent": _requests(fleet) - before,
-        "planned": plan.num_rows,
-        "audit_s": audit_s,
-        "canary_s": canary_s,
-        "stopped": 0,
-        "reason_share": 0.0,
+        "prompts": {"incident": args.prompts, "clean": args.clean_prompts},
+        "servers": args.servers,
+        "repeats": args.repeats,
+        "incident_fault": INCIDENT,
+        "sent_share_at_stop": round(sent / args.prompts, 4),
+        "seconds_to_stop": round(seconds, 2),
+        "stopped_stage": record.stage,
+        "stopped_checks": [
+            {"check": c.check, "figure": c.figure, "fail": c.fail} for c in record.checks
+        ],
+        "incident_requests_served": served,
+        "launch_requests": launch_requests,
+        "prompts_sent_by_dispatcher": record.prompts_sent,
+        "clean_seconds_with_gate": [round(s, 2) for s in clean["with"]],
+        "clean_seconds_without_gate": [round(s, 2) for s in clean["without"]],
+        "clean_overhead_ratio": round(median["with"] / median["without"] - 1, 4),
+        "clean_overhead_ratio_fastest": round(fastest["with"] / fastest["without"] - 1, 4),
+        # Each prompt reaches a server once with the gate too: the canary's rows are committed
+        # in their shards, not sent again.
+        "clean_requests_with_gate": served_clean["with"],
+        "clean_requests_without_gate": served_clean["without"],
+        "each_prompt_sent_once": sent_once,
+        "smoke": args.smoke,
     }
 
 
-def _launch(config: RegenConfig, work: Path) -> tuple[Fleet, float]:
-    key = generate_api_key()
-    commands = build_server_commands(config, config.model.staged_path(), key, work)
-    start = time.monotonic()
-    return launch_fleet(config, commands, key), start
+def print_table(result: dict[str, Any]) -> None:
+    prompts, servers = result["prompts"], result["servers"]
+    table = Table(title=f"live gate, the real flow on {servers} emulators")
+    for column in ("run", "prompts", "requests", "seconds", "figures"):
+        table.add_column(column, justify="right")
+    first, *others = result["stopped_checks"]
+    table.add_row(
+        f"incident {result['incident_fault']}, gate on",
+        f"{prompts['incident']:,}",
+        f"{result['incident_requests_served']:,} ({result['launch_requests']} launch)",
+        f"{result['seconds_to_stop']:.2f}",
+        f"stopped at the {result['stopped_stage']}: {first['check']} {pct(first['figure'])} "
+        f"(fail at {pct(first['fail'])}) and {len(others)} more checks; "
+        f"sent {result['sent_share_at_stop']:.1%} "
+        f"(dispatcher: {result['prompts_sent_by_dispatcher']:,})",
+    )
+    for kind in ("with", "without"):
+        times = result[f"clean_seconds_{kind}_gate"]
+        served = sorted(set(result[f"clean_requests_{kind}_gate"]))
+        table.add_row(
+            f"clean, {kind} the gate",
+            f"{prompts['clean']:,}",
+            ", ".join(f"{n:,}" for n in served) + f" ({result['launch_requests']} launch)",
+            f"{statistics.median(times):.2f}",
+            "median of " + ", ".join(f"{s:.2f}" for s in times),
+        )
+    table.add_row(
+        "clean overhead",
+        "",
+        "",
+        "",
+        f"{result['clean_overhead_ratio']:+.1%} median, "
+        f"{result['clean_overhead_ratio_fastest']:+.1%} fastest (target <= 3 %)",
+    )
+    Console(width=150).print(table)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=5000)
+    parser.add_argument("--prompts", type=int, default=5000, help="prompts of the incident run")
+    parser.add_argument("--clean-prompts", type=int, default=2000)
     parser.add_argument("--servers", type=int, default=4)
-    parser.add_argument("--canary", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="clean runs of each kind")
-    parser.add_argument("--smoke", action="store_true", help="400 prompts, 2 servers, canary 40")
+    parser.add_argument(
+        "--smoke", action="store_true", help="600 incident and 300 clean prompts, 2 servers, once"
+    )
     args = parser.parse_args()
     if args.smoke:
-        args.prompts, args.servers, args.canary, args.repeats = 400, 2, 40, 1
-    with tempfile.TemporaryDirectory(prefix="regen-live-gate-") as tmp:
-        root = Path(tmp)
-        prompts = _write_prompts(root / "prompts.jsonl", args.prompts)
+        args.prompts, args.clean_prompts, args.servers, args.repeats = 600, 300, 2, 1
 
-        bad = _config(root / "bad", prompts, args.servers, [INCIDENT])
-        fleet, launched = _launch(bad, root / "bad")
-        with fleet:
-            stop = _generate(bad, fleet, root / "bad" / "gated", args.canary, stop_on_fail=True)
-            stop_from_launch = time.monotonic() - launched
-            ungated = _generate(bad, fleet, root / "bad" / "ungated", 0, stop_on_fail=False)
+    from flows.cli import prefect_env
 
-        good = _config(root / "good", prompts, args.servers, [])
-        fleet, _ = _launch(good, root / "good")
-        runs: dict[str, list[dict[str, float]]] = {"plain": [], "canary": []}
-        with fleet:
-            # Alternated and repeated: on a shared machine one run's noise exceeds the cost.
-            for k in range(args.repeats):
-                for name, size in (("plain", 0), ("canary", args.canary)):
-                    out = root / "good" / f"{name}-{k}"
-                    runs[name].append(_generate(good, fleet, out, size, stop_on_fail=True))
-        plain = min(runs["plain"], key=lambda r: r["seconds"])
-        canaried = min(runs["canary"], key=lambda r: r["seconds"])
-    if not stop["stopped"] or canaried["stopped"]:
-        raise SystemExit(f"the gate misjudged: incident {stop}, clean {canaried}")
-    if canaried["sent"] != plain["sent"]:
-        raise SystemExit(f"canary rows were sent twice: {canaried['sent']} vs {plain['sent']}")
+    prefect_env()
+    from prefect.testing.utilities import prefect_test_harness
 
-    result = {
-        "prompts": args.prompts,
-        "servers": args.servers,
-        "canary_prompts": args.canary,
-        "clean_repeats": args.repeats,
-        "sent_share_at_stop": round(stop["sent"] / stop["planned"], 4),
-        "seconds_to_stop": round(stop_from_launch, 3),
-        "seconds_to_stop_from_generation": round(stop["seconds"], 3),
-        "stopped_check_figure": round(stop["reason_share"], 4),
-        "ungated_seconds_to_end": round(ungated["seconds"], 3),
-        "clean_seconds_without_canary": round(plain["seconds"], 3),
-        "clean_seconds_with_canary": round(canaried["seconds"], 3),
-        "clean_canary_audit_s": round(canaried["audit_s"], 4),
-        "clean_overhead_ratio": round(canaried["seconds"] / plain["seconds"] - 1, 4),
-        # The canary's own cost, less noisy than two whole runs: its phase (send, drain, audit)
-        # minus what its rows take at the clean run's throughput, over the clean run.
-        "clean_canary_phase_s": round(canaried["canary_s"], 3),
-        "clean_overhead_estimate": round(
-            (canaried["canary_s"] - plain["seconds"] * args.canary / args.prompts)
-            / plain["seconds"],
-            4,
-        ),
-        "smoke": args.smoke,
-    }
-    table = Table(title=f"live gate, {args.prompts:,} prompts, {args.servers} emulators")
-    for column in ("run", "prompts sent", "share sent", "seconds", "note"):
-        table.add_column(column, justify="right")
-    table.add_row(
-        f"incident {INCIDENT}, canary {args.canary}",
-        f"{stop['sent']:,}",
-        f"{result['sent_share_at_stop']:.1%}",
-        f"{stop['seconds']:.2f}",
-        f"stopped: empty_answer {stop['reason_share']:.1%}; {stop_from_launch:.2f} s from launch",
-    )
-    table.add_row(
-        f"incident {INCIDENT}, no canary",
-        f"{ungated['sent']:,}",
-        f"{ungated['sent'] / ungated['planned']:.1%}",
-        f"{ungated['seconds']:.2f}",
-        "all generated; only the final audit would fail",
-    )
-    table.add_row(
-        "clean, no canary",
-        f"{plain['sent']:,}",
-        "100%",
-        f"{plain['seconds']:.2f}",
-        f"fastest of {args.repeats}: " + ", ".join(f"{r['seconds']:.2f}" for r in runs["plain"]),
-    )
-    table.add_row(
-        f"clean, canary {args.canary}",
-        f"{canaried['sent']:,}",
-        "100%",
-        f"{canaried['seconds']:.2f}",
-        f"overhead {result['clean_overhead_ratio']:+.1%}, canary phase "
-        f"{canaried['canary_s']:.2f} s = {result['clean_overhead_estimate']:+.1%} "
-        f"(gate audit {canaried['audit_s']:.3f} s); "
-        + ", ".join(f"{r['seconds']:.2f}" for r in runs["canary"]),
-    )
-    Console(width=150).print(table)
-    results_path("live_gate", smoke=args.smoke).write_text(json.dumps(result, indent=2) + "\n")
+    with (
+        prefect_test_harness(server_startup_timeout=120),
+        tempfile.TemporaryDirectory(prefix="regen-live-gate-") as tmp,
+    ):
+        result = measure(args, Path(tmp))
+    print_table(result)
+    path = results_path("live_gate", smoke=args.smoke)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results: {path}")
 
 
 if __name__ == "__main__":
