@@ -40,7 +40,8 @@ class RunSummary(BaseModel):
 @flow(
     name="regenerate",
     flow_run_name=regenerate_name,
-    task_runner=ThreadPoolTaskRunner(max_workers=32),
+    # Prefect's typing: TaskRunner's future type parameter is invariant.
+    task_runner=ThreadPoolTaskRunner(max_workers=32),  # type: ignore[arg-type]
     on_cancellation=[reap_fleet_on_exit],
     on_crashed=[reap_fleet_on_exit],
     persist_result=False,
@@ -86,7 +87,7 @@ def regenerate_completions(
     if plan.pending:
         with start_fleet(run, model_path, api_key) as fleet:
             generation = generate(run, plan, fleet, api_key, tokenizer, node)
-    stopped = Failed(message=f"live quality gate: {generation.stopped}")
+    stopped: State[None] = Failed(message=f"live quality gate: {generation.stopped}")
     if node is not None:
         return (
             stopped

@@ -162,7 +162,7 @@ class AuditResult(BaseModel):
 
 def verdict_of(checks: list[Check]) -> Verdict:
     worst = max((_SEVERITY[c.status] for c in checks), default=0)
-    return ("pass", "warn", "fail")[worst]  # type: ignore[return-value]
+    return ("pass", "warn", "fail")[worst]
 
 
 def grade(figure: float, threshold: Threshold) -> Status:
