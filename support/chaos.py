@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import psutil
 import yaml
 
 from regen.dataset import parse_manifest_key
+from regen.ports import port_is_free
 
 
 @dataclass(frozen=True)
@@ -183,17 +183,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def port_free(host: str, port: int) -> bool:
-    """Nothing listens on it (SO_REUSEADDR: TIME_WAIT of closed connections does not count)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def surviving_servers(records: list[dict[str, Any]], timeout_s: float = 10.0) -> list[str]:
     """Servers of `records` still alive or still holding their port after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
@@ -201,7 +190,7 @@ def surviving_servers(records: list[dict[str, Any]], timeout_s: float = 10.0) ->
         left = [
             f"{r['host']}:{r['port']} pid {r['pid']}"
             for r in records
-            if _alive(int(r["pid"])) or not port_free(str(r["host"]), int(r["port"]))
+            if _alive(int(r["pid"])) or not port_is_free(str(r["host"]), int(r["port"]))
         ]
         if not left or time.monotonic() >= deadline:
             return left
