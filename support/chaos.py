@@ -122,6 +122,9 @@ def write_chaos_config(
         "shard_size": shard_size,
         "concurrency_per_server": concurrency,
         "engine": {"emulator": {"time_scale": time_scale}},
+        # A small canary: the default 256 would generate every sample prompt before the first
+        # shard commits, and the kill is meant to land between shard commits.
+        "generation": {"canary_prompts": 24},
     }
     path.write_text(yaml.safe_dump(data))
     return path

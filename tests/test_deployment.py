@@ -187,6 +187,9 @@ def test_cancelled_run_stops_its_servers_and_keeps_committed_shards(stack: Stack
         root,
         shard_size=20,
         concurrency_per_server=4,
+        # A small canary: the default 256 would generate all 240 prompts before the first
+        # shard commits, and the cancel is meant to land between shard commits.
+        generation={"canary_prompts": 24},
         engine={
             "emulator": {
                 "time_scale": 1.0,

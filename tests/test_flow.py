@@ -210,6 +210,9 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run
         str(out),
         engine={"emulator": {"faults": ["empty-answer=0.87"]}},
         export={"dest": str(exports), "formats": ["specforge"]},
+        # The final gate's own verdict; the live gate stops this run at its canary
+        # (tests/test_live_gate.py).
+        audit={"live": "off"},
     )
     state = regenerate_completions(config, return_state=True)
     assert state.is_failed()

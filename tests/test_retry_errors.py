@@ -90,6 +90,9 @@ def test_retry_errors_regenerates_only_the_error_rows(tmp_path: Path) -> None:
         out,
         generation={"max_attempts": 1},
         engine={"emulator": {"faults": ["http500=0.5"]}},
+        # The error rows must be committed for run 3 to retry: the live gate would stop this
+        # run at its canary (tests/test_live_gate.py is where it does).
+        audit={"live": "off"},
     )
     assert state.is_completed() or "audit failed" in str(state.message), state.message
     before = _manifests(storage)

@@ -9,6 +9,7 @@ own database) and everything it printed is scanned for the three strings.
 Where prompt text belongs by design, and so is not scanned for the marker:
 - `out/shards/*.parquet`: the dataset itself (messages + completion per row);
 - `.regen/prompts/*.parquet`: the validated prompt cache the shard tasks read;
+- `out/canary/*.parquet`: the canary's rows, dataset rows held until their shards commit;
 - the user's own inputs (the prompts file and the config file that holds the key).
 Environment variables are not scanned: the servers inherit the user's environment (the AWS
 variables) by design, and the key travels in a 0600 file, so `environ` may hold secrets that
@@ -212,7 +213,7 @@ def _scannable(work: Path) -> list[Path]:
             continue
         if any(d in path.parents for d in skip_dirs):
             continue
-        if path.suffix == ".parquet" and path.parent.name in ("shards", "prompts"):
+        if path.suffix == ".parquet" and path.parent.name in ("shards", "prompts", "canary"):
             continue
         found.append(path)
     return found
