@@ -150,7 +150,7 @@ def revise_plan(
         .otherwise(pl.col("revision"))
         .alias("revision"),
         (~here).alias("removed"),
-    ).cast(dict(PLAN_SCHEMA))
+    ).cast(PLAN_SCHEMA)
     num_shards = int(assignments.get_column("shard").max() or -1) + 1  # type: ignore[arg-type]
     return ShardPlan(current.height, shard_size, num_shards, assignments, revision, changes)
 
