@@ -156,6 +156,8 @@ def test_edited_prompts_are_regenerated_and_removed_ones_reported(tmp_path: Path
     assert plan is not None
     assert sorted(plan.filter("removed")["id"]) == removed
     assert "0 new, 10 changed, 5 removed" in _plan_message(state)
+    audit = json.loads((out / "report" / "audit.json").read_text())
+    assert (audit["rows"], audit["planned"], audit["verdict"]) == (300, 300, "pass")
 
     # The same input with `input.removed: drop`: nothing sent, the five leave the view.
     stamps = _log_stamps(config)
@@ -164,6 +166,10 @@ def test_edited_prompts_are_regenerated_and_removed_ones_reported(tmp_path: Path
     view = read_committed(LocalStorage(out)).collect()
     assert view.height == 295 and not set(view["id"]) & set(removed)
     assert set(view["id"]) == set(prompts) - set(removed)
+    audit = json.loads((out / "report" / "audit.json").read_text())
+    assert (audit["rows"], audit["planned"]) == (295, 295), "the audit covers the view"
+    assert audit["verdict"] in ("pass", "warn")
+    assert (out / "shards" / "shard-000000.g2.parquet").exists(), "the edits swapped in"
 
 
 def _plan_message(state: Any) -> str:

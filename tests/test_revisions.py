@@ -48,7 +48,7 @@ def test_a_revised_plan_keeps_shards_appends_new_ids_and_owes_edits(tmp_path: Pa
     first = plan_shards(_load(tmp_path, BASE), 4)
     assert (first.revision, first.changes) == (1, InputChanges(new=10))
     second = {**{k: v for k, v in BASE.items() if k != "r5"}, "r2": "edited", "n1": "a", "n2": "b"}
-    plan = revise_plan(first.assignments, _load(tmp_path, second), 4, 2)
+    plan = revise_plan(first.assignments, _load(tmp_path, second), 4, 2, committed={0, 1, 2})
     assert (plan.revision, plan.changes) == (2, InputChanges(new=2, changed=1, removed=1))
     assert (plan.num_rows, plan.num_shards) == (11, 4)
     shards = dict(plan.assignments.select("id", "shard").iter_rows())
@@ -57,15 +57,18 @@ def test_a_revised_plan_keeps_shards_appends_new_ids_and_owes_edits(tmp_path: Pa
     revised = dict(plan.assignments.select("id", "revision").iter_rows())
     assert [k for k, r in revised.items() if r == 2] == ["r2", "n1", "n2"]
     assert plan.removed_ids.to_list() == ["r5"]
+    # Removed before its shard was committed: never generated, nothing to keep.
+    unmade = revise_plan(first.assignments, _load(tmp_path, second), 4, 2, committed={0})
+    assert unmade.changes.removed == 1 and "r5" not in unmade.assignments["id"].to_list()
     old = first.assignments.filter(pl.col("id") == "r2")["content"].item()
     assert plan.assignments.filter(pl.col("id") == "r2")["content"].item() != old
 
     # The same input again: no new revision, the plan unchanged.
-    again = revise_plan(plan.assignments, _load(tmp_path, second), 4, 3)
+    again = revise_plan(plan.assignments, _load(tmp_path, second), 4, 3, {0, 1, 2, 3})
     assert (again.revision, again.changes.any()) == (2, False)
     assert again.assignments.equals(plan.assignments)
     # A removed id that comes back unchanged is restored, in its old shard.
-    back = revise_plan(plan.assignments, _load(tmp_path, {**second, "r5": "q5"}), 4, 3)
+    back = revise_plan(plan.assignments, _load(tmp_path, {**second, "r5": "q5"}), 4, 3, {1})
     assert (back.revision, back.changes) == (3, InputChanges(restored=1))
     assert back.removed_ids.len() == 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -111,14 +112,20 @@ def plan_shards(prompt_set: PromptSet, shard_size: int) -> ShardPlan:
 
 
 def revise_plan(
-    old: pl.DataFrame, prompt_set: PromptSet, shard_size: int, revision: int
+    old: pl.DataFrame,
+    prompt_set: PromptSet,
+    shard_size: int,
+    revision: int,
+    committed: Collection[int] = (),
 ) -> ShardPlan:
     """The plan of a root that already has one (`old`, `PLAN_SCHEMA`), for this input.
 
     An id keeps its shard; an id with other content takes `revision` (its shard regenerates
     it); a new id goes to the shards after the last planned one, `shard_size` a shard, in
-    input order; an id missing from the input is flagged removed, never deleted. The
-    revision number only advances when something changed (`revision` is the next one).
+    input order; an id missing from the input is flagged removed while its shard is in
+    `committed` (its row is there to keep or drop), and leaves the plan otherwise (it was never
+    generated). The revision number only advances when something changed (`revision` is the
+    next one).
     """
     current = prompt_set.valid.select("id", content_hash())
     both = old.join(current, on="id", how="full", coalesce=True, maintain_order="left_right")
@@ -141,16 +148,21 @@ def revise_plan(
     if not changes.any():
         revision -= 1
     new_shard = first_new + (pl.col("_new").cum_sum() - 1) // shard_size
-    assignments = marked.select(
-        "id",
-        pl.when(pl.col("_new")).then(new_shard).otherwise(pl.col("shard")).alias("shard"),
-        pl.coalesce("content_right", "content").alias("content"),
-        pl.when(pl.col("_new") | pl.col("_changed"))
-        .then(pl.lit(revision, pl.Int64))
-        .otherwise(pl.col("revision"))
-        .alias("revision"),
-        (~here).alias("removed"),
-    ).cast(PLAN_SCHEMA)
+    never_made = ~here & ~pl.col("shard").is_in(list(committed))
+    assignments = (
+        marked.filter(~never_made)
+        .select(
+            "id",
+            pl.when(pl.col("_new")).then(new_shard).otherwise(pl.col("shard")).alias("shard"),
+            pl.coalesce("content_right", "content").alias("content"),
+            pl.when(pl.col("_new") | pl.col("_changed"))
+            .then(pl.lit(revision, pl.Int64))
+            .otherwise(pl.col("revision"))
+            .alias("revision"),
+            (~here).alias("removed"),
+        )
+        .cast(PLAN_SCHEMA)
+    )
     num_shards = int(assignments.get_column("shard").max() or -1) + 1  # type: ignore[arg-type]
     return ShardPlan(current.height, shard_size, num_shards, assignments, revision, changes)
 

@@ -77,16 +77,16 @@ def plan_run(config: RegenConfig, storage: Storage) -> RunPlan:
     check_not_stopped(storage, info.fingerprint, new_output=config.generation.new_output)
     run = open_run(storage, info, fresh, new_output=config.generation.new_output)
     plan, changes = fresh, ""
+    committed = committed_shards(storage, run.fingerprint)
     if run is not info:  # resumed: compare this input with what the root planned before
         old = read_plan(storage, full=True)
         assert old is not None  # open_run writes a plan beside every run.json
         latest = max(len(run.revisions), int(old.get_column("revision").max() or 1))  # type: ignore[arg-type]
-        plan = revise_plan(old, prompts, config.shard_size, latest + 1)
+        plan = revise_plan(old, prompts, config.shard_size, latest + 1, committed)
         if plan.changes.any():
             changes = plan.changes.line()
             _forget_canary_rows(storage, run.fingerprint, plan)
         run = record_revision(storage, run, info, plan)
-    committed = committed_shards(storage, run.fingerprint)
     selection = parse_shard_range(config.generation.shards, plan.num_shards)
     retried = (
         {k for k, m in committed.items() if m.failed and k in selection}
