@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from regen.config import RegenConfig
 from regen.dataset import RUN_KEY, read_committed, read_plan
 from regen.rehearsal import rehearsal_config
 from regen.storage import LocalStorage
+from support.s3 import MotoS3, moto_server
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("prefect_harness")]
 
@@ -185,3 +187,38 @@ def _plan_message(state: Any) -> str:
             log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
         )
     return "\n".join(log.message for log in logs)
+
+
+@pytest.fixture
+def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoS3]:
+    with moto_server() as server:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        yield server
+
+
+def test_a_file_dropped_into_an_s3_prefix_is_all_the_next_run_generates(
+    tmp_path: Path, moto: MotoS3
+) -> None:
+    bucket = moto.create_bucket("regen-incr")
+    client = moto.client()
+
+    def upload(name: str, prompts: dict[str, str]) -> None:
+        source = _write_prompts(tmp_path / name, prompts)
+        client.upload_file(str(source), bucket, f"in/{name}")
+
+    upload("week-01.jsonl", _questions(0, 150))
+    upload("week-02.jsonl", _questions(150, 200))
+    config = _config(tmp_path).model_copy(update={"prompts": f"s3://{bucket}/in/"})
+    _run(config)
+    launch = _served(config) - 200
+
+    upload("week-03.jsonl", _questions(200, 260))
+    _run(config)
+
+    assert _served(config) - launch == 60, "only the new file's rows reach the servers"
+    rows = read_committed(LocalStorage(Path(config.output))).collect()
+    assert rows.height == 260 and set(rows["id"]) == set(_questions(0, 260))
+    run = json.loads((Path(config.output) / RUN_KEY).read_text())
+    assert [r["new"] for r in run["revisions"]] == [200, 60]
+    assert run["input_path"] == f"s3://{bucket}/in/"
