@@ -129,7 +129,8 @@ def test_appended_prompts_are_the_only_ones_generated(tmp_path: Path) -> None:
 def test_edited_prompts_are_regenerated_and_removed_ones_reported(tmp_path: Path) -> None:
     prompts = _questions(0, 300)
     _write_prompts(tmp_path / "prompts.jsonl", prompts)
-    config = _config(tmp_path)
+    exports = {"dest": str(tmp_path / "exports"), "formats": ["specforge"]}
+    config = _config(tmp_path, export=exports)
     out = Path(config.output)
     _run(config)
     launch = _served(config) - 300
@@ -160,10 +161,11 @@ def test_edited_prompts_are_regenerated_and_removed_ones_reported(tmp_path: Path
     assert "0 new, 10 changed, 5 removed" in _plan_message(state)
     audit = json.loads((out / "report" / "audit.json").read_text())
     assert (audit["rows"], audit["planned"], audit["verdict"]) == (300, 300, "pass")
+    assert _exported(tmp_path) == 300
 
     # The same input with `input.removed: drop`: nothing sent, the five leave the view.
     stamps = _log_stamps(config)
-    _run(_config(tmp_path, input={"removed": "drop"}))
+    _run(_config(tmp_path, input={"removed": "drop"}, export=exports))
     assert _log_stamps(config) == stamps
     view = read_committed(LocalStorage(out)).collect()
     assert view.height == 295 and not set(view["id"]) & set(removed)
@@ -172,6 +174,12 @@ def test_edited_prompts_are_regenerated_and_removed_ones_reported(tmp_path: Path
     assert (audit["rows"], audit["planned"]) == (295, 295), "the audit covers the view"
     assert audit["verdict"] in ("pass", "warn")
     assert (out / "shards" / "shard-000000.g2.parquet").exists(), "the edits swapped in"
+    assert _exported(tmp_path) == 295, "the export follows the view"
+
+
+def _exported(tmp_path: Path) -> int:
+    record = json.loads((tmp_path / "exports" / "specforge" / "export.json").read_text())
+    return int(record["counts"]["rows_exported"])
 
 
 def _plan_message(state: Any) -> str:
