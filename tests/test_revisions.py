@@ -138,3 +138,29 @@ def test_a_rerun_sends_only_new_and_edited_rows_and_swaps_the_edits_in(tmp_path:
     manifest = read_manifest(storage, 0)
     assert manifest is not None and (manifest.generation, manifest.revision) == (2, 2)
     assert prompts_for_shard(plan.prompt_cache, 1).height == 0
+
+
+def test_a_revision_cut_short_is_finished_by_the_next_run(tmp_path: Path) -> None:
+    """A run of revision 2 that stopped after its new shard (a kill, a lost node): the next
+    run, on the same input, records no revision and still owes the edited row."""
+    storage = LocalStorage(tmp_path / "out")
+    with emulators(tmp_path, 1) as fleet:
+        _write(tmp_path / "prompts.jsonl", BASE)
+        config = _config(tmp_path, fleet)
+        _generate(plan_run(config, storage), fleet, storage)
+        _write(tmp_path / "prompts.jsonl", {**BASE, "r6": "edited", "n1": "a"})
+        cut = plan_run(config, storage)
+        assert cut.pending == [1, 3]
+        _generate(cut.model_copy(update={"pending": [3]}), fleet, storage)
+
+        resumed = plan_run(config, storage)
+        assert (resumed.revision, resumed.changes, resumed.pending) == (2, "", [1])
+        assert _generate(resumed, fleet, storage) == 1
+        assert plan_run(config, storage).pending == []
+
+    rows = read_committed(storage).collect()
+    assert rows.height == 11 and rows["id"].n_unique() == 11
+    first = pl.col("messages").list.first().struct.field("content")
+    assert rows.filter(pl.col("id") == "r6").select(first).item() == "edited"
+    run = json.loads(storage.read_bytes("run.json"))
+    assert [r["revision"] for r in run["revisions"]] == [1, 2]
