@@ -71,14 +71,17 @@ def read_committed(
     known: Mapping[int, Manifest] | None = None,
     workers: int = 16,
 ) -> Committed:
-    """The committed shards of `storage`'s root: of run `fingerprint`, by default run.json's
-    (a root without run.json takes every readable manifest), less the ids run.json's
-    `removed: drop` leaves out of the view. See `take_census` for `verify` and `known`."""
-    run = read_run(storage)
+    """The committed shards of `storage`'s root: of run `fingerprint`, or by default the
+    dataset's view that run.json describes: its run's shards, less the ids its `removed: drop`
+    leaves out (a root without run.json takes every readable manifest). A caller that names
+    the fingerprint (a run polling its own commits) reads no run.json and drops nothing. See
+    `take_census` for `verify` and `known`."""
+    dropped: frozenset[str] = frozenset()
     if fingerprint is None:
-        fingerprint = run_fingerprint_of(run)
+        run = read_run(storage)
+        fingerprint, dropped = run_fingerprint_of(run), dropped_ids(storage, run)
     census = take_census(storage, fingerprint, verify=verify, known=known, workers=workers)
-    return Committed(storage, census, dropped_ids(storage, run))
+    return Committed(storage, census, dropped)
 
 
 def dropped_ids(storage: Storage, run: dict[str, Any]) -> frozenset[str]:

@@ -99,7 +99,7 @@ def export_dataset(
         raise UserError(f"{dest.uri}: the export must not be written into the dataset root")
     run = read_run(source)
     fingerprint = run_fingerprint_of(run)
-    committed = read_committed(source, fingerprint)
+    committed = read_committed(source)  # run.json's view: its run, less dropped ids
     require_dataset(source, committed)
     if not committed.manifests:
         raise UserError(f"{source.uri}: no committed shards to export")

@@ -54,14 +54,17 @@ class RunPlan(BaseModel):
     changes: str = ""
     """This revision's difference from the dataset's last input, when there was one."""
     removed: int = 0
-    """Ids the dataset holds that the input no longer has (kept or dropped by input.removed)."""
+    """Ids the dataset holds that the input no longer has."""
+    removed_policy: str = "keep"
+    """`input.removed`: whether the dataset view keeps their rows."""
 
     def headline(self) -> str:
         revised = f"input revision {self.revision}: {self.changes}; " if self.changes else ""
+        gone = f" ({self.removed} ids gone from the input: {self.removed_policy})"
         return (
             f"{revised}{self.num_rows} prompts ({self.rejected} rejected) in {self.num_shards} "
             f"shards of {self.shard_size}; {self.committed_shards} committed, "
-            f"{len(self.pending)} to generate"
+            f"{len(self.pending)} to generate" + (gone if self.removed else "")
         )
 
 
@@ -94,7 +97,7 @@ def plan_run(config: RegenConfig, storage: Storage) -> RunPlan:
         else set()
     )
     work = _work(plan, committed, retried)
-    cache = config.work_dir / "prompts" / f"{run.fingerprint}.r{plan.revision}.parquet"
+    cache = config.work_dir / "prompts" / f"{run.fingerprint}.parquet"
     cache_prompts(prompts, plan, cache, turns=config.regeneration.turns, work=work)
     sent = set(work.get_column("shard").unique().to_list())
     pending = sorted(k for k in sent | retried if k in selection)
@@ -111,6 +114,7 @@ def plan_run(config: RegenConfig, storage: Storage) -> RunPlan:
         revision=plan.revision,
         changes=changes,
         removed=plan.removed_ids.len(),
+        removed_policy=run.removed,
     )
 
 
