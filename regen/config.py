@@ -230,12 +230,24 @@ class GenerationConfig(_Section):
     )
 
 
+class InputConfig(_Section):
+    """How a rerun treats a prompt set that changed since the dataset was made. Not
+    fingerprinted: it decides what the dataset view shows, never what a row holds."""
+
+    removed: Literal["keep", "drop"] = Field(
+        default="keep",
+        description="Rows of ids no longer in the input: keep them in the dataset (audit, "
+        "export, read_committed) or drop them from its view (their data stays on disk).",
+    )
+
+
 class RegenConfig(_Section):
     """Everything a run needs; the Prefect flow takes it as its parameter (a form in the UI)."""
 
     model: ModelConfig
     engine: EngineConfig = EngineConfig()
     prompts: str = Field(description="JSONL or Parquet file, local path or s3:// URL.")
+    input: InputConfig = InputConfig()
     output: str = Field(description="Dataset root: a directory or an s3://bucket/prefix.")
     work_dir: Path = Field(default=Path(".regen"), description="Local logs and PID files.")
     sampling: SamplingConfig = SamplingConfig()

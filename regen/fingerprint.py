@@ -1,7 +1,9 @@
-"""The run fingerprint: one digest over everything that changes what a completion looks like.
+"""The run fingerprint: one digest over everything that makes two rows comparable.
 
 Components are kept flat with dotted names (`sampling.max_tokens`), so when an output root
-was made by another run the message can name exactly which setting differs.
+was made by another run the message can name exactly which setting differs. The input is not
+one of them: a prompt set may grow or change between runs on one root, and the plan compares
+it row by row (`regen.dataset.plan.revise_plan`) instead of refusing it whole.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ NOT_FINGERPRINTED = frozenset({"regeneration.token_ids"})
 
 
 def run_fingerprint(
-    input_fingerprint: str,
     *,
     model: dict[str, Any],
     sampling: dict[str, Any],
@@ -31,9 +32,9 @@ def run_fingerprint(
     `SamplingConfig.model_dump()` and `regeneration` is
     `RegenerationConfig.model_dump()`; `chat_template` holds what shapes the prompt and the parsed
     answer (enable_thinking, reasoning parser). `shard_size` is included because it decides
-    which ids a shard file holds.
+    which ids a shard file holds, and the new ids of a later revision are cut the same way.
     """
-    components: dict[str, Any] = {"input": input_fingerprint, "shard_size": shard_size}
+    components: dict[str, Any] = {"shard_size": shard_size}
     for section, values in (
         ("model", model),
         ("sampling", sampling),

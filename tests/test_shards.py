@@ -11,6 +11,7 @@ import pytest
 from regen.config import parse_config
 from regen.dataset import (
     PLAN_KEY,
+    PLAN_SCHEMA,
     RUN_KEY,
     cache_prompts,
     commit_shard,
@@ -83,7 +84,9 @@ def test_plan_is_deterministic_and_contiguous(tmp_path: Path) -> None:
     assert (plan.num_rows, plan.num_shards) == (10, 3)
     assert plan.assignments.get_column("shard").to_list() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
     assert plan.assignments.equals(plan_shards(ps, 4).assignments)
-    assert plan.assignments.schema == pl.Schema({"id": pl.String, "shard": pl.Int64})
+    assert plan.assignments.schema == PLAN_SCHEMA
+    assert plan.assignments.get_column("content").n_unique() == 10, "one hash per content"
+    assert plan.assignments.get_column("revision").to_list() == [1] * 10
 
 
 def test_open_run_writes_resumes_and_names_the_changed_setting(tmp_path: Path) -> None:
@@ -256,6 +259,6 @@ def test_prompt_cache_reads_one_shard(tmp_path: Path) -> None:
     plan = plan_shards(ps, 4)
     path = cache_prompts(ps, plan, tmp_path / "work" / "prompts-x.parquet")
     rows = prompts_for_shard(path, 1)
-    assert rows.columns == ["id", "shard", "messages"]
+    assert rows.columns == ["id", "shard", "messages", "revision"]
     assert rows.get_column("id").to_list() == ["r4", "r5", "r6", "r7"]
     assert prompts_for_shard(path, 7).height == 0

@@ -36,6 +36,8 @@ class DatasetView:
     """Columns id, shard: every valid input id; None when the root has no plan.parquet."""
     digests: dict[int, str] = field(default_factory=dict)
     """Shard -> its manifest's sha256 of the data: what a stored audit summary was made from."""
+    dropped: frozenset[str] = frozenset()
+    """Ids out of the view (gone from the input, `input.removed: drop`): not audited."""
 
 
 def open_dataset(storage: Storage, *, workers: int = 16) -> DatasetView:
@@ -46,12 +48,23 @@ def open_dataset(storage: Storage, *, workers: int = 16) -> DatasetView:
     committed = {shard: m.data for shard, m in found.manifests.items()}
     digests = {shard: m.sha256 for shard, m in found.manifests.items()}
     plan = read_plan(storage)
-    return DatasetView(committed, census.without_data, census.unusable, plan, digests)
+    if found.dropped and plan is not None:
+        hidden = plan.filter(pl.col("id").is_in(list(found.dropped)))
+        plan = plan.join(hidden, on="id", how="anti")
+        # A summary made before the drop counted those rows: it is made again.
+        for shard, count in hidden.group_by("shard").len().iter_rows():
+            if shard in digests:
+                digests[shard] += f"-{count}dropped"
+    return DatasetView(
+        committed, census.without_data, census.unusable, plan, digests, found.dropped
+    )
 
 
 def scan_rows(storage: Storage, view: DatasetView) -> pl.LazyFrame:
-    """All committed rows, lazily, in shard order; an empty frame when nothing is committed."""
-    return scan_data(storage, list(view.committed.values()))
+    """All committed rows of the view, lazily, in shard order; an empty frame when nothing is
+    committed."""
+    rows = scan_data(storage, list(view.committed.values()))
+    return rows.filter(~pl.col("id").is_in(list(view.dropped))) if view.dropped else rows
 
 
 def per_turn(rows: pl.LazyFrame) -> pl.LazyFrame:

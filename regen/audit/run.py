@@ -106,7 +106,7 @@ def iter_shard_summaries(
         source = view.digests.get(shard, data)
         summary = read_summary(storage, shard, key)
         if summary is None or summary.sources != {shard: source}:
-            one = DatasetView({shard: data}, [], [], None)
+            one = DatasetView({shard: data}, [], [], None, dropped=view.dropped)
             rows = scan_rows(storage, one).collect()
             summary = audit_rows(rows, settings, sources={shard: source})
             storage.write_bytes(summary_key(shard, key), summary.to_json())

@@ -32,12 +32,15 @@ def commit_shard(
     fingerprint: str,
     timings: dict[str, float],
     node: str | None = None,
+    revision: int = 1,
 ) -> Manifest:
     """Write the shard's data, then its manifest. Refuses a shard already committed."""
     existing = read_manifest(storage, shard)
     if existing is not None and existing.fingerprint == fingerprint:
         raise ValueError(f"shard {shard} is already committed; use replace_shard")
-    return _write(storage, shard, rows, fingerprint, timings, generation=1, node=node)
+    return _write(
+        storage, shard, rows, fingerprint, timings, generation=1, node=node, revision=revision
+    )
 
 
 def replace_shard(
@@ -47,10 +50,13 @@ def replace_shard(
     *,
     fingerprint: str,
     timings: dict[str, float],
+    revision: int | None = None,
 ) -> Manifest:
     """Swap regenerated rows into a committed shard: each id stays exactly once, in its place.
 
     Order: new data generation, then the manifest pointing at it, then old generations go.
+    `revision` is the input revision the shard answers once swapped (default: unchanged);
+    the row an edited prompt had is superseded this way, never kept beside the new one.
     """
     old = read_manifest(storage, shard)
     if old is None or old.fingerprint != fingerprint:
@@ -63,7 +69,10 @@ def replace_shard(
     kept = current.join(fixed.select("id"), on="id", how="anti")
     order = current.select("id").with_row_index("_pos")
     merged = pl.concat([kept, fixed]).join(order, on="id").sort("_pos").drop("_pos")
-    manifest = _write(storage, shard, merged, fingerprint, timings, generation=old.generation + 1)
+    manifest = _write(
+        storage, shard, merged, fingerprint, timings, generation=old.generation + 1,
+        revision=old.revision if revision is None else revision,
+    )  # fmt: skip
     for key in storage.list(shard_prefix(shard)):
         if parse_data_key(key) is not None and key != manifest.data:
             storage.delete(key)
@@ -89,6 +98,7 @@ def _write(
     *,
     generation: int,
     node: str | None = None,
+    revision: int = 1,
 ) -> Manifest:
     rows = _conform(shard, rows)
     data = parquet_bytes(rows)
@@ -108,6 +118,7 @@ def _write(
         timings=dict(timings),
         written_at=utc_now(),
         node=node,
+        revision=revision,
     )
     storage.write_bytes(manifest_key(shard), manifest.to_json())
     return manifest

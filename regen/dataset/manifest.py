@@ -38,6 +38,9 @@ class Manifest:
     written_at: str
     # Which node of a multi-node run generated the shard; None for a single-node run.
     node: str | None = None
+    # The input revision the shard's rows answer: a row whose content came in a later one is
+    # owed (regen.dataset.plan.owed). Manifests older than revisions read back as 1.
+    revision: int = 1
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=2, sort_keys=True).encode()

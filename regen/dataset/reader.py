@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
 from regen.dataset.keys import PLAN_KEY
 from regen.dataset.manifest import Census, Manifest, take_census
-from regen.dataset.runinfo import read_run, run_fingerprint_of
+from regen.dataset.plan import read_plan
+from regen.dataset.runinfo import read_run, removed_policy, run_fingerprint_of
 from regen.errors import UserError
 from regen.schema import row_schema
 from regen.storage import Storage
@@ -28,6 +30,9 @@ class Committed:
 
     storage: Storage
     census: Census
+    dropped: frozenset[str] = frozenset()
+    """Ids left out of the view: gone from the input, with `input.removed: drop`. Their rows
+    stay stored (and in `rows`, which counts what the manifests say)."""
 
     @property
     def manifests(self) -> dict[int, Manifest]:
@@ -46,7 +51,8 @@ class Committed:
         """The rows of every committed shard (or of `shards`, each committed), in shard order,
         in the row schema; an empty frame when there are none."""
         chosen = self.shards if shards is None else sorted(shards)
-        return scan_data(self.storage, [self.census.committed[s].data for s in chosen])
+        rows = scan_data(self.storage, [self.census.committed[s].data for s in chosen])
+        return rows.filter(~pl.col("id").is_in(list(self.dropped))) if self.dropped else rows
 
     def frames(self) -> Iterator[tuple[int, pl.DataFrame]]:
         """(shard, rows) one shard at a time."""
@@ -65,13 +71,27 @@ def read_committed(
     known: Mapping[int, Manifest] | None = None,
     workers: int = 16,
 ) -> Committed:
-    """The committed shards of `storage`'s root: of run `fingerprint`, by default run.json's
-    (a root without run.json takes every readable manifest). See `take_census` for `verify`
-    and `known`."""
+    """The committed shards of `storage`'s root: of run `fingerprint`, or by default the
+    dataset's view that run.json describes: its run's shards, less the ids its `removed: drop`
+    leaves out (a root without run.json takes every readable manifest). A caller that names
+    the fingerprint (a run polling its own commits) reads no run.json and drops nothing. See
+    `take_census` for `verify` and `known`."""
+    dropped: frozenset[str] = frozenset()
     if fingerprint is None:
-        fingerprint = run_fingerprint_of(read_run(storage))
+        run = read_run(storage)
+        fingerprint, dropped = run_fingerprint_of(run), dropped_ids(storage, run)
     census = take_census(storage, fingerprint, verify=verify, known=known, workers=workers)
-    return Committed(storage, census)
+    return Committed(storage, census, dropped)
+
+
+def dropped_ids(storage: Storage, run: dict[str, Any]) -> frozenset[str]:
+    """Ids the dataset view leaves out: the plan's removed ids when run.json says `drop`."""
+    if removed_policy(run) != "drop":
+        return frozenset()
+    plan = read_plan(storage, full=True)
+    if plan is None:
+        return frozenset()
+    return frozenset(plan.filter("removed").get_column("id").to_list())
 
 
 def require_dataset(storage: Storage, committed: Committed) -> None:

@@ -1,13 +1,15 @@
 """run.json: what a run is, so shards of different runs are never mixed in one root.
 
 A root made with another fingerprint is refused, naming what changed, or (with `new_output`)
-moved aside under `superseded/<old fingerprint>/`; data is never deleted outright.
+moved aside under `superseded/<old fingerprint>/`; data is never deleted outright. The input
+is not fingerprinted: a root's prompt set may change between runs, and run.json keeps the
+record of each input revision (when, how many new, changed and removed ids).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from regen.dataset._encode import parquet_bytes, utc_now
@@ -22,6 +24,7 @@ if TYPE_CHECKING:  # only read: importing them would cycle (regen.config imports
     from regen.prompts import PromptSet
 
 Thinking = Literal["save", "drop", "off"]
+Removed = Literal["keep", "drop"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,10 @@ class RunInfo:
     """What run.json records: enough to refuse mixing shards of different runs.
 
     `format` is the prompts' one row format, or `mixed`; `formats` counts the valid rows of
-    each format (a run.json written before it existed reads back with it empty).
+    each format (a run.json written before it existed reads back with it empty). The input
+    fields describe the latest revision; `revisions` lists them all, oldest first, and
+    `removed` (the config's `input.removed`) says whether the dataset view keeps the rows of
+    ids the input no longer has.
     """
 
     input_fingerprint: str
@@ -45,6 +51,8 @@ class RunInfo:
     regeneration: dict[str, Any] = field(default_factory=dict)
     formats: dict[str, int] = field(default_factory=dict)
     created: str = field(default_factory=utc_now)
+    revisions: list[dict[str, Any]] = field(default_factory=list)
+    removed: Removed = "keep"
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=2, sort_keys=True).encode()
@@ -85,9 +93,14 @@ def thinking_mode(run: dict[str, Any]) -> Thinking:
     return "off" if value is False else "save"
 
 
+def removed_policy(run: dict[str, Any]) -> Removed:
+    """run.json's `removed`: `drop` hides the rows of ids the input no longer has."""
+    return "drop" if run.get("removed") == "drop" else "keep"
+
+
 def new_run_info(config: RegenConfig, prompt_set: PromptSet, plan: ShardPlan) -> RunInfo:
-    """This run's run.json, fingerprinted over input, model, sampling, regeneration, shard size
-    and template."""
+    """This run's run.json, fingerprinted over model, sampling, regeneration, shard size and
+    template, with `plan`'s input revision as its one revision."""
     model = {
         "served_name": config.model.served_name,
         "source": config.model.source,
@@ -100,14 +113,13 @@ def new_run_info(config: RegenConfig, prompt_set: PromptSet, plan: ShardPlan) ->
         "reasoning_parser": config.engine.reasoning_parser,
     }
     digest, components = run_fingerprint(
-        prompt_set.fingerprint,
         model=model,
         sampling=sampling,
         regeneration=regeneration,
         shard_size=plan.shard_size,
         chat_template=chat_template,
     )
-    return RunInfo(
+    info = RunInfo(
         input_fingerprint=prompt_set.fingerprint,
         input_path=prompt_set.path,
         format=prompt_set.format,
@@ -120,7 +132,47 @@ def new_run_info(config: RegenConfig, prompt_set: PromptSet, plan: ShardPlan) ->
         num_shards=plan.num_shards,
         fingerprint=digest,
         components=components,
+        removed=config.input.removed,
     )
+    return replace(info, revisions=[_revision(info, plan)])
+
+
+def record_revision(storage: Storage, run: RunInfo, info: RunInfo, plan: ShardPlan) -> RunInfo:
+    """Bring a resumed root's plan and run.json up to this run's input (`info`, `plan`).
+
+    The plan first: a crash between the two leaves the revision planned but unrecorded, and
+    the next run goes on from the plan (a revision's record is its receipt, not its state).
+    Nothing is written when neither the input nor `input.removed` changed.
+    """
+    revisions = run.revisions
+    if plan.changes.any():
+        storage.write_bytes(PLAN_KEY, parquet_bytes(plan.assignments))
+        revisions = [*revisions, _revision(info, plan)]
+    revised = replace(
+        run,
+        input_fingerprint=info.input_fingerprint,
+        input_path=info.input_path,
+        format=info.format,
+        formats=info.formats,
+        num_rows=plan.num_rows,
+        num_shards=plan.num_shards,
+        revisions=revisions,
+        removed=info.removed,
+    )
+    if revised != run:
+        storage.write_bytes(RUN_KEY, revised.to_json())
+    return revised
+
+
+def _revision(info: RunInfo, plan: ShardPlan) -> dict[str, Any]:
+    return {
+        "revision": plan.revision,
+        "when": utc_now(),
+        "input_fingerprint": info.input_fingerprint,
+        "input_path": info.input_path,
+        "rows": plan.num_rows,
+        **asdict(plan.changes),
+    }
 
 
 def open_run(storage: Storage, new_info: RunInfo, plan: ShardPlan, *, new_output: bool) -> RunInfo:

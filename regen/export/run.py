@@ -99,7 +99,7 @@ def export_dataset(
         raise UserError(f"{dest.uri}: the export must not be written into the dataset root")
     run = read_run(source)
     fingerprint = run_fingerprint_of(run)
-    committed = read_committed(source, fingerprint)
+    committed = read_committed(source)  # run.json's view: its run, less dropped ids
     require_dataset(source, committed)
     if not committed.manifests:
         raise UserError(f"{source.uri}: no committed shards to export")
@@ -150,9 +150,12 @@ def export_dataset(
 
 
 def _manifests(committed: Committed) -> dict[int, dict[str, Any]]:
-    """The identity of each committed shard's data: its key and checksum from the manifest."""
+    """The identity of each committed shard's data: its key and checksum from the manifest,
+    and how many ids the view drops (`input.removed: drop`), so a changed view is exported
+    again."""
+    view = {"dropped": len(committed.dropped)} if committed.dropped else {}
     return {
-        shard: {"data": m.data, "sha256": m.sha256, "rows": m.rows}
+        shard: {"data": m.data, "sha256": m.sha256, "rows": m.rows, **view}
         for shard, m in committed.manifests.items()
     }
 

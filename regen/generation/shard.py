@@ -19,13 +19,12 @@ import polars as pl
 from regen.dataset import (
     Manifest,
     commit_shard,
-    error_rows,
     prompts_for_shard,
     read_manifest,
     replace_shard,
 )
 from regen.generation.lease import Lease
-from regen.generation.plan import RunPlan
+from regen.generation.plan import RunPlan, rows_to_redo
 from regen.generation.summary import ShardOutcome
 from regen.storage import Storage
 
@@ -72,18 +71,22 @@ def generate_shard(
     on_commit: OnCommit | None = None,
     log: Log = _log,
 ) -> ShardOutcome:
-    """Generate one shard and commit it; with `retry_errors`, a shard this run committed
-    before has only its error rows generated again and replaced in place. With a `lease`, the
-    rows are committed only while the lease holds (otherwise another node owns the shard)."""
+    """Generate one shard and commit it; a shard this run committed before has only its rows
+    edited since (and with `retry_errors` its error rows) generated again and replaced in
+    place. With a `lease`, the rows are committed only while the lease holds (otherwise
+    another node owns the shard)."""
     start = time.monotonic()
     prompts = prompts_for_shard(plan.prompt_cache, shard)
     # This shard's manifest only: listing every manifest per shard grows with the run squared.
     committed = read_manifest(storage, shard)
-    if committed is not None and committed.fingerprint == plan.fingerprint and retry_errors:
-        todo = error_rows(storage, shard).select("id")
-        out = generate_rows(dispatcher, shard, prompts.join(todo, on="id", maintain_order="left"))
+    redo = rows_to_redo(storage, committed, prompts, plan, retry_errors=retry_errors)
+    if redo is not None:
+        out = generate_rows(dispatcher, shard, redo)
         timings = {"generate_s": round(time.monotonic() - start, 3)}
-        manifest = replace_shard(storage, shard, out, fingerprint=plan.fingerprint, timings=timings)
+        manifest = replace_shard(
+            storage, shard, out, fingerprint=plan.fingerprint, timings=timings,
+            revision=plan.revision,
+        )  # fmt: skip
     else:
         out = generate_rows(dispatcher, shard, prompts)
         timings = {"generate_s": round(time.monotonic() - start, 3)}
@@ -99,6 +102,7 @@ def generate_shard(
             fingerprint=plan.fingerprint,
             timings=timings,
             node=lease.node if lease else None,
+            revision=plan.revision,
         )
     log.info(
         "shard %06d committed: %d rows, %d ok, %d failed",

@@ -8,6 +8,7 @@ the whole file at the end.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tempfile
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from regen.prompts import jsonl, parquet
 from regen.prompts.facts import FileFacts, download, file_facts
 from regen.prompts.formats import FORMAT, FORMAT_KEYS, format_name
 from regen.prompts.rules import check_rows, row_format
+from regen.prompts.sources import is_many, prompt_files
 from regen.storage import Storage
 
 # Validation works on this much of the file at a time: its working columns take some ten times
@@ -76,7 +78,12 @@ class PromptPreview:
 
 
 def load_prompts(path_or_uri: str, *, max_prompt_bytes: int = 1_000_000) -> PromptSet:
-    """Load a local path or an `s3://bucket/key` URL (downloaded to a temp file first)."""
+    """Load a local path or an `s3://bucket/key` URL (downloaded to a temp file first), or
+    every file of a glob or prefix as one set (`regen.prompts.sources`)."""
+    if is_many(path_or_uri):
+        files = prompt_files(path_or_uri)
+        sets = [load_prompts(f, max_prompt_bytes=max_prompt_bytes) for f in files]
+        return _one_set(path_or_uri, sets)
     if "://" not in path_or_uri:
         return load_prompts_file(Path(path_or_uri), max_prompt_bytes=max_prompt_bytes)
     with tempfile.TemporaryDirectory(prefix="regen-prompts-") as tmp:
@@ -95,7 +102,10 @@ def load_prompts_file(
 
 
 def preview(path_or_uri: str, n: int = 1000, *, max_prompt_bytes: int = 1_000_000) -> PromptPreview:
-    """Validate only the first `n` rows: cheap enough to run before any GPU is rented."""
+    """Validate only the first `n` rows (of the first file of a glob or prefix): cheap enough
+    to run before any GPU is rented."""
+    if is_many(path_or_uri):
+        path_or_uri = prompt_files(path_or_uri)[0]
     if "://" in path_or_uri:
         with tempfile.TemporaryDirectory(prefix="regen-prompts-") as tmp:
             local = download(path_or_uri, Path(tmp))
@@ -114,6 +124,43 @@ def _preview(path: Path, name: str, n: int, max_prompt_bytes: int) -> PromptPrev
     first = rejects.sort("line").row(0, named=True)["reason"] if rejects.height else None
     return PromptPreview(
         name, formats, valid.height + rejects.height, valid.height, rejects.height, first
+    )
+
+
+def _one_set(spec: str, sets: list[PromptSet]) -> PromptSet:
+    """Files read one by one, joined in order as one set: an id a file before already has is
+    rejected, naming that file; a reject's reason names its file (`line` is the file's)."""
+    valid = pl.concat(
+        [ps.valid.with_columns(_file=pl.lit(ps.path)) for ps in sets], how="vertical_relaxed"
+    )
+    first = valid.select(
+        pl.col("_file").first().over("id").alias("first_file"),
+        pl.col("line").first().over("id").alias("first_line"),
+    )
+    duplicate = pl.int_range(pl.len()).over("id") > 0
+    marked = pl.concat([valid, first], how="horizontal").with_columns(_dup=duplicate)
+    duplicates = marked.filter("_dup").select(
+        "line",
+        "id",
+        pl.format(
+            "{}: duplicate id (first in {} line {})", "_file", "first_file", "first_line"
+        ).alias("reason"),
+    )
+    rejects = [
+        ps.rejects.with_columns(pl.format("{}: {}", pl.lit(ps.path), "reason").alias("reason"))
+        for ps in sets
+    ]
+    formats: dict[str, int] = {}
+    for ps in sets:
+        for fmt, count in ps.formats.items():
+            formats[fmt] = formats.get(fmt, 0) + count
+    digest = hashlib.sha256("\n".join(f"{ps.path}\t{ps.fingerprint}" for ps in sets).encode())
+    return PromptSet(
+        spec,
+        {fmt: formats[fmt] for fmt in FORMAT_KEYS if fmt in formats},
+        digest.hexdigest(),
+        marked.filter(~pl.col("_dup")).select("id", "line", "messages"),
+        pl.concat([*rejects, duplicates.cast(REJECTS_SCHEMA)]),
     )
 
 
