@@ -22,7 +22,6 @@ from regen.dataset import (
     new_run_info,
     open_run,
     parse_shard_range,
-    pending_shards,
     plan_shards,
     prompts_for_shard,
     read_shard,
@@ -235,13 +234,7 @@ def test_replace_shard_keeps_every_id_exactly_once(tmp_path: Path) -> None:
         replace_shard(storage, 0, _rows(0, ["zz"]), fingerprint=FP, timings={})
 
 
-def test_pending_and_shard_ranges(tmp_path: Path) -> None:
-    storage = LocalStorage(tmp_path)
-    plan = plan_shards(_prompts(tmp_path, 10), 2)
-    commit_shard(storage, 1, _rows(1, ["r2", "r3"]), fingerprint=FP, timings={})
-    committed = committed_shards(storage, FP)
-    assert pending_shards(plan, committed) == [0, 2, 3, 4]
-    assert pending_shards(plan, committed, parse_shard_range("1:3", 5)) == [2]
+def test_shard_ranges() -> None:
     assert parse_shard_range(None, 5) == range(5)
     assert parse_shard_range(":2", 5) == range(2)
     assert parse_shard_range("3:", 5) == range(3, 5)

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from regen.dataset.keys import PLAN_KEY
-from regen.dataset.manifest import Manifest
 from regen.errors import UserError
 from regen.storage import Storage
 
@@ -188,14 +187,6 @@ def read_plan(storage: Storage, *, full: bool = False) -> pl.DataFrame | None:
     except (pl.exceptions.PolarsError, OSError) as err:
         raise UserError(f"{storage.uri}/{PLAN_KEY}: unreadable: {err}") from None
     return plan.cast({name: PLAN_SCHEMA[name] for name in columns})
-
-
-def pending_shards(
-    plan: ShardPlan, committed: dict[int, Manifest], selection: range | None = None
-) -> list[int]:
-    """Shards of the plan (or of `selection`) without a commit, in order."""
-    shards = selection if selection is not None else range(plan.num_shards)
-    return [k for k in shards if k not in committed]
 
 
 def parse_shard_range(spec: str | None, num_shards: int) -> range:
