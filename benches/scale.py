@@ -12,9 +12,11 @@ It records:
   Prefect start (process start to flow start) and the whole child process end to end;
 - peak RSS of the flow process (VmHWM; also sampled every 50 ms) and its peak while the
   plan stage ran, beside its RSS when the plan started;
-- Prefect's share: a second child pushes the same prompt cache through one Dispatcher from
-  32 threads (the flow's task runner) and commits each shard, with no Prefect tasks; the
-  difference of the two generation walls per shard is what a shard task costs;
+- Prefect's share: a second child runs the same library stage on the same prompts
+  (`regen.generation.stage.generate_plan`: canary, shards, commits, per-shard audit
+  summaries, live gate) with each shard on a thread of a 32-wide pool (the flow's task
+  runner) instead of a Prefect task; the difference of the two generation walls per shard
+  is what a shard task costs;
 - the Prefect database and artifacts after the run, and every id exactly once, read from the
   committed shards named by their manifests, against the input ids.
 
@@ -32,7 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -220,51 +222,58 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
         "plan_start_rss_mb": sampler.at_mb(plan[0]),
         "generate_cpu_s": gen_cpu_s,
         "generate_machine_cpu_pct": gen_machine_pct,
-        "fingerprint_cache": str(next(iter((config.work_dir / "prompts").glob("*.parquet")))),
         "artifacts": _artifacts(flow_run.id),
     }
     result.write_text(json.dumps(measured))
 
 
 def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, result: Path) -> None:
-    """The same prompt cache through one Dispatcher and commit per shard, no Prefect at all."""
-    from regen.dataset import commit_shard, prompts_for_shard, read_manifest
+    """The same rows through the same library stage with no Prefect at all: plan, then
+    `regen.generation.stage.generate_plan` (canary, shards, commits, each shard's audit
+    summary and the live gate), each shard started on a thread of a pool as wide as the
+    flow's task runner instead of as a Prefect task."""
     from regen.fleet import build_server_commands, generate_api_key, launch_fleet
-    from regen.generation.feed import dispatcher_for
+    from regen.generation.feed import feeding
+    from regen.generation.lease import Lease
+    from regen.generation.plan import plan_run
+    from regen.generation.shard import OnCommit, RowSource, generate_shard
+    from regen.generation.stage import generate_plan
+    from regen.generation.summary import ShardOutcome
     from regen.rehearsal import rehearsal_config
-    from regen.storage import open_storage
+    from regen.run import OpenedRun
 
-    cache = Path(json.loads(result.read_text())["cache"])
     config = rehearsal_config(
         config_path=config_path, prompts=str(prompts), out=str(out), servers=servers
     )
+    run = OpenedRun(config)
+    plan = plan_run(config, run.storage)
     key = generate_api_key()
-    commands = build_server_commands(
-        config, config.model.staged_path(), key, config.work_dir / "plain"
-    )
-    shards = pl.scan_parquet(cache).select(pl.col("shard").unique()).collect()["shard"]
-    with launch_fleet(config, commands, key) as fleet:
-        dispatcher = dispatcher_for(config, fleet, key)
-        storage = open_storage(config.output)
+    model_path = config.model.staged_path()  # staged by the flow child, same work dir
+    tokenizer = str(config.model.tokenizer_path or model_path)
+    commands = build_server_commands(config, model_path, key, config.work_dir / "plain")
+    first_start: list[float] = []
+    sampler = RssSampler()
+    with (
+        launch_fleet(config, commands, key) as fleet,
+        ThreadPoolExecutor(THREADS) as pool,
+        feeding(config, run.storage, plan, fleet, key, on_live=lambda _: None) as feed,
+    ):
 
-        def one(shard: int) -> int:
-            # What a shard task does, minus Prefect: read its rows, check, generate, commit.
-            rows = prompts_for_shard(cache, shard)
-            read_manifest(storage, shard)
-            done = dispatcher.submit_shard(shard, rows).result()
-            commit_shard(storage, shard, done, fingerprint="plain", timings={})
-            return done.height
+        def start(
+            shard: int, lease: Lease | None, rows: RowSource, on_commit: OnCommit
+        ) -> Future[ShardOutcome]:
+            first_start.append(time.time())
+            return pool.submit(
+                generate_shard, shard, plan, rows, run.storage, lease=lease, on_commit=on_commit
+            )
 
-        with dispatcher:
-            sampler = RssSampler()
-            sampler.start()
-            start = time.time()
-            with ThreadPoolExecutor(THREADS) as pool:
-                rows = sum(pool.map(one, shards.to_list()))
-            end = time.time()
-            sampler.stop()
-    cpu_s, machine_pct = sampler.cpu_in(start, end)
-    measured = {"generate_s": end - start, "rows": rows, "shards": len(shards)}
+        sampler.start()
+        summary = generate_plan(run, plan, feed, start, tokenizer_path=tokenizer)
+        end = time.time()
+        sampler.stop()
+    begin = min(first_start)
+    cpu_s, machine_pct = sampler.cpu_in(begin, end)
+    measured = {"generate_s": end - begin, "rows": summary.rows, "shards": len(first_start)}
     measured |= {"generate_cpu_s": cpu_s, "generate_machine_cpu_pct": machine_pct}
     result.write_text(json.dumps(measured))
 
@@ -325,7 +334,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         once = exactly_once(prompts, root / "out")
         plain: dict[str, Any] = {}
         if not args.no_baseline:
-            plain_json.write_text(json.dumps({"cache": flow["fingerprint_cache"]}))
             _child("plain", [*common, str(root / "plain-out"), str(args.servers), str(plain_json)],
                    env, root / "plain.log")  # fmt: skip
             plain = json.loads(plain_json.read_text())

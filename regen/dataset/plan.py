@@ -76,22 +76,20 @@ class ShardPlan:
         return self.assignments.filter("removed").get_column("id")
 
 
-def content_hash(messages: str = "messages") -> pl.Expr:
+def content_hash(rows: pl.DataFrame, messages: str = "messages") -> pl.Series:
     """A stable digest of each row's messages (their JSON text), the same on every machine
-    and polars version, unlike `Expr.hash`."""
+    and polars version, unlike `Expr.hash`. Some thousands of rows at a time, so the JSON
+    text of a million prompts is never held at once."""
 
-    def digest(texts: pl.Series) -> pl.Series:
-        return pl.Series(
-            [hashlib.blake2b(t.encode(), digest_size=16).hexdigest() for t in texts],
-            dtype=pl.String,
-        )
+    def digest(part: pl.DataFrame) -> list[str]:
+        texts = part.select(pl.struct(messages).struct.json_encode()).to_series()
+        return [hashlib.blake2b(t.encode(), digest_size=16).hexdigest() for t in texts]
 
-    return (
-        pl.struct(messages)
-        .struct.json_encode()
-        .map_batches(digest, return_dtype=pl.String)
-        .alias("content")
-    )
+    digests = [d for part in rows.iter_slices(_HASH_ROWS) for d in digest(part)]
+    return pl.Series("content", digests, dtype=pl.String)
+
+
+_HASH_ROWS = 65_536
 
 
 def plan_shards(prompt_set: PromptSet, shard_size: int) -> ShardPlan:
@@ -101,7 +99,7 @@ def plan_shards(prompt_set: PromptSet, shard_size: int) -> ShardPlan:
     assignments = prompt_set.valid.select(
         "id",
         (pl.int_range(pl.len(), dtype=pl.Int64) // shard_size).alias("shard"),
-        content_hash(),
+        content_hash(prompt_set.valid),
         revision=pl.lit(1, pl.Int64),
         removed=pl.lit(False),
     )
@@ -126,7 +124,7 @@ def revise_plan(
     generated). The revision number only advances when something changed (`revision` is the
     next one).
     """
-    current = prompt_set.valid.select("id", content_hash())
+    current = prompt_set.valid.select("id", content_hash(prompt_set.valid))
     both = old.join(current, on="id", how="full", coalesce=True, maintain_order="left_right")
     here = pl.col("content_right").is_not_null()
     edited = here & pl.col("content").is_not_null() & (pl.col("content") != pl.col("content_right"))

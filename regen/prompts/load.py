@@ -188,7 +188,8 @@ def _load(
         reject_parts.append(rejects)
     if not valid_parts:
         raise UserError(f"{name}: no prompts (only blank lines)")
-    valid, duplicates = _split_duplicates(pl.concat(valid_parts))
+    # No rechunk: a second copy of every usable row would be the peak of the whole load.
+    valid, duplicates = _split_duplicates(pl.concat(valid_parts, rechunk=False))
     rejects = pl.concat([*reject_parts, duplicates]).sort("line")
     counted = dict(valid.get_column("row_format").cast(pl.String).value_counts().iter_rows())
     formats = {fmt: counted[fmt] for fmt in FORMAT_KEYS if fmt in counted}
@@ -214,12 +215,14 @@ def _checked_batch(
 
 def _split_duplicates(valid: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """A usable row whose id an earlier usable row has is rejected, naming that row's line.
-    Only a file with duplicates pays for a second copy of the usable rows."""
-    marked = valid.select("line", "id", pl.col("line").min().over("id").alias("first"))
-    duplicate = marked.get_column("line") != marked.get_column("first")
-    if not duplicate.any():
+    The common case (no duplicates) costs one pass over the ids; only a file with duplicates
+    pays for a second copy of the usable rows."""
+    first = valid.get_column("id").is_first_distinct()
+    if first.all():
         return valid, pl.DataFrame(schema=REJECTS_SCHEMA)
+    marked = valid.select("line", "id", pl.col("line").min().over("id").alias("first"))
+    duplicate = ~first
     rejects = marked.filter(duplicate).select(
         "line", "id", pl.format("duplicate id (first on line {})", "first").alias("reason")
     )
-    return valid.filter(~duplicate), rejects
+    return valid.filter(first), rejects
