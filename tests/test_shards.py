@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 from regen.config import parse_config
@@ -255,3 +256,18 @@ def test_prompt_cache_reads_one_shard(tmp_path: Path) -> None:
     assert rows.columns == ["id", "shard", "messages", "revision"]
     assert rows.get_column("id").to_list() == ["r4", "r5", "r6", "r7"]
     assert prompts_for_shard(path, 7).height == 0
+
+
+def test_prompt_cache_of_many_writes_has_a_row_group_per_shard(tmp_path: Path) -> None:
+    """More shards than one write holds: every shard is still one row group, read whole and in
+    plan order, and a cache limited to `work` holds only those rows."""
+    ps = _prompts(tmp_path, 300)
+    plan = plan_shards(ps, 2)  # 150 shards: three writes of 64
+    path = cache_prompts(ps, plan, tmp_path / "work" / "all.parquet")
+    assert pq.ParquetFile(path).metadata.num_row_groups == 150
+    assert prompts_for_shard(path, 149).get_column("id").to_list() == ["r298", "r299"]
+    whole = pl.read_parquet(path)
+    assert whole.get_column("id").to_list() == [f"r{i}" for i in range(300)]
+    work = plan.assignments.filter(pl.col("shard").is_in([3, 70, 140])).select("id", "shard")
+    some = cache_prompts(ps, plan, tmp_path / "work" / "some.parquet", work=work)
+    assert pl.read_parquet(some).get_column("shard").to_list() == [3, 3, 70, 70, 140, 140]
