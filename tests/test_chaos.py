@@ -6,19 +6,23 @@ committed manifest touched. SIGTERM and SIGINT must stop the run promptly, leave
 a parseable progress.json and a dataset whose every manifest has its data.
 
 Seven rehearsal subprocesses in all, chained so that each signal's rerun is the next trial:
-local kill -9 -> SIGTERM -> SIGINT -> rerun; on moto S3 kill -9 -> rerun killed -9 right
-after its last commit (its fleet still up) -> rerun with nothing to generate. They share one
+locally SIGTERM -> SIGINT on the first half of the prompts, then the input grows to all of
+them (a scheduled rerun's revised plan) and that run is killed -9 once it has committed a new
+shard -> rerun; on moto S3 kill -9 -> rerun killed -9 right after its last commit (its fleet
+still up) -> rerun with nothing to generate. They share one
 `prefect server`, so each pays interpreter and flow start-up but no ephemeral Prefect start.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +126,15 @@ def cleanup() -> Iterator[list[Trial]]:
 
 
 def _mid_generation(
-    trial: Trial, proc: subprocess.Popen, storage: Storage, rng: random.Random, committed: int
+    trial: Trial,
+    proc: subprocess.Popen,
+    storage: Storage,
+    rng: random.Random,
+    committed: int,
+    shards: int = NUM_SHARDS,
 ) -> int:
-    """Wait for a random shard commit past `committed` while this run's fleet is up."""
+    """Wait for a random shard commit past `committed` (of `shards`) while this run's fleet
+    is up."""
     target = committed + rng.randint(1, 2)
     reached = wait_until(
         lambda: bool(trial.servers_of(proc)) and len(manifest_keys(storage)) >= target,
@@ -135,16 +145,16 @@ def _mid_generation(
     time.sleep(rng.uniform(0.0, 0.2))
     done = len(manifest_keys(storage))
     assert reached and proc.poll() is None, f"run ended before shard {target}:\n{trial.output()}"
-    assert done < NUM_SHARDS, f"generation was over ({done} shards) before the signal"
+    assert done < shards, f"generation was over ({done} shards) before the signal"
     return done
 
 
 def _kill9(
-    trial: Trial, storage: Storage, rng: random.Random, marks: Marks
+    trial: Trial, storage: Storage, rng: random.Random, marks: Marks, committed: int = 0
 ) -> tuple[list[dict[str, Any]], dict[str, ManifestMark]]:
-    """kill -9 the flow process mid-generation; its servers and committed manifests."""
+    """kill -9 the flow process past `committed` shards; its servers and committed manifests."""
     proc = trial.start()
-    _mid_generation(trial, proc, storage, rng, committed=0)
+    _mid_generation(trial, proc, storage, rng, committed)
     trial.killed += descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
@@ -175,12 +185,12 @@ def _rerun_completes(
 
 
 def _signal_stops_cleanly(
-    trial: Trial, storage: Storage, rng: random.Random, sig: signal.Signals
+    trial: Trial, storage: Storage, rng: random.Random, sig: signal.Signals, shards: int
 ) -> dict[str, ManifestMark]:
     """SIGTERM/SIGINT mid-generation: prompt non-zero exit, no server, consistent output."""
     committed = len(manifest_keys(storage))
     proc = trial.start()
-    _mid_generation(trial, proc, storage, rng, committed)
+    _mid_generation(trial, proc, storage, rng, committed, shards)
     servers = trial.servers_of(proc)
     started = descendants(proc.pid)
     sent = time.monotonic()
@@ -202,25 +212,35 @@ def _signal_stops_cleanly(
     return local_marks(Path(trial.run.out))
 
 
-def test_kill9_sigterm_sigint_then_rerun_local(
+def test_sigterm_sigint_then_kill9_of_a_grown_input_then_rerun_local(
     tmp_path: Path, prefect: Server, seed: int, cleanup: list[Trial]
 ) -> None:
     rng = random.Random(seed)
-    trial = Trial(tmp_path, str(tmp_path / "out"), {**prefect.env, "PYTHONUNBUFFERED": "1"})
+    env = {**prefect.env, "PYTHONUNBUFFERED": "1"}
+    work, out = tmp_path / "work", str(tmp_path / "out")
+    half = write_prompt_subset(
+        bundled("sample_prompts.jsonl"), tmp_path / "half.jsonl", PROMPT_ID_COUNT // 2
+    )
+    config = write_chaos_config(tmp_path / "regen.yaml", work)
+    trial = Trial(tmp_path, out, env, ChaosRun(config=config, out=out, work_dir=work, prompts=half))
     cleanup.append(trial)
     storage = LocalStorage(tmp_path / "out")
 
     def marks() -> dict[str, ManifestMark]:
         return local_marks(tmp_path / "out")
 
-    orphans, killed_marks = _kill9(trial, storage, rng, marks)
-    after_term = _signal_stops_cleanly(trial, storage, rng, signal.SIGTERM)
-    # The SIGTERM'd run launched a fleet, so it reaped the kill -9 run's servers first.
-    assert surviving_servers(orphans) == [], "the rerun left the kill -9 run's servers"
-    assert rewritten(killed_marks, after_term) == []
-    after_int = _signal_stops_cleanly(trial, storage, rng, signal.SIGINT)
+    after_term = _signal_stops_cleanly(trial, storage, rng, signal.SIGTERM, NUM_SHARDS // 2)
+    after_int = _signal_stops_cleanly(trial, storage, rng, signal.SIGINT, NUM_SHARDS // 2)
     assert rewritten(after_term, after_int) == []
-    _rerun_completes(trial, storage, after_int, marks)
+    # The input grows to every prompt: the run revises its plan (new ids in new shards) and is
+    # killed once at least one new shard has committed.
+    trial.run = replace(trial.run, prompts=bundled("sample_prompts.jsonl"))
+    orphans, killed_marks = _kill9(trial, storage, rng, marks, committed=NUM_SHARDS // 2)
+    assert rewritten(after_int, killed_marks) == []
+    _rerun_completes(trial, storage, killed_marks, marks)
+    assert surviving_servers(orphans) == [], "the rerun left the kill -9 run's servers"
+    revisions = json.loads((tmp_path / "out" / "run.json").read_text())["revisions"]
+    assert len(revisions) == 2, revisions  # the grown input once, not again on the rerun
 
 
 def test_kill9_then_rerun_on_s3(
