@@ -93,7 +93,8 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.interval_s = interval_s
         self.samples: list[tuple[float, int]] = []
-        self.cpu: list[tuple[float, float, float]] = []  # time, process CPU s, machine CPU %
+        # time, process CPU s, machine CPU %, CPU s of the children by kind
+        self.cpu: list[tuple[float, float, float, dict[str, float]]] = []
         self._done = threading.Event()
         self._proc = psutil.Process()
 
@@ -105,17 +106,37 @@ class RssSampler(threading.Thread):
             self.samples.append((now, self._proc.memory_info().rss))
             if tick % 10 == 0:  # every 0.5 s: cpu_percent over a shorter span is noise
                 times = self._proc.cpu_times()
-                self.cpu.append((now, times.user + times.system, psutil.cpu_percent()))
+                own = times.user + times.system
+                self.cpu.append((now, own, psutil.cpu_percent(), self._children_cpu()))
             tick += 1
             self._done.wait(self.interval_s)
 
-    def cpu_in(self, start: float, end: float) -> tuple[float, float]:
-        """This process's CPU seconds and the machine's mean busy % between two moments."""
+    def _children_cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the processes below this one: the emulators and, in the flow,
+        Prefect's temporary API server (its work competes for the same two cores)."""
+        kinds: dict[str, float] = {}
+        for child in self._proc.children(recursive=True):
+            try:
+                cmdline = " ".join(child.cmdline())
+                times = child.cpu_times()
+            except psutil.Error:
+                continue
+            kind = "emulators" if "regen.emulator" in cmdline else "prefect server" if (
+                "uvicorn" in cmdline or "prefect" in cmdline
+            ) else "other"  # fmt: skip
+            kinds[kind] = kinds.get(kind, 0.0) + times.user + times.system
+        return kinds
+
+    def cpu_in(self, start: float, end: float) -> tuple[float, float, dict[str, float]]:
+        """This process's CPU seconds, the machine's mean busy % and the CPU seconds of its
+        children by kind between two moments."""
         inside = [c for c in self.cpu if start <= c[0] <= end]
         if len(inside) < 2:
-            return 0.0, 0.0
+            return 0.0, 0.0, {}
         busy = sum(c[2] for c in inside[1:]) / (len(inside) - 1)
-        return round(inside[-1][1] - inside[0][1], 2), round(busy, 1)
+        first, last = inside[0][3], inside[-1][3]
+        kids = {k: round(v - first.get(k, 0.0), 1) for k, v in last.items()}
+        return round(inside[-1][1] - inside[0][1], 2), round(busy, 1), kids
 
     def stop(self) -> None:
         self._done.set()
@@ -207,7 +228,7 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
         (flow_run,) = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)
     windows, shards = _task_windows(flow_run.id)
     plan = windows.get("plan-shards", (0.0, 0.0))
-    gen_cpu_s, gen_machine_pct = sampler.cpu_in(*windows.get("generate", (0.0, 0.0)))
+    gen_cpu_s, gen_machine_pct, gen_children = sampler.cpu_in(*windows.get("generate", (0.0, 0.0)))
     flow_start = flow_run.start_time.timestamp() if flow_run.start_time else started
     measured = {
         "rc": rc,
@@ -222,6 +243,7 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
         "plan_start_rss_mb": sampler.at_mb(plan[0]),
         "generate_cpu_s": gen_cpu_s,
         "generate_machine_cpu_pct": gen_machine_pct,
+        "generate_children_cpu_s": gen_children,
         "artifacts": _artifacts(flow_run.id),
     }
     result.write_text(json.dumps(measured))
@@ -272,9 +294,15 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
         end = time.time()
         sampler.stop()
     begin = min(first_start)
-    cpu_s, machine_pct = sampler.cpu_in(begin, end)
-    measured = {"generate_s": end - begin, "rows": summary.rows, "shards": len(first_start)}
-    measured |= {"generate_cpu_s": cpu_s, "generate_machine_cpu_pct": machine_pct}
+    cpu_s, machine_pct, children = sampler.cpu_in(begin, end)
+    measured: dict[str, Any] = {
+        "generate_s": end - begin,
+        "rows": summary.rows,
+        "shards": len(first_start),
+        "generate_cpu_s": cpu_s,
+        "generate_machine_cpu_pct": machine_pct,
+        "generate_children_cpu_s": children,
+    }
     result.write_text(json.dumps(measured))
 
 
@@ -372,6 +400,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else None
         ),
         "machine_cpu_pct_generate": flow["generate_machine_cpu_pct"],
+        "children_cpu_s_generate": flow["generate_children_cpu_s"],
+        "children_cpu_s_plain": plain.get("generate_children_cpu_s"),
         "machine_cpu_pct_plain": plain.get("generate_machine_cpu_pct"),
         "prefect_db_mb": round(db, 1),
         "prefect_artifacts": flow["artifacts"],
@@ -410,6 +440,8 @@ def print_table(result: dict[str, Any]) -> None:
             "machine CPU % in generate / plain",
             (result["machine_cpu_pct_generate"], result["machine_cpu_pct_plain"]),
         ),
+        ("children CPU s in generate", result["children_cpu_s_generate"]),
+        ("children CPU s in plain", result["children_cpu_s_plain"]),
         ("Prefect DB (MB)", result["prefect_db_mb"]),
         ("Prefect artifacts", result["prefect_artifacts"]),
         ("rows exactly once", result["exactly_once"]),
