@@ -268,6 +268,6 @@ def test_prompt_cache_of_many_writes_has_a_row_group_per_shard(tmp_path: Path) -
     assert prompts_for_shard(path, 149).get_column("id").to_list() == ["r298", "r299"]
     whole = pl.read_parquet(path)
     assert whole.get_column("id").to_list() == [f"r{i}" for i in range(300)]
-    work = plan.assignments.filter(pl.col("shard").is_in([3, 70, 140])).select("id", "shard")
+    work = plan.with_rows().filter(pl.col("shard").is_in([3, 70, 140]))
     some = cache_prompts(ps, plan, tmp_path / "work" / "some.parquet", work=work)
     assert pl.read_parquet(some).get_column("shard").to_list() == [3, 3, 70, 70, 140, 140]

@@ -68,6 +68,9 @@ class ShardPlan:
     shard_size: int
     num_shards: int
     assignments: pl.DataFrame
+    rows: pl.Series
+    """Each assignment's row in the prompt set it was planned from (null for a removed id):
+    the prompt cache gathers rows by it instead of joining a million ids. Never stored."""
     revision: int = 1
     changes: InputChanges = field(default_factory=InputChanges)
 
@@ -75,11 +78,18 @@ class ShardPlan:
     def removed_ids(self) -> pl.Series:
         return self.assignments.filter("removed").get_column("id")
 
+    def with_rows(self) -> pl.DataFrame:
+        """`assignments` with each id's prompt-set row as `_row`."""
+        return self.assignments.with_columns(self.rows.alias("_row"))
+
+
+_HASH_ROWS = 65_536
+"""Rows hashed at a time: their JSON text is a few MB, never a million prompts' worth."""
+
 
 def content_hash(rows: pl.DataFrame, messages: str = "messages") -> pl.Series:
     """A stable digest of each row's messages (their JSON text), the same on every machine
-    and polars version, unlike `Expr.hash`. Some thousands of rows at a time, so the JSON
-    text of a million prompts is never held at once."""
+    and polars version, unlike `Expr.hash` (so hashed in Python, `_HASH_ROWS` at a time)."""
 
     def digest(part: pl.DataFrame) -> list[str]:
         texts = part.select(pl.struct(messages).struct.json_encode()).to_series()
@@ -87,9 +97,6 @@ def content_hash(rows: pl.DataFrame, messages: str = "messages") -> pl.Series:
 
     digests = [d for part in rows.iter_slices(_HASH_ROWS) for d in digest(part)]
     return pl.Series("content", digests, dtype=pl.String)
-
-
-_HASH_ROWS = 65_536
 
 
 def plan_shards(prompt_set: PromptSet, shard_size: int) -> ShardPlan:
@@ -105,7 +112,10 @@ def plan_shards(prompt_set: PromptSet, shard_size: int) -> ShardPlan:
     )
     num_rows = assignments.height
     changes = InputChanges(new=num_rows)
-    return ShardPlan(num_rows, shard_size, -(-num_rows // shard_size), assignments, 1, changes)
+    rows = pl.int_range(num_rows, dtype=pl.Int64, eager=True)
+    return ShardPlan(
+        num_rows, shard_size, -(-num_rows // shard_size), assignments, rows, 1, changes
+    )
 
 
 def revise_plan(
@@ -124,7 +134,9 @@ def revise_plan(
     generated). The revision number only advances when something changed (`revision` is the
     next one).
     """
-    current = prompt_set.valid.select("id", content_hash(prompt_set.valid))
+    current = prompt_set.valid.select(
+        "id", content_hash(prompt_set.valid), pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
+    )
     both = old.join(current, on="id", how="full", coalesce=True, maintain_order="left_right")
     here = pl.col("content_right").is_not_null()
     edited = here & pl.col("content").is_not_null() & (pl.col("content") != pl.col("content_right"))
@@ -146,22 +158,23 @@ def revise_plan(
         revision -= 1
     new_shard = first_new + (pl.col("_new").cum_sum() - 1) // shard_size
     never_made = ~here & ~pl.col("shard").is_in(list(committed))
-    assignments = (
-        marked.filter(~never_made)
-        .select(
-            "id",
-            pl.when(pl.col("_new")).then(new_shard).otherwise(pl.col("shard")).alias("shard"),
-            pl.coalesce("content_right", "content").alias("content"),
-            pl.when(pl.col("_new") | pl.col("_changed"))
-            .then(pl.lit(revision, pl.Int64))
-            .otherwise(pl.col("revision"))
-            .alias("revision"),
-            (~here).alias("removed"),
-        )
-        .cast(PLAN_SCHEMA)
+    planned = marked.filter(~never_made).select(
+        "id",
+        pl.when(pl.col("_new")).then(new_shard).otherwise(pl.col("shard")).alias("shard"),
+        pl.coalesce("content_right", "content").alias("content"),
+        pl.when(pl.col("_new") | pl.col("_changed"))
+        .then(pl.lit(revision, pl.Int64))
+        .otherwise(pl.col("revision"))
+        .alias("revision"),
+        (~here).alias("removed"),
+        "_row",
     )
+    assignments = planned.select(list(PLAN_SCHEMA)).cast(PLAN_SCHEMA)
     num_shards = int(assignments.get_column("shard").max() or -1) + 1  # type: ignore[arg-type]
-    return ShardPlan(current.height, shard_size, num_shards, assignments, revision, changes)
+    return ShardPlan(
+        current.height, shard_size, num_shards, assignments, planned.get_column("_row"),
+        revision, changes,
+    )  # fmt: skip
 
 
 def owed(committed_revision: int) -> pl.Expr:

@@ -33,21 +33,15 @@ def cache_prompts(
 ) -> Path:
     """Write id, shard, messages, revision once, in shard order, one row group per shard.
     `messages` is already what generation sends (`regen.conversations`); `revision` is the
-    input revision of the row's content. `work` (id, shard) limits the cache to those rows:
-    what the run may send, so a sample of the cache (the canary) never picks a row already
-    committed; default every id of the input."""
+    input revision of the row's content. `work` (rows of `plan.with_rows()`) limits the cache
+    to those rows: what the run may send, so a sample of the cache (the canary) never picks a
+    row already committed; default every id of the input."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    planned = plan.assignments.select("id", "shard", "revision")
-    if work is not None:
-        planned = planned.join(work.select("id"), on="id", how="semi")
+    if work is None:
+        work = plan.with_rows().filter(~pl.col("removed"))
     # Only the order is worked out whole (row numbers, shard, revision); the rows themselves
     # are gathered and written some shards at a time, so the messages are never copied whole.
-    order = (
-        prompt_set.valid.select("id")
-        .with_row_index("_row")
-        .join(planned, on="id", maintain_order="left")
-        .sort("shard", maintain_order=True)
-    )
+    order = work.select("_row", "id", "shard", "revision").sort("shard", maintain_order=True)
     step = plan.shard_size * _SHARDS_PER_WRITE
     tmp = path.with_name(f".{path.name}.tmp")
     # pyarrow, not polars' writer: polars spends ~15 ms on each small row group of nested

@@ -140,7 +140,7 @@ def rows_to_redo(
 
 
 def _work(plan: ShardPlan, committed: dict[int, Manifest], retried: set[int]) -> pl.DataFrame:
-    """(id, shard) of every row this run may send: every row of a shard not committed, the
+    """The rows of `plan.with_rows()` this run may send: every row of a shard not committed, the
     owed rows of a committed one, and every row of a shard whose error rows are retried
     (which of them are errors is read when the shard runs)."""
     done = pl.DataFrame(
@@ -148,14 +148,15 @@ def _work(plan: ShardPlan, committed: dict[int, Manifest], retried: set[int]) ->
         schema={"shard": pl.Int64, "_done": pl.Int64},
     )
     return (
-        plan.assignments.filter(~pl.col("removed"))
+        plan.with_rows()
+        .filter(~pl.col("removed"))
         .join(done, on="shard", how="left", maintain_order="left")
         .filter(
             pl.col("_done").is_null()
             | (pl.col("revision") > pl.col("_done"))
             | pl.col("shard").is_in(list(retried))
         )
-        .select("id", "shard")
+        .drop("_done")
     )
 
 
