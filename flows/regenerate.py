@@ -76,9 +76,9 @@ def regenerate_completions(
     # and a rerun with nothing left to generate launches no fleet: reap them before either.
     reap_orphans(config.work_dir)
     # Every stage below shares this storage (a storage block's, with its own credentials).
-    run = OpenedRun(config, opened=resolved.storage)
-    provision(run, CODE_PACKAGES)
     hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
+    run = OpenedRun(config, opened=resolved.storage, hf_token=hf_token)
+    provision(run, CODE_PACKAGES)
     model_path = stage_model(config, hf_token=hf_token)
     plan = plan_run(run)
     api_key = config.engine.api_key or generate_api_key()

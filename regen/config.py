@@ -17,6 +17,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -231,8 +232,30 @@ class GenerationConfig(_Section):
 
 
 class InputConfig(_Section):
-    """How a rerun treats a prompt set that changed since the dataset was made. Not
-    fingerprinted: it decides what the dataset view shows, never what a row holds."""
+    """How the prompt set is read, and how a rerun treats one that changed since the dataset
+    was made. Not fingerprinted: a different input is a new input revision of the same run
+    (regen.dataset.plan), never a different run."""
+
+    split: str | None = Field(
+        default=None,
+        min_length=1,
+        description="hf:// prompts without a path: the split whose files are read "
+        "(data/<split>-*.parquet, <split>/, <split>.jsonl ...); default train, or the only one.",
+    )
+    subset: str | None = Field(
+        default=None, min_length=1, description="hf:// prompts: the config directory to read."
+    )
+    id_column: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The column holding each row's id, e.g. UltraChat's prompt_id; default id.",
+    )
+    messages_column: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A conversation column under another name ({role, content} or "
+        "{from, value} turns); it is then the row's only format column.",
+    )
 
     removed: Literal["keep", "drop"] = Field(
         default="keep",
@@ -246,7 +269,10 @@ class RegenConfig(_Section):
 
     model: ModelConfig
     engine: EngineConfig = EngineConfig()
-    prompts: str = Field(description="JSONL or Parquet file, local path or s3:// URL.")
+    prompts: str = Field(
+        description="JSONL or Parquet file, glob or prefix, local or s3://, or a Hub dataset "
+        "hf://datasets/ORG/NAME[@REVISION][/PATH-OR-GLOB]."
+    )
     input: InputConfig = InputConfig()
     output: str = Field(description="Dataset root: a directory or an s3://bucket/prefix.")
     work_dir: Path = Field(default=Path(".regen"), description="Local logs and PID files.")
@@ -264,9 +290,16 @@ class RegenConfig(_Section):
 
     @field_validator("prompts", "output")
     @classmethod
-    def _uri(cls, value: str) -> str:
+    def _uri(cls, value: str, info: ValidationInfo) -> str:
         if value.startswith("s3://") and not value[len("s3://") :].split("/", 1)[0]:
             raise ValueError(f"{value!r} has no bucket name")
+        if value.startswith("hf://") and info.field_name == "prompts":
+            from regen.prompts.hub import HubUri  # the one parser of hf:// dataset URIs
+
+            try:
+                HubUri.parse(value)
+            except ConfigError as err:
+                raise ValueError(str(err)) from None
         if not value.strip():
             raise ValueError("must not be empty")
         return value

@@ -7,7 +7,7 @@ the child runs of a multi-node run live in other processes and open their own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from regen.config import RegenConfig
@@ -19,6 +19,8 @@ class OpenedRun:
     config: RegenConfig
     opened: Storage | None = None
     """Storage opened before the run (an S3Bucket block, with the block's credentials)."""
+    hf_token: str | None = field(default=None, repr=False)
+    """The ModelSource block's Hub token, for a Hub prompt set too (None: HF_TOKEN)."""
 
     @cached_property
     def storage(self) -> Storage:

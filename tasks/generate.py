@@ -41,7 +41,7 @@ from regen.storage import Storage
 @task(name="plan-shards", persist_result=False, cache_policy=NONE)
 def plan_run(run: OpenedRun) -> RunPlan:
     """Read and validate every prompt, write run.json + plan, and find what is left to do."""
-    plan = plan_generation(run.config, run.storage)
+    plan = plan_generation(run.config, run.storage, hf_token=run.hf_token)
     get_run_logger().info(plan.headline())
     figures = f"{plan.num_rows:,} prompts in {plan.num_shards:,} shards"
     markdown(

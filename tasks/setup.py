@@ -41,7 +41,9 @@ def provision(run: OpenedRun, packages: Sequence[str]) -> PreflightReport:
     """Run every check (`packages`: the code the run imports, named by the flow), publish the
     table, and stop the run before a GPU is touched."""
     logger = get_run_logger()
-    report = run_checks(run.config, packages=packages, open_output=lambda: run.storage)
+    report = run_checks(
+        run.config, packages=packages, open_output=lambda: run.storage, hf_token=run.hf_token
+    )
     verdict = "PASS" if report.ok else f"FAIL {report.summary()}"
     create_table_artifact(
         # Failures and warnings first, in capitals: they are what the reader came for.

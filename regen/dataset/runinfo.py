@@ -35,7 +35,8 @@ class RunInfo:
     each format (a run.json written before it existed reads back with it empty). The input
     fields describe the latest revision; `revisions` lists them all, oldest first, and
     `removed` (the config's `input.removed`) says whether the dataset view keeps the rows of
-    ids the input no longer has.
+    ids the input no longer has. `source` says where a Hub prompt set was read from (repo,
+    revision asked for, the commit it resolved to, files); each revision keeps its own.
     """
 
     input_fingerprint: str
@@ -53,6 +54,7 @@ class RunInfo:
     created: str = field(default_factory=utc_now)
     revisions: list[dict[str, Any]] = field(default_factory=list)
     removed: Removed = "keep"
+    source: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=2, sort_keys=True).encode()
@@ -133,6 +135,7 @@ def new_run_info(config: RegenConfig, prompt_set: PromptSet, plan: ShardPlan) ->
         fingerprint=digest,
         components=components,
         removed=config.input.removed,
+        source=prompt_set.source or {},
     )
     return replace(info, revisions=[_revision(info, plan)])
 
@@ -158,6 +161,7 @@ def record_revision(storage: Storage, run: RunInfo, info: RunInfo, plan: ShardPl
         num_shards=plan.num_shards,
         revisions=revisions,
         removed=info.removed,
+        source=info.source,
     )
     if revised != run:
         storage.write_bytes(RUN_KEY, revised.to_json())
@@ -172,6 +176,7 @@ def _revision(info: RunInfo, plan: ShardPlan) -> dict[str, Any]:
         "input_path": info.input_path,
         "rows": plan.num_rows,
         **asdict(plan.changes),
+        **({"source": info.source} if info.source else {}),
     }
 
 

@@ -33,7 +33,7 @@ from regen.dataset import (
     revise_plan,
 )
 from regen.dataset._encode import parquet_bytes
-from regen.prompts import load_prompts, write_rejects
+from regen.prompts import load_prompts, read_options, write_rejects
 from regen.storage import Storage
 
 
@@ -68,11 +68,11 @@ class RunPlan(BaseModel):
         )
 
 
-def plan_run(config: RegenConfig, storage: Storage) -> RunPlan:
+def plan_run(config: RegenConfig, storage: Storage, hf_token: str | None = None) -> RunPlan:
     """Validate every prompt, write rejects, run.json and the plan (revised when the root was
     made from another input), cache the rows to send for the shard tasks, and select the
-    shards to generate."""
-    prompts = load_prompts(config.prompts)
+    shards to generate. `hf_token` reads a Hub dataset (None: huggingface_hub's own)."""
+    prompts = load_prompts(config.prompts, options=read_options(config.input, hf_token))
     write_rejects(storage, prompts)
     fresh = plan_shards(prompts, config.shard_size)
     info = new_run_info(config, prompts, fresh)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from regen.config import RegenConfig
 from regen.gpus import GpuProbe, NvmlProbe
 from regen.preflight.codecheck import check_code
-from regen.preflight.data import check_prompts, check_storage
+from regen.preflight.data import check_prompt_source, check_prompts, check_storage
 from regen.preflight.engine import check_config, check_engine, check_flags
 from regen.preflight.machine import check_gpus, check_memory, check_ports
 from regen.preflight.model import check_model, check_stage_space, model_bytes
@@ -34,6 +34,7 @@ __all__ = [
     "check_memory",
     "check_model",
     "check_ports",
+    "check_prompt_source",
     "check_prompts",
     "check_stage_space",
     "check_storage",
@@ -48,12 +49,14 @@ def run_checks(
     *,
     packages: Sequence[str],
     open_output: Callable[[], Storage] | None = None,
+    hf_token: str | None = None,
 ) -> PreflightReport:
     """All checks, each isolated: one that raises becomes a failed row, the others still run.
 
     `packages` are the ones the code check compiles and imports: the caller's, since the
     layers that import this library (and that a run runs too) are theirs to name.
     `open_output` opens the output the run will keep using, so it is opened once.
+    `hf_token` reads a Hub prompt set (None: huggingface_hub's own, HF_TOKEN).
     """
     size = model_bytes(config)
     checks: list[tuple[str, Callable[[], CheckRow]]] = [
@@ -61,7 +64,12 @@ def run_checks(
         ("flags", lambda: check_flags(config)),
         ("code", lambda: check_code(packages)),
         ("model", lambda: check_model(config)),
-        ("prompts", lambda: check_prompts(config)),
+        *(
+            [("prompt source", lambda: check_prompt_source(config, hf_token))]
+            if config.prompts.startswith("hf://")
+            else []
+        ),
+        ("prompts", lambda: check_prompts(config, hf_token=hf_token)),
         ("storage", lambda: check_storage(config, open_output)),
         ("engine", lambda: check_engine(config)),
         ("gpus", lambda: check_gpus(config, gpu_probe or NvmlProbe(), size)),

@@ -24,13 +24,41 @@ def check_storage(
     return CheckRow(name="storage", status="pass", figure=f"{storage.uri} writable and readable")
 
 
-def check_prompts(config: RegenConfig, sample_rows: int = 1000) -> CheckRow:
-    """The first rows' figure, with the valid rows per format: rows describe themselves, so a
-    file may mix formats, and the count says whether that was meant."""
-    from regen.prompts import format_counts, preview
+def check_prompt_source(config: RegenConfig, hf_token: str | None = None) -> CheckRow:
+    """A Hub prompt set: its revision resolved to a commit and the files its split selects,
+    with their sizes; nothing is downloaded (the prompts row then reads the first file)."""
+    from regen.prompts.hub import resolve
 
     try:
-        found = preview(config.prompts, sample_rows)
+        found = resolve(
+            config.prompts, split=config.input.split, subset=config.input.subset, token=hf_token
+        )
+    except UserError as err:
+        return CheckRow(
+            name="prompt source", status="fail", figure=str(err), hint="fix prompts or input.*"
+        )
+    shown = ", ".join(f"{f.path} ({_mb(f.size)})" for f in found.files[:3])
+    more = f" and {len(found.files) - 3} more" if len(found.files) > 3 else ""
+    figure = (
+        f"{found.uri.repo} at commit {found.commit}: {found.chosen_by}, {len(found.files)} "
+        f"files, {_mb(found.total_bytes)}: {shown}{more}"
+    )
+    return CheckRow(name="prompt source", status="pass", figure=figure)
+
+
+def _mb(size: int | None) -> str:
+    return "size unknown" if size is None else f"{size / 1e6:.1f} MB"
+
+
+def check_prompts(
+    config: RegenConfig, sample_rows: int = 1000, hf_token: str | None = None
+) -> CheckRow:
+    """The first rows' figure, with the valid rows per format: rows describe themselves, so a
+    file may mix formats, and the count says whether that was meant."""
+    from regen.prompts import format_counts, preview, read_options
+
+    try:
+        found = preview(config.prompts, sample_rows, options=read_options(config.input, hf_token))
     except UserError as err:
         return CheckRow(name="prompts", status="fail", figure=str(err), hint="fix the prompts file")
     counts = format_counts(found.formats)

@@ -12,7 +12,8 @@ first user message again.
 The modules, in the order a file meets them: `facts` (what the file is: fingerprint, Parquet or
 text, UTF-8, NUL bytes), `jsonl` and `parquet` (rows read batch by batch into one column
 layout), `rules` (each row's format, reject reason, normalised messages and id; `formats` holds
-the words they share), and `load` (the batches validated into a `PromptSet`).
+the words they share), and `load` (the batches validated into a `PromptSet`). `sources` lists
+the files of a glob or prefix, `hub` those of a Hugging Face dataset at one commit.
 """
 
 from regen.prompts.formats import FORMAT_KEYS, MIXED, format_counts, format_name
@@ -20,9 +21,11 @@ from regen.prompts.load import (
     REJECTS_SCHEMA,
     PromptPreview,
     PromptSet,
+    ReadOptions,
     load_prompts,
     load_prompts_file,
     preview,
+    read_options,
     write_rejects,
 )
 
@@ -32,10 +35,12 @@ __all__ = [
     "REJECTS_SCHEMA",
     "PromptPreview",
     "PromptSet",
+    "ReadOptions",
     "format_counts",
     "format_name",
     "load_prompts",
     "load_prompts_file",
     "preview",
+    "read_options",
     "write_rejects",
 ]

@@ -3,6 +3,8 @@ and ShareGPT `conversations`, whichever file type (JSONL or Parquet) they come i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import polars as pl
 
 ROLES = ("system", "user", "assistant")
@@ -29,6 +31,39 @@ FORMAT = pl.Enum(list(FORMAT_KEYS))
 ANY_TURN = pl.Struct(
     {"from": pl.String, "value": pl.String, "role": pl.String, "content": pl.String}
 )
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Where a file keeps what the row formats otherwise find by their own names:
+    `input.id_column` (UltraChat's `prompt_id`) and `input.messages_column`, a conversation
+    under another name, read as `conversations` (either turn style); naming one sets the
+    row's other format columns aside, so an UltraChat-style `prompt` beside it is not read."""
+
+    id: str = "id"
+    messages: str | None = None
+
+    def renames(self) -> dict[str, str]:
+        """Source column -> the name the readers know it by."""
+        renames = {self.id: "id"} if self.id != "id" else {}
+        if self.messages:
+            renames[self.messages] = "conversations"
+        return renames
+
+    def set_aside(self) -> set[str]:
+        """Columns of the file left unread: those the renamed ones stand in for."""
+        aside = {"id"} if self.id != "id" else set()
+        if self.messages:
+            aside |= set(FORMAT_KEYS.values())
+        return aside - set(self.renames())
+
+    def key(self, target: str) -> str:
+        """The config key that named the column read as `target`, for messages."""
+        return "input.id_column" if target == "id" else "input.messages_column"
+
+
+# What a file without `input.id_column` / `input.messages_column` is read with.
+AS_NAMED = Columns()
 
 
 def format_name(formats: dict[str, int]) -> str:

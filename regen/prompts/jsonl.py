@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from regen.errors import UserError
-from regen.prompts.formats import ANY_TURN, split_conversations
+from regen.prompts.formats import ANY_TURN, AS_NAMED, Columns, split_conversations
 from regen.schema import MESSAGE
 
 _RECORD = pl.Struct(
@@ -40,7 +40,12 @@ _JSON_TYPES = {str: "string", int: "number", float: "number", bool: "boolean", t
 
 
 def batches(
-    path: Path, name: str, utf8: bool, n_rows: int | None, batch_bytes: int
+    path: Path,
+    name: str,
+    utf8: bool,
+    n_rows: int | None,
+    batch_bytes: int,
+    columns: Columns = AS_NAMED,
 ) -> Iterator[pl.DataFrame]:
     """The file's lines read some `batch_bytes` at a time, cut at a line end (a cut never
     splits a UTF-8 character), numbered on from the batch before; only the first `n_rows`."""
@@ -57,7 +62,7 @@ def batches(
                 rest = data
                 continue
             data, rest = data[:cut], data[cut:]
-            fields = _jsonl_fields(data, name, utf8, left, offset)
+            fields = _jsonl_fields(data, name, utf8, left, offset, columns)
             if fields.height:
                 yield fields
             read = data.count(b"\n") + (not data.endswith(b"\n"))
@@ -65,8 +70,33 @@ def batches(
             left = None if left is None else left - read
 
 
+def _record(columns: Columns) -> pl.Struct:
+    """The fields a line is decoded into, under the file's own names for the renamed ones;
+    the fields they stand in for are not decoded at all."""
+    if not columns.renames():
+        return _RECORD
+    by_target = {target: source for source, target in columns.renames().items()}
+    aside = columns.set_aside()
+    return pl.Struct(
+        {
+            by_target.get(key, key): dtype
+            for key, dtype in _RECORD.to_schema().items()
+            if key in by_target or key not in aside
+        }
+    )
+
+
+def _field(record: pl.Struct, columns: Columns, key: str) -> pl.Expr:
+    """The decoded field the readers know as `key` (null when it was set aside)."""
+    by_target = {target: source for source, target in columns.renames().items()}
+    source = by_target.get(key, key)
+    if source not in record.to_schema():
+        return pl.lit(None, dtype=_RECORD.to_schema()[key])
+    return pl.col("rec").struct.field(source)
+
+
 def _jsonl_fields(
-    data: bytes, name: str, utf8: bool, n_rows: int | None, offset: int
+    data: bytes, name: str, utf8: bool, n_rows: int | None, offset: int, columns: Columns
 ) -> pl.DataFrame:
     """Columns line, given_id, messages, conversations, prompt, system, reason (read-level)."""
     lines = pl.read_csv(
@@ -88,7 +118,8 @@ def _jsonl_fields(
     if offset == 0 and len(raw) and raw[0].lstrip().startswith("["):
         # A JSON array file: its lines may happen to parse, but the rows are not JSONL rows.
         raise UserError(f"{name}: line {lines['line'][0]}: {_explain(raw[0])[0]}")
-    decoded, bad = _decode_bisecting(raw)
+    record_type = _record(columns)
+    decoded, bad = _decode_bisecting(raw, record_type)
     read_reason = pl.repeat(None, len(raw), dtype=pl.String, eager=True).alias("read_reason")
     read_id = read_reason.alias("read_id")
     if bad:
@@ -107,18 +138,21 @@ def _jsonl_fields(
         .when(pl.col("raw").str.contains(_BAD_ID))
         .then(pl.lit("id must be a string or an integer"))
     )
-    record = pl.col("rec").struct
+
+    def field(key: str) -> pl.Expr:
+        return _field(record_type, columns, key).alias(key)
+
     return frame.select(
         "line",
-        pl.coalesce(record.field("id"), "read_id").alias("given_id"),
-        *split_conversations(record.field("messages"), record.field("conversations")),
-        record.field("prompt"),
-        pl.col("rec").struct.field("system"),
+        pl.coalesce(field("id"), "read_id").alias("given_id"),
+        *split_conversations(field("messages"), field("conversations")),
+        field("prompt"),
+        field("system"),
         reason.alias("reason"),
     )
 
 
-def _decode_bisecting(raw: pl.Series) -> tuple[pl.Series, list[int]]:
+def _decode_bisecting(raw: pl.Series, record: pl.Struct = _RECORD) -> tuple[pl.Series, list[int]]:
     """Decode every line; a line polars cannot decode becomes null and its index is returned."""
     pieces: list[pl.Series] = []
     bad: list[int] = []
@@ -126,11 +160,11 @@ def _decode_bisecting(raw: pl.Series) -> tuple[pl.Series, list[int]]:
     def decode(start: int, length: int) -> None:
         part = raw.slice(start, length)
         try:
-            pieces.append(part.str.json_decode(_RECORD))
+            pieces.append(part.str.json_decode(record))
         except pl.exceptions.PolarsError:
             if length == 1:
                 bad.append(start)
-                pieces.append(pl.Series([None], dtype=_RECORD))
+                pieces.append(pl.Series([None], dtype=record))
                 return
             half = length // 2
             decode(start, half)
@@ -139,7 +173,7 @@ def _decode_bisecting(raw: pl.Series) -> tuple[pl.Series, list[int]]:
     for start in range(0, len(raw), _DECODE_BATCH):
         decode(start, min(_DECODE_BATCH, len(raw) - start))
     if not pieces:
-        return pl.Series("rec", [], dtype=_RECORD), bad
+        return pl.Series("rec", [], dtype=record), bad
     return pl.concat(pieces).alias("rec"), bad
 
 

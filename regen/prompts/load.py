@@ -11,19 +11,23 @@ from __future__ import annotations
 import hashlib
 import io
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from regen.dataset.keys import REJECTS_KEY
 from regen.errors import UserError
-from regen.prompts import jsonl, parquet
+from regen.prompts import hub, jsonl, parquet
 from regen.prompts.facts import FileFacts, download, file_facts
-from regen.prompts.formats import FORMAT, FORMAT_KEYS, format_name
+from regen.prompts.formats import AS_NAMED, FORMAT, FORMAT_KEYS, Columns, format_name
 from regen.prompts.rules import check_rows, row_format
 from regen.prompts.sources import is_many, prompt_files
 from regen.storage import Storage
+
+if TYPE_CHECKING:  # only read: regen.config's validators import regen.prompts.hub
+    from regen.config import InputConfig
 
 # Validation works on this much of the file at a time: its working columns take some ten times
 # the batch, and freed batches' pages stay with the allocator a while, so smaller batches keep
@@ -35,12 +39,36 @@ REJECTS_SCHEMA = pl.Schema({"line": pl.Int64, "id": pl.String, "reason": pl.Stri
 
 
 @dataclass(frozen=True)
+class ReadOptions:
+    """How the prompt set is read beyond its URI: the columns (`Columns`), and for a Hub
+    dataset its split and subset and the token to read it with (None: huggingface_hub's own,
+    `HF_TOKEN` or a saved login)."""
+
+    columns: Columns = AS_NAMED
+    split: str | None = None
+    subset: str | None = None
+    hf_token: str | None = field(default=None, repr=False)
+
+
+def read_options(config: InputConfig, hf_token: str | None = None) -> ReadOptions:
+    """The config's `input` section as the readers take it."""
+    return ReadOptions(
+        columns=Columns(id=config.id_column or "id", messages=config.messages_column),
+        split=config.split,
+        subset=config.subset,
+        hf_token=hf_token,
+    )
+
+
+@dataclass(frozen=True)
 class PromptSet:
     """Validated rows (`id`, `line`, `messages`) and the rejected ones (`line`, `id`, `reason`).
 
     `line` is the 1-based line of a JSONL file or the 1-based row of a Parquet file.
     `fingerprint` is the sha256 of the file's bytes: any edit of the input changes it.
     `formats` counts the valid rows of each format present, in `FORMAT_KEYS` order.
+    `source` is where a Hub dataset was read from (`HubSelection.record`: its commit), and
+    `path` is then the spec pinned to that commit.
     """
 
     path: str
@@ -48,6 +76,7 @@ class PromptSet:
     fingerprint: str
     valid: pl.DataFrame
     rejects: pl.DataFrame
+    source: dict[str, Any] | None = None
 
     @property
     def format(self) -> str:
@@ -78,40 +107,87 @@ class PromptPreview:
         return format_name(self.formats)
 
 
-def load_prompts(path_or_uri: str, *, max_prompt_bytes: int = 1_000_000) -> PromptSet:
-    """Load a local path or an `s3://bucket/key` URL (downloaded to a temp file first), or
-    every file of a glob or prefix as one set (`regen.prompts.sources`)."""
+def load_prompts(
+    path_or_uri: str, *, max_prompt_bytes: int = 1_000_000, options: ReadOptions = ReadOptions()
+) -> PromptSet:
+    """Load a local path or an `s3://bucket/key` URL (downloaded to a temp file first), every
+    file of a glob or prefix as one set (`regen.prompts.sources`), or a Hub dataset's files
+    of one commit (`regen.prompts.hub`)."""
+    columns = options.columns
+    if hub.is_hub(path_or_uri):
+        return _load_hub(path_or_uri, max_prompt_bytes, options)
     if is_many(path_or_uri):
         files = prompt_files(path_or_uri)
-        sets = [load_prompts(f, max_prompt_bytes=max_prompt_bytes) for f in files]
+        sets = [load_prompts(f, max_prompt_bytes=max_prompt_bytes, options=options) for f in files]
         return _one_set(path_or_uri, sets)
     if "://" not in path_or_uri:
-        return load_prompts_file(Path(path_or_uri), max_prompt_bytes=max_prompt_bytes)
+        return load_prompts_file(
+            Path(path_or_uri), max_prompt_bytes=max_prompt_bytes, columns=columns
+        )
     with tempfile.TemporaryDirectory(prefix="regen-prompts-") as tmp:
         local = download(path_or_uri, Path(tmp))
-        return load_prompts_file(local, max_prompt_bytes=max_prompt_bytes, name=path_or_uri)
+        return load_prompts_file(
+            local, max_prompt_bytes=max_prompt_bytes, name=path_or_uri, columns=columns
+        )
 
 
 def load_prompts_file(
-    path: Path, *, max_prompt_bytes: int = 1_000_000, name: str | None = None
+    path: Path,
+    *,
+    max_prompt_bytes: int = 1_000_000,
+    name: str | None = None,
+    columns: Columns = AS_NAMED,
 ) -> PromptSet:
     """Validate a local file; `name` is how messages name it (default: the path)."""
     name = name or str(path)
     facts = file_facts(path, name)
-    formats, valid, rejects = _load(path, name, facts, max_prompt_bytes, n_rows=None)
+    formats, valid, rejects = _load(path, name, facts, max_prompt_bytes, None, columns)
     return PromptSet(name, formats, facts.fingerprint, valid, rejects)
 
 
-def preview(path_or_uri: str, n: int = 1000, *, max_prompt_bytes: int = 1_000_000) -> PromptPreview:
-    """Validate only the first `n` rows (of the first file of a glob or prefix): cheap enough
-    to run before any GPU is rented."""
+def preview(
+    path_or_uri: str,
+    n: int = 1000,
+    *,
+    max_prompt_bytes: int = 1_000_000,
+    options: ReadOptions = ReadOptions(),
+) -> PromptPreview:
+    """Validate only the first `n` rows (of the first file of a glob, prefix or Hub
+    selection, the only one downloaded): cheap enough to run before any GPU is rented."""
+    columns = options.columns
+    if hub.is_hub(path_or_uri):
+        selection = _hub_selection(path_or_uri, options)
+        first = replace(selection, files=selection.files[:1])
+        (local,) = hub.download(first, options.hf_token)
+        return _preview(local, selection.name(first.files[0].path), n, max_prompt_bytes, columns)
     if is_many(path_or_uri):
         path_or_uri = prompt_files(path_or_uri)[0]
     if "://" in path_or_uri:
         with tempfile.TemporaryDirectory(prefix="regen-prompts-") as tmp:
             local = download(path_or_uri, Path(tmp))
-            return _preview(local, path_or_uri, n, max_prompt_bytes)
-    return _preview(Path(path_or_uri), path_or_uri, n, max_prompt_bytes)
+            return _preview(local, path_or_uri, n, max_prompt_bytes, columns)
+    return _preview(Path(path_or_uri), path_or_uri, n, max_prompt_bytes, columns)
+
+
+def _hub_selection(spec: str, options: ReadOptions) -> hub.HubSelection:
+    return hub.resolve(spec, split=options.split, subset=options.subset, token=options.hf_token)
+
+
+def _load_hub(spec: str, max_prompt_bytes: int, options: ReadOptions) -> PromptSet:
+    """The selection's files, downloaded into huggingface_hub's cache and read as one set
+    named by the spec pinned to its commit."""
+    selection = _hub_selection(spec, options)
+    local = hub.download(selection, options.hf_token)
+    sets = [
+        load_prompts_file(
+            path,
+            max_prompt_bytes=max_prompt_bytes,
+            name=selection.name(file.path),
+            columns=options.columns,
+        )
+        for file, path in zip(selection.files, local, strict=True)
+    ]
+    return replace(_one_set(selection.pinned, sets), source=selection.record())
 
 
 def write_rejects(storage: Storage, prompt_set: PromptSet) -> None:
@@ -119,9 +195,11 @@ def write_rejects(storage: Storage, prompt_set: PromptSet) -> None:
     storage.write_bytes(REJECTS_KEY, _parquet_bytes(prompt_set.rejects))
 
 
-def _preview(path: Path, name: str, n: int, max_prompt_bytes: int) -> PromptPreview:
+def _preview(
+    path: Path, name: str, n: int, max_prompt_bytes: int, columns: Columns
+) -> PromptPreview:
     facts = file_facts(path, name, fingerprint=False)
-    formats, valid, rejects = _load(path, name, facts, max_prompt_bytes, n_rows=n)
+    formats, valid, rejects = _load(path, name, facts, max_prompt_bytes, n, columns)
     first = rejects.sort("line").row(0, named=True)["reason"] if rejects.height else None
     return PromptPreview(
         name, formats, valid.height + rejects.height, valid.height, rejects.height, first
@@ -172,16 +250,21 @@ def _parquet_bytes(df: pl.DataFrame) -> bytes:
 
 
 def _load(
-    path: Path, name: str, facts: FileFacts, max_prompt_bytes: int, n_rows: int | None
+    path: Path,
+    name: str,
+    facts: FileFacts,
+    max_prompt_bytes: int,
+    n_rows: int | None,
+    columns: Columns,
 ) -> tuple[dict[str, int], pl.DataFrame, pl.DataFrame]:
     """Validate batch by batch: only one batch's working columns are held at a time; of the
     rows checked only the usable ones (id, line, format, messages) and the rejects are kept."""
     if facts.is_parquet:
-        batches = parquet.batches(path, name, facts.size, n_rows, _BATCH_BYTES)
+        batches = parquet.batches(path, name, facts.size, n_rows, _BATCH_BYTES, columns)
     elif path.suffix.lower() == ".parquet":
         raise UserError(f"{name}: not a Parquet file (no PAR1 magic bytes)")
     else:
-        batches = jsonl.batches(path, name, facts.utf8, n_rows, _BATCH_BYTES)
+        batches = jsonl.batches(path, name, facts.utf8, n_rows, _BATCH_BYTES, columns)
     valid_parts, reject_parts = [], []
     for fields in batches:
         valid, rejects = _checked_batch(fields, max_prompt_bytes)

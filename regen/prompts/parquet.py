@@ -9,12 +9,17 @@ from pathlib import Path
 import polars as pl
 
 from regen.errors import UserError
-from regen.prompts.formats import ANY_TURN, FORMAT_KEYS, split_conversations
+from regen.prompts.formats import ANY_TURN, AS_NAMED, FORMAT_KEYS, Columns, split_conversations
 from regen.schema import MESSAGE
 
 
 def batches(
-    path: Path, name: str, size: int, n_rows: int | None, batch_bytes: int
+    path: Path,
+    name: str,
+    size: int,
+    n_rows: int | None,
+    batch_bytes: int,
+    names: Columns = AS_NAMED,
 ) -> Iterator[pl.DataFrame]:
     """The rows in slices of some `batch_bytes` of the file each, numbered from 1."""
     try:
@@ -23,6 +28,15 @@ def batches(
         total = scan.select(pl.len()).collect().item()
     except pl.exceptions.PolarsError as err:
         raise UserError(f"{name}: not a readable Parquet file: {_first_line(err)}") from None
+    if renames := names.renames():
+        for source, target in renames.items():
+            if source not in schema:
+                raise UserError(
+                    f"{name}: has no column {source} (named by {names.key(target)}); "
+                    f"columns: {', '.join(schema.names())}"
+                )
+        scan = scan.drop(names.set_aside() & set(schema.names())).rename(renames)
+        schema = scan.collect_schema()
     columns = [_parquet_id(schema, name)]
     messages, conversations = schema.get("messages"), schema.get("conversations")
     if messages is not None:

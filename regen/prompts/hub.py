@@ -1,0 +1,258 @@
+"""A prompt set on the Hugging Face Hub: `hf://datasets/ORG/NAME[@REVISION][/PATH-OR-GLOB]`.
+
+The revision is resolved to its commit first, so every file of one run comes from one commit
+and run.json can say which (`HubSelection.record`); a rerun pinned to `@<commit>` reads the
+same bytes. Without a path, the split (`input.split`, default `train`, or the only split
+present) picks the files by the Hub's naming conventions: `data/<split>-00000-of-00002.parquet`,
+a `<split>/` directory, a `<split>.jsonl` or `<split>_part1.jsonl` file; `input.subset` first
+narrows to a config's directory. A repo whose files name no split at all is one split.
+
+Listing needs the Hub (one API call, nothing downloaded); with `HF_HUB_OFFLINE=1` the listing
+is the cache's snapshot of the commit the revision last resolved to. Files arrive through
+huggingface_hub's `snapshot_download` into its cache (its progress bars, retries, resume).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from regen.errors import ConfigError, UserError
+from regen.hub import cache_dir, hub_errors, offline
+
+PREFIX = "hf://datasets/"
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_GLOB = re.compile(r"[*?\[]")
+# `data/train_sft-00000-of-00003-6f2c....parquet`: what the Hub's converter and
+# `push_to_hub` write; the split is everything before the shard number.
+_SHARDED = re.compile(r"(?P<split>.+?)-\d{5}-of-\d{5}")
+# The split words the Hub's dataset viewer recognises in file and directory names.
+_SPLIT_WORDS = {
+    "train": "train",
+    "training": "train",
+    "validation": "validation",
+    "valid": "validation",
+    "val": "validation",
+    "dev": "validation",
+    "test": "test",
+    "testing": "test",
+    "eval": "test",
+    "evaluation": "test",
+}
+_WORD = re.compile(r"([A-Za-z]+)(?:[-._ 0-9]|$)")
+
+
+def is_hub(spec: str) -> bool:
+    return spec.startswith("hf://")
+
+
+@dataclass(frozen=True)
+class HubUri:
+    repo_id: str
+    revision: str | None
+    path: str
+
+    @classmethod
+    def parse(cls, uri: str) -> HubUri:
+        """`hf://datasets/ORG/NAME[@REVISION][/PATH]`; a revision with `/` (refs/pr/1) is
+        written URL-encoded (`refs%2Fpr%2F1`), as the Hub's own hf:// paths write it."""
+        if not uri.startswith(PREFIX):
+            raise ConfigError(
+                f"{uri}: prompts on the Hub are hf://datasets/ORG/NAME[@REVISION][/PATH]"
+            )
+        parts = uri[len(PREFIX) :].split("/", 2)
+        if len(parts) < 2 or not parts[0] or not parts[1].partition("@")[0]:
+            raise ConfigError(f"{uri}: expected hf://datasets/ORG/NAME[@REVISION][/PATH]")
+        name, _, revision = parts[1].partition("@")
+        path = parts[2] if len(parts) > 2 else ""
+        return cls(f"{parts[0]}/{name}", unquote(revision) or None, path)
+
+    @property
+    def repo(self) -> str:
+        """How messages name the repo: as the user wrote it, revision included."""
+        at = f"@{self.revision}" if self.revision else ""
+        return f"{PREFIX}{self.repo_id}{at}"
+
+
+@dataclass(frozen=True)
+class HubFile:
+    path: str
+    size: int | None
+
+
+@dataclass(frozen=True)
+class HubSelection:
+    """The files of one commit a `hf://` spec names, and how they were chosen."""
+
+    uri: HubUri
+    commit: str
+    files: list[HubFile]
+    chosen_by: str
+
+    def name(self, path: str) -> str:
+        """How a file is named in messages and reject reasons."""
+        return f"{PREFIX}{self.uri.repo_id}/{path}"
+
+    @property
+    def pinned(self) -> str:
+        """The spec at its commit: the same rows again, whatever the branch does since."""
+        tail = f"/{self.uri.path}" if self.uri.path else ""
+        return f"{PREFIX}{self.uri.repo_id}@{self.commit}{tail}"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size or 0 for f in self.files)
+
+    def record(self) -> dict[str, Any]:
+        """What run.json keeps of the source: enough to read the same files again."""
+        return {
+            "repo": self.uri.repo_id,
+            "revision": self.uri.revision or "main",
+            "commit": self.commit,
+            "selected_by": self.chosen_by,
+            "files": [f.path for f in self.files],
+        }
+
+
+def resolve(
+    spec: str, *, split: str | None = None, subset: str | None = None, token: str | None = None
+) -> HubSelection:
+    """The commit `spec`'s revision is at and the prompt files it names there; nothing is
+    downloaded. Raises UserError naming the repo and what to do."""
+    uri = HubUri.parse(spec)
+    with hub_errors(uri.repo, uri.revision, token):
+        commit, listing = _cached_listing(uri) if offline() else _hub_listing(uri, token)
+    files, chosen_by = _select(uri, listing, split, subset)
+    return HubSelection(uri, commit, files, chosen_by)
+
+
+def download(selection: HubSelection, token: str | None = None) -> list[Path]:
+    """The selected files, local paths in huggingface_hub's cache, in the selection's order."""
+    from huggingface_hub import snapshot_download
+
+    uri = selection.uri
+    with hub_errors(uri.repo, uri.revision, token):
+        folder = snapshot_download(
+            uri.repo_id,
+            repo_type="dataset",
+            revision=selection.commit,
+            # fnmatch globs: escaped, so a `[` in a file name is itself.
+            allow_patterns=[glob.escape(f.path) for f in selection.files],
+            token=token,
+        )
+    return [Path(folder) / f.path for f in selection.files]
+
+
+def _hub_listing(uri: HubUri, token: str | None) -> tuple[str, list[HubFile]]:
+    from huggingface_hub import HfApi
+
+    info = HfApi(token=token).dataset_info(uri.repo_id, revision=uri.revision, files_metadata=True)
+    assert info.sha is not None  # the Hub always answers with the commit
+    return info.sha, [HubFile(s.rfilename, s.size) for s in info.siblings or []]
+
+
+def _cached_listing(uri: HubUri) -> tuple[str, list[HubFile]]:
+    """Offline: the commit the revision last resolved to in the cache, and that snapshot's
+    files (those some earlier download brought)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    storage = Path(cache_dir()) / f"datasets--{uri.repo_id.replace('/', '--')}"
+    revision = uri.revision or "main"
+    commit: str | None = revision if _COMMIT.fullmatch(revision) else None
+    ref = storage / "refs" / revision
+    if commit is None and ref.is_file():
+        commit = ref.read_text().strip()
+    snapshot = storage / "snapshots" / (commit or "")
+    if commit is None or not snapshot.is_dir():
+        raise LocalEntryNotFoundError(f"{uri.repo}: not in the cache")
+    files = [
+        HubFile(p.relative_to(snapshot).as_posix(), p.stat().st_size)
+        for p in sorted(snapshot.rglob("*"))
+        if p.is_file()
+    ]
+    return commit, files
+
+
+def _select(
+    uri: HubUri, listing: list[HubFile], split: str | None, subset: str | None
+) -> tuple[list[HubFile], str]:
+    data = sorted((f for f in listing if f.path.endswith(DATA_SUFFIXES)), key=lambda f: f.path)
+    if uri.path:
+        found = _by_path(data, uri.path)
+        if not found:
+            raise UserError(f"{uri.repo}: no prompt file matches {uri.path} ({_some(data)})")
+        return found, f"path {uri.path}"
+    if subset:
+        data = [f for f in data if f.path.startswith(f"{subset.strip('/')}/")]
+        if not data:
+            raise UserError(
+                f"{uri.repo}: no prompt files under subset directory {subset}/: check input.subset"
+            )
+    named = f" of subset {subset}" if subset else ""
+    present = sorted({s for f in data if (s := _split_of(f.path)) is not None})
+    if split is None:
+        if any(_in_split(f.path, "train") for f in data):
+            split = "train"
+        elif len(present) == 1:
+            split = present[0]
+        elif not present and data:  # no file names a split: the repo is one split
+            return data, f"all {len(data)} files{named} (no split in their names)"
+        else:
+            raise UserError(
+                f"{uri.repo}: no files of split train{named} (splits present: "
+                f"{', '.join(present) or 'none'}): set input.split"
+            )
+    found = [f for f in data if _in_split(f.path, split)]
+    if not found:
+        raise UserError(
+            f"{uri.repo}: no prompt file matches split {split}{named} (splits present: "
+            f"{', '.join(present) or 'none'}): set input.split, or name the files after the repo"
+        )
+    return found, f"split {split}{named}"
+
+
+def _by_path(data: list[HubFile], path: str) -> list[HubFile]:
+    if _GLOB.search(path):
+        return [f for f in data if fnmatch.fnmatchcase(f.path, path)]
+    exact = [f for f in data if f.path == path]
+    return exact or [f for f in data if f.path.startswith(path.rstrip("/") + "/")]
+
+
+def _split_of(path: str) -> str | None:
+    """The split a file's name or directory puts it in, None when it names none."""
+    *dirs, filename = path.split("/")
+    if sharded := _SHARDED.match(filename):
+        return sharded["split"]
+    for part in dirs:
+        if part.lower() in _SPLIT_WORDS:
+            return part
+    word = _WORD.match(filename)
+    return word[1] if word and word[1].lower() in _SPLIT_WORDS else None
+
+
+def _in_split(path: str, split: str) -> bool:
+    """Whether `path` belongs to `split`: a sharded file by its exact split name, any other by a
+    directory of that name or a file name that starts with it (`train.jsonl`, `train_1.json`)."""
+    *dirs, filename = path.split("/")
+    if sharded := _SHARDED.match(filename):
+        return sharded["split"] == split
+    if split in dirs:
+        return True
+    stem = filename.rsplit(".", 1)[0]
+    if stem == split or re.match(rf"{re.escape(split)}[-._ 0-9]", stem):
+        return True
+    found = _split_of(path)
+    return found is not None and _SPLIT_WORDS.get(found.lower()) == split
+
+
+def _some(data: list[HubFile]) -> str:
+    if not data:
+        return "the repo has no .jsonl, .json or .parquet files"
+    shown = ", ".join(f.path for f in data[:3])
+    return f"files: {shown}" + (f" and {len(data) - 3} more" if len(data) > 3 else "")
