@@ -36,6 +36,10 @@ def cache_dir() -> str:
     return constants.HF_HUB_CACHE
 
 
+def gated(what: str) -> UserError:
+    return UserError(f"{what}: gated: accept its conditions on the Hub page, then {_TOKEN_HINT}")
+
+
 @contextmanager
 def hub_errors(what: str, revision: str | None, token: str | None) -> Iterator[None]:
     """Turn huggingface_hub's exceptions into one-line `UserError`s about `what` (the repo as
@@ -59,9 +63,7 @@ def hub_errors(what: str, revision: str | None, token: str | None) -> Iterator[N
             "name an existing branch, tag or commit after @"
         ) from None
     except GatedRepoError:
-        raise UserError(
-            f"{what}: gated: accept its conditions on the Hub page, then {_TOKEN_HINT}"
-        ) from None
+        raise gated(what) from None
     except RepositoryNotFoundError:
         if has_token(token):
             raise UserError(

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from regen.errors import ConfigError, UserError
-from regen.hub import cache_dir, hub_errors, offline
+from regen.hub import cache_dir, gated, has_token, hub_errors, offline
 
 PREFIX = "hf://datasets/"
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -146,7 +146,29 @@ def download(selection: HubSelection, token: str | None = None) -> list[Path]:
             allow_patterns=[glob.escape(f.path) for f in selection.files],
             token=token,
         )
+    _remember_revision(selection)
     return [Path(folder) / f.path for f in selection.files]
+
+
+def _storage(uri: HubUri) -> Path:
+    """The repo's folder in huggingface_hub's cache (its documented layout)."""
+    return Path(cache_dir()) / f"datasets--{uri.repo_id.replace('/', '--')}"
+
+
+def _remember_revision(selection: HubSelection) -> None:
+    """Write the cache's `refs/<revision>`: the download asked for the commit, so that every
+    file is of the commit listed, and huggingface_hub records a branch's commit only when
+    asked for the branch; an offline run finds `main` (or a tag) through this file."""
+    revision = selection.uri.revision or "main"
+    if _COMMIT.fullmatch(revision) or offline():
+        return
+    ref = _storage(selection.uri) / "refs" / revision
+    if ref.is_file() and ref.read_text() == selection.commit:
+        return
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    temp = ref.with_name(f".{ref.name}.tmp")
+    temp.write_text(selection.commit)
+    temp.replace(ref)  # atomic: a concurrent reader never sees a half-written ref
 
 
 def _hub_listing(uri: HubUri, token: str | None) -> tuple[str, list[HubFile]]:
@@ -154,6 +176,8 @@ def _hub_listing(uri: HubUri, token: str | None) -> tuple[str, list[HubFile]]:
 
     info = HfApi(token=token).dataset_info(uri.repo_id, revision=uri.revision, files_metadata=True)
     assert info.sha is not None  # the Hub always answers with the commit
+    if info.gated and not has_token(token):  # its listing is public, its files are not
+        raise gated(uri.repo)
     return info.sha, [HubFile(s.rfilename, s.size) for s in info.siblings or []]
 
 
@@ -162,7 +186,7 @@ def _cached_listing(uri: HubUri) -> tuple[str, list[HubFile]]:
     files (those some earlier download brought)."""
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    storage = Path(cache_dir()) / f"datasets--{uri.repo_id.replace('/', '--')}"
+    storage = _storage(uri)
     revision = uri.revision or "main"
     commit: str | None = revision if _COMMIT.fullmatch(revision) else None
     ref = storage / "refs" / revision
