@@ -74,11 +74,10 @@ def hub_errors(what: str, revision: str | None, token: str | None) -> Iterator[N
             f"{what}: repository not found, or private: check ORG/NAME, or {_TOKEN_HINT}"
         ) from None
     except HfHubHTTPError as err:
-        status = err.response.status_code if err.response is not None else None
-        if status in (401, 403):
-            raise UserError(f"{what}: access denied (HTTP {status}): {_TOKEN_HINT}") from None
-        raise UserError(f"{what}: the Hub answered HTTP {status}; try again later") from None
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled, httpx2.TransportError):
+        raise _http_error(what, err) from None
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, httpx2.TransportError) as err:
+        if isinstance(err.__cause__, HfHubHTTPError):  # reached, but a file was refused
+            raise _http_error(what, err.__cause__) from None
         where = f"the cache {cache_dir()} has no copy of it at {revision or 'main'}"
         if offline():
             raise UserError(
@@ -90,3 +89,15 @@ def hub_errors(what: str, revision: str | None, token: str | None) -> Iterator[N
             f"{what}: cannot reach the Hub at {constants.ENDPOINT} and {where}: check the "
             "network (HF_ENDPOINT, proxy), or fill the cache elsewhere and set HF_HUB_OFFLINE=1"
         ) from None
+
+
+def _http_error(what: str, err: Exception) -> UserError:
+    """An HTTP answer huggingface_hub has no exception of its own for."""
+    response = getattr(err, "response", None)
+    status = response.status_code if response is not None else None
+    url = str(response.url) if response is not None else "?"
+    if status in (401, 403):
+        return UserError(f"{what}: access denied (HTTP {status}): {_TOKEN_HINT}")
+    if status == 404:
+        return UserError(f"{what}: not found on the Hub (HTTP 404 for {url}): check the name")
+    return UserError(f"{what}: the Hub answered HTTP {status} for {url}; try again later")

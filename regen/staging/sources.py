@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from boto3.s3.transfer import TransferConfig
 
 from regen.errors import UserError
+from regen.hub import hub_errors
 from regen.s3 import S3Storage, parse_s3_url
 from regen.staging.layout import HUB_DOWNLOAD, SourceFile, hidden, part_path
 
@@ -132,9 +133,10 @@ class HubSource:
     def list_files(self) -> list[SourceFile]:
         from huggingface_hub import HfApi
 
-        info = HfApi(token=self.token).model_info(
-            self.repo_id, revision=self.revision, files_metadata=True
-        )
+        with hub_errors(f"hf://{self.repo_id}", self.revision, self.token):
+            info = HfApi(token=self.token).model_info(
+                self.repo_id, revision=self.revision, files_metadata=True
+            )
         self._commit = info.sha
         return [
             SourceFile(
@@ -160,15 +162,16 @@ class HubSource:
         # kept when the download fails: huggingface_hub's own metadata in it lets the next
         # staging skip the files that arrived, as a file-by-file copy would.
         scratch = target / HUB_DOWNLOAD
-        snapshot_download(
-            self.repo_id,
-            revision=self._commit or self.revision,
-            token=self.token,
-            local_dir=scratch,
-            # Only the files still to copy; escaped, as the patterns are fnmatch globs.
-            allow_patterns=[glob.escape(f.name) for f in files],
-            max_workers=max(1, workers),
-        )
+        with hub_errors(f"hf://{self.repo_id}", self.revision, self.token):
+            snapshot_download(
+                self.repo_id,
+                revision=self._commit or self.revision,
+                token=self.token,
+                local_dir=scratch,
+                # Only the files still to copy; escaped, as the patterns are fnmatch globs.
+                allow_patterns=[glob.escape(f.name) for f in files],
+                max_workers=max(1, workers),
+            )
         for file in files:
             place(file, scratch / file.name)
             progress(file.size)
