@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -383,3 +386,35 @@ def test_a_malformed_uri_is_a_config_error(
         "prompts: hf://datasets/HuggingFaceH4: expected hf://datasets/ORG/NAME[@REVISION][/PATH]"
         in out
     )
+
+
+def test_a_cache_filled_by_hf_download_serves_an_offline_run(
+    hub: LoopbackHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's air-gapped recipe: `hf download` on a connected machine, then offline."""
+    sha = ultrachat_repo(hub)
+    env = {**os.environ, **hub.env(str(tmp_path / "hf"))}
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("hf")),
+            "download",
+            "HuggingFaceH4/ultrachat",
+            "--repo-type",
+            "dataset",
+            "--include",
+            "data/train_sft-*",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    hub.stop()
+    _offline(monkeypatch)
+    found = load_prompts(
+        "hf://datasets/HuggingFaceH4/ultrachat",
+        options=ReadOptions(columns=ULTRACHAT, split="train_sft"),
+    )
+    assert found.num_valid == 50 and found.source is not None and found.source["commit"] == sha
