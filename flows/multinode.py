@@ -56,10 +56,13 @@ def regenerate_multinode(
     the run Failed with the verdict as its message; the data is kept.
     """
     logger = get_run_logger()
-    shared = resolve_config(config, model_block=model_block, storage_block=storage_block).config
+    resolved = resolve_config(config, model_block=model_block, storage_block=storage_block)
+    shared = resolved.config
     label_flow_run(run_name(shared, "multinode"), run_tags(shared, *(n.name for n in nodes)))
     node_configs = check_nodes(config, nodes)
-    run = OpenedRun(shared)  # the parent's storage; each child opens its own
+    # The parent's storage (each child opens its own), and the block's token for Hub prompts.
+    hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
+    run = OpenedRun(shared, hf_token=hf_token)
     plan = plan_run(run)
     weights = node_weights(nodes, node_configs)
     ranges = split_ranges(plan.pending, weights)
