@@ -13,10 +13,11 @@ import json
 import re
 from pathlib import Path
 
+import polars as pl
 import pytest
 import yaml
 
-from regen.dataset import RUN_KEY, read_committed
+from regen.dataset import REJECTS_KEY, RUN_KEY, read_committed
 from regen.storage import LocalStorage
 from support.hub import loopback_hub
 from tests.support.cli import run_regen
@@ -59,13 +60,11 @@ def test_rehearse_from_the_hub_follows_main_and_runs_offline(
         "engine": {"bench": {"concurrency": 1, "max_tokens": 16, "budget_s": 5.0}},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    args = ["rehearse", "--config", "config.yaml", "--prompts", PROMPTS, "--servers", "2"]
+    base = ["rehearse", "--config", "config.yaml", "--servers", "2"]
+    args = [*base, "--prompts", PROMPTS]
     with loopback_hub() as hub:
-        files = {
-            **_shards([range(0, 30), range(30, 50)]),
-            "data/test_sft-00000-of-00001.parquet": parquet(ultrachat_rows(900, 920)),
-        }
-        first = hub.commit(REPO, files)
+        test_split = {"data/test_sft-00000-of-00001.parquet": parquet(ultrachat_rows(900, 920))}
+        first = hub.commit(REPO, {**_shards([range(0, 30), range(30, 50)]), **test_split})
         env = {**regen_env, **hub.env(str(tmp_path / "hf"))}
         proc = run_regen([*args, "--out", "out"], env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -83,22 +82,27 @@ def test_rehearse_from_the_hub_follows_main_and_runs_offline(
         )
 
         # A new revision on main: the split re-sharded with ten more rows, as push_to_hub does.
-        second = hub.commit(REPO, _shards([range(0, 20), range(20, 40), range(40, 60)]))
+        shards = _shards([range(0, 20), range(20, 40), range(40, 60)])
+        second = hub.commit(REPO, {**shards, **test_split}, replace=True)
         proc = run_regen([*args, "--out", "out"], env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert _served(tmp_path / "work") - launch == 10, "only the new rows reach the servers"
         assert sorted(_ids(out)) == [f"uc-{i:05d}" for i in range(60)]
+        assert pl.read_parquet(out / REJECTS_KEY).height == 0
         run = json.loads((out / RUN_KEY).read_text())
         read = [(r["new"], r["source"]["commit"]) for r in run["revisions"]]
         assert read == [(50, first), (10, second)], "each revision states the commit it read"
         asked = len(hub.requests)
 
-    # Air-gapped: no Hub at all, the cache the runs above filled, a fresh dataset.
+    # Air-gapped: no Hub at all, the cache the runs above filled, a fresh dataset; the files
+    # named by a glob this time.
     offline = {**env, "HF_HUB_OFFLINE": "1"}
-    proc = run_regen([*args, "--out", "offline"], offline, cwd=tmp_path)
+    glob = f"{PROMPTS}/data/train_sft-*.parquet"
+    proc = run_regen([*base, "--prompts", glob, "--out", "offline"], offline, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(_ids(tmp_path / "offline")) == [f"uc-{i:05d}" for i in range(60)]
     run = json.loads((tmp_path / "offline" / RUN_KEY).read_text())
+    assert run["input_path"] == f"{PROMPTS}@{second}/data/train_sft-*.parquet"
     assert run["source"]["commit"] == second
     assert len(hub.requests) == asked
 
