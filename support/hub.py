@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -118,9 +119,9 @@ class LoopbackHub:
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+            server, self._server = self._server, None
+            server.shutdown()
+            server.server_close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -138,6 +139,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self, head: bool) -> None:
         url = urlsplit(self.path)
+        if self.hub._server is None:
+            # Stopped: a kept-alive connection outlives the listening socket, and a Hub that
+            # is gone must not answer on it either.
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         with self.hub._lock:
             self.hub.requests.append((self.command, url.path))
         parts = [unquote(p) for p in url.path.strip("/").split("/")]

@@ -247,6 +247,9 @@ def test_offline_reads_the_filled_cache_and_makes_no_request(
     online = load_prompts("hf://datasets/HuggingFaceH4/ultrachat", options=options)
     hub.stop()
     asked = len(hub.requests)
+    # The Hub gone without HF_HUB_OFFLINE: huggingface_hub's fallback, the cached commit.
+    unreachable = load_prompts("hf://datasets/HuggingFaceH4/ultrachat", options=options)
+    assert unreachable.valid.equals(online.valid) and unreachable.source == online.source
     _offline(monkeypatch)
     offline = load_prompts("hf://datasets/HuggingFaceH4/ultrachat", options=options)
     assert offline.valid.equals(online.valid) and offline.source == online.source

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from urllib.parse import unquote
 
 from regen.errors import ConfigError, UserError
 from regen.hub import cache_dir, gated, has_token, hub_errors, offline
+
+log = logging.getLogger(__name__)
 
 PREFIX = "hf://datasets/"
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -127,7 +130,7 @@ def resolve(
     downloaded. Raises UserError naming the repo and what to do."""
     uri = HubUri.parse(spec)
     with hub_errors(uri.repo, uri.revision, token):
-        commit, listing = _cached_listing(uri) if offline() else _hub_listing(uri, token)
+        commit, listing = _cached_listing(uri) if offline() else _listing(uri, token)
     files, chosen_by = _select(uri, listing, split, subset)
     return HubSelection(uri, commit, files, chosen_by)
 
@@ -169,6 +172,27 @@ def _remember_revision(selection: HubSelection) -> None:
     temp = ref.with_name(f".{ref.name}.tmp")
     temp.write_text(selection.commit)
     temp.replace(ref)  # atomic: a concurrent reader never sees a half-written ref
+
+
+def _listing(uri: HubUri, token: str | None) -> tuple[str, list[HubFile]]:
+    """The Hub's listing, or the cache's when the Hub cannot be reached (as huggingface_hub's
+    own downloads fall back): a network blip does not stop a run whose files are cached."""
+    import httpx2
+
+    try:
+        return _hub_listing(uri, token)
+    except httpx2.TransportError as err:
+        try:
+            commit, files = _cached_listing(uri)
+        except FileNotFoundError:
+            raise err from None
+        log.warning(
+            "%s: the Hub cannot be reached (%s): reading the cached commit %s",
+            uri.repo,
+            type(err).__name__,
+            commit,
+        )
+        return commit, files
 
 
 def _hub_listing(uri: HubUri, token: str | None) -> tuple[str, list[HubFile]]:
