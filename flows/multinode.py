@@ -76,12 +76,17 @@ def regenerate_multinode(
             "storage_block": storage_block,
             "api_key_secret": api_key_secret,
         }
+        # Every node reads a Hub prompt set at the commit planned here: `main` may move on
+        # while they start, and a node reading another commit would revise the plan under
+        # the others.
+        hub = config.prompts.startswith("hf://")
+        read = config.model_copy(update={"prompts": plan.input_path}) if hub else config
         children = {}
         for node in nodes:
             assignment = NodeAssignment(
                 name=node.name, ranges=ranges, weights=weights, lease_s=lease_s
             )
-            children[node.name] = str(start_node(node, config, assignment, blocks, parent).id)
+            children[node.name] = str(start_node(node, read, assignment, blocks, parent).id)
         report = watch_nodes(run, plan, children, lease_s, poll_s)
         if not report.complete:
             raise UserError(

@@ -421,3 +421,30 @@ def test_a_cache_filled_by_hf_download_serves_an_offline_run(
         options=ReadOptions(columns=ULTRACHAT, split="train_sft"),
     )
     assert found.num_valid == 50 and found.source is not None and found.source["commit"] == sha
+
+
+def test_the_plan_carries_the_commit_every_node_reads(hub: LoopbackHub, tmp_path: Path) -> None:
+    """A multi-node parent hands its nodes `plan.input_path`: the commit it planned from, so
+    a node starting after `main` moved on reads the same rows."""
+    from regen.generation.plan import plan_run
+    from regen.rehearsal import rehearsal_config
+    from regen.storage import LocalStorage
+
+    first = ultrachat_repo(hub)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"input": {"split": "train_sft", "id_column": "prompt_id"}}))
+    config = rehearsal_config(
+        config_path=path, prompts="hf://datasets/HuggingFaceH4/ultrachat", out=str(tmp_path / "o")
+    )
+    config = config.model_copy(update={"work_dir": tmp_path / "work"})
+    plan = plan_run(config, LocalStorage(tmp_path / "o"))
+    assert plan.input_path == f"hf://datasets/HuggingFaceH4/ultrachat@{first}"
+    assert plan.num_rows == 50
+    hub.commit(
+        "HuggingFaceH4/ultrachat",
+        {"data/train_sft-00009-of-00009-x.parquet": parquet(ultrachat_rows(50, 55))},
+    )
+    node = plan_run(
+        config.model_copy(update={"prompts": plan.input_path}), LocalStorage(tmp_path / "o")
+    )
+    assert (node.num_rows, node.changes, node.input_path) == (50, "", plan.input_path)

@@ -57,6 +57,8 @@ class RunPlan(BaseModel):
     """Ids the dataset holds that the input no longer has."""
     removed_policy: str = "keep"
     """`input.removed`: whether the dataset view keeps their rows."""
+    input_path: str = ""
+    """The prompts as read: a Hub dataset's spec pinned to the commit this plan was made from."""
 
     def headline(self) -> str:
         revised = f"input revision {self.revision}: {self.changes}; " if self.changes else ""
@@ -115,6 +117,7 @@ def plan_run(config: RegenConfig, storage: Storage, hf_token: str | None = None)
         changes=changes,
         removed=plan.removed_ids.len(),
         removed_policy=run.removed,
+        input_path=prompts.path,
     )
 
 
