@@ -68,7 +68,13 @@ def _read_jsonl(dest: Path) -> Any:
 
 def _read(dest: Path, fmt: str) -> Any:
     if fmt == "hf-dataset":
-        return datasets.load_from_disk(str(dest))
+        # The export is in torch format (speculators' loader needs tensors), which
+        # load_from_disk sets up only where torch is installed; regen's venv has none, so the
+        # Arrow files state.json lists are opened as load_from_disk opens them, unformatted.
+        state = json.loads((dest / "state.json").read_text())
+        assert state["_format_type"] == "torch"
+        files = [str(dest / f["filename"]) for f in state["_data_files"]]
+        return datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in files])
     return _read_jsonl(dest)
 
 
@@ -141,8 +147,7 @@ def test_each_format_reads_back_with_its_consumers_reader(
         assert list(loss_mask) == sorted(loss_mask), "prompt 0s, then response 1s"
     if fmt == "hf-dataset":
         assert list(data["seq_len"]) == [len(x) for x in data["input_ids"]]
-        # speculators calls `.tolist()` on input_ids: arrays, not lists.
-        assert data[0]["input_ids"].tolist() == list(data[0]["input_ids"])
+        # speculators' training loader needs tensors: tests/trainers/ judges that there.
     assert summary.counts["dropped"] == {"no_token_ids": _turns(rows)["response"].null_count()}
 
 
@@ -337,16 +342,39 @@ def test_export_section_is_checked_and_names_one_directory_per_format() -> None:
         parse_config({**base, "export": {**section, "min_loss_tokens": -1}})
 
 
-def test_another_format_in_the_same_place_replaces_the_old_files(
-    source: Storage, tmp_path: Path
+def test_another_format_in_the_same_place_is_refused(
+    source: Storage, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A second format would mix its files into the first one's trainer input: refused (a
+    usage error, exit 2) and nothing is touched; other options of one format rewrite it."""
     dest = tmp_path / "out"
     export_dataset(source, LocalStorage(dest), ExportOptions(format="hf-dataset"))
     (dest / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in dest.iterdir())
+    assert main(["export", str(source.uri), "-f", "specforge", "-o", str(dest)]) == 2
+    err = capsys.readouterr().err
+    assert f"{dest}: holds a hf-dataset export; write specforge to its own directory" in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in dest.iterdir()) == before
+    again = export_dataset(
+        source, LocalStorage(dest), ExportOptions(format="hf-dataset", exclude_truncated=True)
+    )
+    assert again.written == [0, 1, 2] and "notes.txt" in {p.name for p in dest.iterdir()}
+
+
+def test_an_export_by_older_regen_is_taken_over(source: Storage, tmp_path: Path) -> None:
+    """VERSION 1 kept export.json among the files (speculators' --data DIR and
+    load_dataset(DIR) read it as data): a rerun rewrites the export and deletes it."""
+    dest = tmp_path / "out"
     summary = export_dataset(source, LocalStorage(dest), ExportOptions(format="specforge"))
-    assert len(summary.deleted) == 3 + 2  # three shards, state.json, dataset_info.json
-    names = sorted(p.name for p in dest.iterdir())
-    assert names == [EXPORT_KEY, "notes.txt", *(f"shard-{k:06d}.jsonl" for k in range(3))]
+    old = {**summary.record, "version": 1}
+    (dest / EXPORT_KEY).rename(dest / "export.json")
+    (dest / "export.json").write_text(json.dumps(old))
+    again = export_dataset(source, LocalStorage(dest), ExportOptions(format="specforge"))
+    assert again.written == [0, 1, 2] and "export.json" in again.deleted
+    assert sorted(p.name for p in dest.iterdir()) == [
+        EXPORT_KEY, *(f"shard-{k:06d}.jsonl" for k in range(3))
+    ]  # fmt: skip
 
 
 def test_turns_without_ids_come_from_the_models_template_when_given(tmp_path: Path) -> None:
