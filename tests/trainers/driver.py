@@ -3,9 +3,10 @@
 
 One JSON request a line on stdin, one JSON answer a line on stdout, so the seconds importing
 torch and transformers cost are paid once per test session. Ops, each returning the rows the
-trainer would train on as plain lists (`id` where the trainer keeps it or its order is known):
+trainer would train on as plain lists (the trainers shuffle and drop `id`, so the tests match
+rows by their tokens):
 - specforge_conversations {path, model, template, last_turn}: `build_eagle3_dataset` over a
-  conversations JSONL (the offline/raw `train_data_path` path), its warnings counted;
+  conversations JSONL (the raw `train_data_path` path);
 - specforge_prompts {path, model, template}: `prepare_prompt_tasks`, the `prompts_path` path
   (pre-tokenized rows pass through, a raw file goes through build_eagle3_dataset);
 - speculators_prepare {data, model, seq_length}: `load_and_preprocess_dataset` (`--data`);
@@ -41,10 +42,7 @@ with contextlib.redirect_stdout(io.StringIO()):  # keep import chatter off the a
     from safetensors.torch import save_file
     from specforge.data.preprocessing import build_eagle3_dataset
     from specforge.data.prompt_builder import prepare_prompt_tasks
-    from speculators.data_generation.preprocessing import (
-        load_and_preprocess_dataset,
-        load_raw_dataset,
-    )
+    from speculators.data_generation.preprocessing import load_and_preprocess_dataset
     from speculators.train.data import ArrowDataset, CollateFn
     from speculators.train.vocab_mapping import save_token_frequency_distribution
     from transformers import AutoTokenizer
@@ -62,30 +60,35 @@ def _flat(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
+def _rows(dataset: Any) -> list[dict[str, list[int]]]:
+    return [
+        {"input_ids": _flat(r["input_ids"]), "loss_mask": _flat(r["loss_mask"])} for r in dataset
+    ]
+
+
 def specforge_conversations(path: str, model: str, template: str, last_turn: bool) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(model)
     raw = datasets.load_dataset("json", data_files=path, split="train")
-    # build_eagle3_dataset shuffles with seed 42 and drops `id`: the same shuffle of the raw
-    # rows names each output row.
-    ids = raw.shuffle(seed=42)["id"]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with contextlib.redirect_stdout(io.StringIO()):
-            out = build_eagle3_dataset(
-                raw, tokenizer, template, max_length=100_000, num_proc=1,
-                train_only_last_turn=last_turn,
-            )  # fmt: skip
-    system = sum("system prompt from the data" in str(w.message) for w in caught)
-    rows = [
-        {"id": i, "input_ids": _flat(r["input_ids"]), "loss_mask": _flat(r["loss_mask"])}
-        for i, r in zip(ids, out, strict=True)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")  # "we will use the system prompt from the data", per row
+        out = build_eagle3_dataset(
+            raw, tokenizer, template, max_length=100_000, num_proc=1,
+            train_only_last_turn=last_turn,
+        )  # fmt: skip
+    return _rows(out)
+
+
+def encode(model: str, text: str) -> list[int]:
+    """The model's tokenizer on `text`, no special tokens added (a template's own text)."""
+    return [
+        int(i) for i in AutoTokenizer.from_pretrained(model).encode(text, add_special_tokens=False)
     ]
-    return {"rows": rows, "data_system_prompts": system}
 
 
 def specforge_prompts(path: str, model: str, template: str) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(model)
-    with contextlib.redirect_stdout(io.StringIO()):
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
         tasks = prepare_prompt_tasks(
             path, tokenizer, chat_template=template, max_length=100_000,
             is_preformatted=False, train_only_last_turn=False, cache_dir=None,
@@ -101,16 +104,11 @@ def specforge_prompts(path: str, model: str, template: str) -> Any:
 
 
 def speculators_prepare(data: str, model: str, seq_length: int) -> Any:
-    raw, _ = load_raw_dataset(data)
-    ids = raw.shuffle(seed=0)["id"]  # load_and_preprocess_dataset shuffles with seed 0
     with contextlib.redirect_stdout(io.StringIO()):
         out, _ = load_and_preprocess_dataset(
             model, [data], seq_length=seq_length, build_dataset_num_proc=1
         )
-    return [
-        {"id": i, "input_ids": _flat(r["input_ids"]), "loss_mask": _flat(r["loss_mask"])}
-        for i, r in zip(ids, out, strict=True)
-    ]
+    return _rows(out)
 
 
 def speculators_train(path: str, hidden_size: int) -> Any:
@@ -139,13 +137,16 @@ def speculators_train(path: str, hidden_size: int) -> Any:
             for item in ok
         ],
         "unavailable": unavailable,
-        "collated": {k: list(v.shape) for k, v in batch.items()},
+        "collated": {k: list(v.shape) for k, v in batch.items() if hasattr(v, "shape")},
         "collated_loss_tokens": int(batch["loss_mask"].sum()),
     }
 
 
 def token_freq(path: str, regen: str | None) -> Any:
-    with tempfile.TemporaryDirectory(prefix="freq-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="freq-") as tmp,
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         save_token_frequency_distribution(datasets.load_from_disk(path), f"{tmp}/token_freq.pt")
         theirs = torch.load(f"{tmp}/token_freq.pt", weights_only=True)
     ours = torch.load(regen, weights_only=True) if regen else None
@@ -158,6 +159,7 @@ def token_freq(path: str, regen: str | None) -> Any:
 OPS: dict[str, Callable[..., Any]] = {
     "specforge_conversations": specforge_conversations,
     "specforge_prompts": specforge_prompts,
+    "encode": encode,
     "speculators_prepare": speculators_prepare,
     "speculators_train": speculators_train,
     "token_freq": token_freq,
