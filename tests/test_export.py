@@ -397,3 +397,89 @@ def test_turns_without_ids_come_from_the_models_template_when_given(tmp_path: Pa
     )
     # Another template (or none) is another export: a rerun with it writes every shard.
     assert export_dataset(src, LocalStorage(tmp_path / "b"), options).reused == []
+
+
+def test_a_failed_audit_is_exported_only_when_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = make_export_dataset(tmp_path / "ds", rows=ROWS, shard_size=SHARD)
+    src.write_bytes("report/audit.json", json.dumps({"verdict": "fail"}).encode())
+    args = ["export", src.uri, "-f", "specforge", "-o", str(tmp_path / "out")]
+    assert main(args) == 1  # the code of a failed audit
+    err = capsys.readouterr().err
+    assert "its last audit failed (report/audit.json); export it anyway with --allow-failed" in err
+    assert not (tmp_path / "out").exists()
+    assert main([*args, "--allow-failed"]) == 0
+    src.write_bytes("report/audit.json", json.dumps({"verdict": "pass"}).encode())
+    assert main(args) == 0
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "tokenized", "messages"])
+def test_export_directories_load_as_they_are(source: Storage, tmp_path: Path, fmt: str) -> None:
+    """load_dataset(DIR) reads every data file of a directory: the record is not one of them,
+    and one file (--single-file) holds exactly the shards' lines, in shard order."""
+    shards, single = tmp_path / "shards", tmp_path / "single"
+    export_dataset(source, LocalStorage(shards), ExportOptions(format=fmt))
+    summary = export_dataset(
+        source, LocalStorage(single), ExportOptions(format=fmt, single_file=True)
+    )
+    assert sorted(p.name for p in single.iterdir()) == [EXPORT_KEY, f"{fmt}.jsonl"]
+    assert summary.record["files"] == [f"{fmt}.jsonl"] and summary.written == [0, 1, 2]
+    joined = "".join(
+        (shards / f).read_text()
+        for f in sorted(json.loads((shards / EXPORT_KEY).read_text())["files"])
+    )
+    assert (single / f"{fmt}.jsonl").read_text() == joined
+    for dest in (shards, single):
+        data = datasets.load_dataset(str(dest), split="train", cache_dir=str(tmp_path / "c"))
+        assert data.num_rows == summary.counts["samples"] and "id" in data.column_names
+    before = (single / f"{fmt}.jsonl").stat().st_mtime_ns
+    again = export_dataset(
+        source, LocalStorage(single), ExportOptions(format=fmt, single_file=True)
+    )
+    assert again.written == [] and (single / f"{fmt}.jsonl").stat().st_mtime_ns == before
+
+
+def test_options_that_do_not_fit_the_format_are_usage_errors(
+    source: Storage, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["export", source.uri, "-o", str(tmp_path / "o")]
+    assert main([*base, "-f", "hf-dataset", "--single-file"]) == 2
+    assert main([*base, "-f", "specforge", "--token-freq"]) == 2
+    err = capsys.readouterr().err
+    assert "single_file: hf-dataset is an Arrow directory" in err
+    assert "token_freq: only the token formats" in err and "Traceback" not in err
+
+
+def test_token_freq_counts_the_trained_tokens(source: Storage, tmp_path: Path) -> None:
+    """token_freq.pt is torch's serialization of {token id: count} (tests/trainers loads it
+    with torch and compares it with speculators' own count); read back here with pickle."""
+    import io
+    import pickle
+
+    dest = tmp_path / "tok"
+    export_dataset(source, LocalStorage(dest), ExportOptions(format="tokenized", token_freq=True))
+    stream = io.BytesIO((dest / "token_freq.pt").read_bytes())
+    header = [pickle.load(stream) for _ in range(3)]
+    counts, storages = pickle.load(stream), pickle.load(stream)
+    assert header[1] == 1001 and storages == []
+    rows = _read_jsonl(dest)
+    expected: dict[int, int] = {}
+    for ids, mask in zip(rows["input_ids"], rows["loss_mask"], strict=True):
+        for i, m in zip(ids, mask, strict=True):
+            if m:
+                expected[i] = expected.get(i, 0) + 1
+    assert counts == expected
+
+
+@pytest.mark.parametrize(("turns", "default"), [("last", True), ("all", False)])
+def test_generated_only_defaults_to_the_datasets_turns(
+    tmp_path: Path, turns: str, default: bool
+) -> None:
+    src = make_export_dataset(tmp_path / "ds", rows=ROWS, shard_size=SHARD)
+    run = json.loads(src.read_bytes("run.json"))
+    src.write_bytes("run.json", json.dumps({**run, "regeneration": {"turns": turns}}).encode())
+    summary = export_dataset(src, LocalStorage(tmp_path / "o"), ExportOptions(format="messages"))
+    assert summary.record["generated_only"] is default
+    tokens = export_dataset(src, LocalStorage(tmp_path / "t"), ExportOptions(format="tokenized"))
+    assert tokens.record["generated_only"] is False  # regen's loss mask trains the answers only
