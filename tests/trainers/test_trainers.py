@@ -24,7 +24,8 @@ from regen.storage import LocalStorage, Storage
 from tests.trainers._trainers import TrainerError, Trainers
 from tests.trainers.conftest import HAND_WRITTEN, Rehearsal
 
-pytestmark = pytest.mark.timeout(300)
+# One xdist worker: the rehearsal and the driver (torch, transformers) are built once.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("trainers")]
 
 TEMPLATE = "qwen3-thinking"
 """SpecForge's template for a thinking Qwen3: the only one that keeps reasoning_content."""
