@@ -22,7 +22,7 @@ def export_dataset_flow(
     single_file: bool = False,
     token_freq: bool = False,
 ) -> dict[str, object]:
-    """Write `dataset`'s committed ok rows to `dest` as `format`; the counts of export.json.
+    """Write `dataset`'s committed ok rows to `dest` as `format`; the counts of its record.
 
     `tokenizer_path` (the model directory) lets token formats render turns without stored ids."""
     options = ExportOptions(

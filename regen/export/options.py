@@ -23,7 +23,8 @@ TOKEN_FORMATS: frozenset[str] = frozenset({"tokenized", "hf-dataset"})
 
 
 class ExportOptions(BaseModel):
-    """One export: part of export.json, so a rerun with other options rewrites every file."""
+    """One export: part of its record (.regen-export), so a rerun with other options rewrites
+    every file."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -42,7 +43,7 @@ class ExportOptions(BaseModel):
         default=None,
         description="Conversation formats: drop the assistant turns that came with the input "
         "(a `turns: last` dataset's earlier answers), so a trainer trains only the target "
-        "model's answers. None: on for `turns: last` datasets, off otherwise (export.json "
+        "model's answers. None: on for `turns: last` datasets, off otherwise (.regen-export "
         "records what was used). Token formats train the generated turns only anyway.",
     )
     single_file: bool = Field(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from regen.dataset import (
@@ -487,29 +488,33 @@ def _token_counts(
     dest: Storage, options: ExportOptions, shards: list[dict[str, Any]]
 ) -> Counter[int]:
     """How often each token id is trained (loss mask 1) across the export's files, read back
-    from them: the stored response ids as exported, after every filter."""
+    from them: the stored response ids as exported, after every filter. A file's lists are
+    flattened to one array each (a sample's ids and mask have one length) and counted with
+    bincount, which keeps this pass a few times cheaper than the export itself."""
     files = [e["file"] for e in shards if e.get("file")]
-    counts: Counter[int] = Counter()
+    total = np.zeros(0, dtype=np.int64)
     for key in files:
         data = dest.read_bytes(key)
         if options.format == "hf-dataset":
             import pyarrow as pa
 
-            frame = pl.from_arrow(pa.ipc.open_stream(data).read_all())
+            table = pa.ipc.open_stream(data).read_all()
+            ids = table.column("input_ids").combine_chunks().flatten().to_numpy()
+            mask = table.column("loss_mask").combine_chunks().flatten().to_numpy()
         else:
-            frame = pl.read_ndjson(io.BytesIO(data))
-        assert isinstance(frame, pl.DataFrame)
-        trained = (
-            frame.select("input_ids", "loss_mask")
-            .explode("input_ids", "loss_mask")
-            .filter(pl.col("loss_mask") == 1)
-            .group_by("input_ids")
-            .len()
-        )
-        counts.update(
-            dict(zip(trained["input_ids"].to_list(), trained["len"].to_list(), strict=True))
-        )
-    return counts
+            frame = pl.read_ndjson(io.BytesIO(data), schema=_TOKEN_SCHEMA)
+            ids = frame.get_column("input_ids").explode().to_numpy()
+            mask = frame.get_column("loss_mask").explode().to_numpy()
+        counts = np.bincount(ids[mask == 1])
+        if len(counts) > len(total):
+            counts[: len(total)] += total
+            total = counts
+        else:
+            total[: len(counts)] += counts
+    return Counter({int(i): int(total[i]) for i in np.flatnonzero(total)})
+
+
+_TOKEN_SCHEMA = {"input_ids": pl.List(pl.Int64), "loss_mask": pl.List(pl.Int8)}
 
 
 # torch's serialization before its zip format (torch.serialization._legacy_save), which
