@@ -241,17 +241,21 @@ def _etags(moto: MotoS3, bucket: str, prefix: str) -> dict[str, tuple[str, objec
     return {o["Key"]: (o["ETag"], o["LastModified"]) for o in listed.get("Contents", [])}
 
 
-@pytest.mark.parametrize("fmt", ["specforge", "hf-dataset"])
-def test_s3_dataset_to_s3_export(moto: MotoS3, tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize(
+    ("fmt", "flags"),
+    [("specforge", []), ("hf-dataset", []), ("tokenized", ["--single-file", "--token-freq"])],
+)
+def test_s3_dataset_to_s3_export(moto: MotoS3, tmp_path: Path, fmt: str, flags: list[str]) -> None:
     bucket = moto.create_bucket("regen-export")
     src = make_export_dataset(moto.storage(bucket, "ds"), rows=ROWS, shard_size=SHARD, turns=2)
     dest_prefix = f"exports/{fmt}"
-    code = main(
-        ["export", f"s3://{bucket}/ds", "--format", fmt, "--out", f"s3://{bucket}/{dest_prefix}"]
-    )
-    assert code == 0
+    args = ["export", f"s3://{bucket}/ds", "-f", fmt, "-o", f"s3://{bucket}/{dest_prefix}", *flags]
+    assert main(args) == 0
     tags = _etags(moto, bucket, dest_prefix)
     assert f"{dest_prefix}/{EXPORT_KEY}" in tags and not any(k.endswith(".tmp") for k in tags)
+    if flags:
+        names = {k.removeprefix(dest_prefix + "/") for k in tags}
+        assert names == {EXPORT_KEY, "tokenized.jsonl", "token_freq.pt"}
     local = tmp_path / fmt
     for key in tags:
         target = local / key.removeprefix(dest_prefix + "/")
@@ -260,19 +264,7 @@ def test_s3_dataset_to_s3_export(moto: MotoS3, tmp_path: Path, fmt: str) -> None
     data = _read(local, fmt)
     assert len(data) == json.loads((local / EXPORT_KEY).read_text())["counts"]["samples"] > 0
     assert len(set(data["id"])) == len(data)
-    assert (
-        main(
-            [
-                "export",
-                f"s3://{bucket}/ds",
-                "--format",
-                fmt,
-                "--out",
-                f"s3://{bucket}/{dest_prefix}",
-            ]
-        )
-        == 0
-    )
+    assert main(args) == 0
     assert _etags(moto, bucket, dest_prefix) == tags, "a rerun puts nothing"
     assert src.exists("run.json")
 
