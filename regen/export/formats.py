@@ -40,6 +40,8 @@ class ShardExport:
     dropped: Counter[str] = field(default_factory=Counter)
     no_system: int = 0
     """Conversations exported without a system message (a trainer's template may add one)."""
+    input_turns: int = 0
+    """Assistant turns that came with the input, left out by `generated_only`."""
 
 
 def shard_export(
@@ -99,8 +101,22 @@ def _conversations(
     lines = flagged.select(_jsonl_line(key, generated_only))
     first_role = pl.col("messages").list.first().struct.field("role")
     no_system = int(flagged.select((first_role != "system").fill_null(True).sum()).item() or 0)
+    input_turns = 0
+    if generated_only:
+        # What conversation() leaves out: the assistant messages of a row that ends unanswered.
+        role = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")
+        answered = role.list.last().fill_null(False)
+        left_out = pl.when(answered).then(0).otherwise(role.list.sum())
+        input_turns = int(flagged.select(left_out.sum()).item() or 0)
     return ShardExport(
-        lines, ok.height, errors, lines.height, lines.height, dropped, no_system=no_system
+        lines,
+        ok.height,
+        errors,
+        lines.height,
+        lines.height,
+        dropped,
+        no_system=no_system,
+        input_turns=input_turns,
     )
 
 

@@ -88,9 +88,10 @@ class ExportSummary:
                 "qwen3-thinking, qwen3-instruct) insert 'You are a helpful assistant.' there, "
                 "tokens the server never saw"
             )
-        if self.record.get("generated_only"):
+        if counts.get("input_turns_left_out"):
             lines.append(
-                "generated-only: the assistant turns that came with the input were left out"
+                f"generated-only: {counts['input_turns_left_out']} assistant turns that came "
+                "with the input were left out (--no-generated-only keeps them)"
             )
         return lines
 
@@ -365,6 +366,7 @@ def _entry(shard: int, key: str | None, size: int, part: ShardExport) -> dict[st
         "rows_exported": part.rows_exported,
         "samples": part.samples,
         "no_system_message": part.no_system,
+        "input_turns_left_out": part.input_turns,
         "dropped": dict(sorted(part.dropped.items())),
     }
 
@@ -477,6 +479,7 @@ def _record(
             **total,
             "samples": sum(e["samples"] for e in shards),
             "no_system_message": sum(e.get("no_system_message", 0) for e in shards),
+            "input_turns_left_out": sum(e.get("input_turns_left_out", 0) for e in shards),
             "dropped": dict(sorted(dropped.items())),
         },
         "files": [single_file] if single_file else [e["file"] for e in shards if e["file"]],

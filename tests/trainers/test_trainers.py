@@ -240,6 +240,7 @@ def test_generated_only_trains_only_the_models_answers(
 
     summary = _export(rehearsal.last_turn, tmp_path / "gen", "specforge", single_file=True)
     assert summary.record["generated_only"] is True
+    assert summary.counts["input_turns_left_out"] == len(expected)  # one hand-written each
     assert HAND_WRITTEN not in (tmp_path / "gen" / "specforge.jsonl").read_text()
     assert trained(tmp_path / "gen") == expected
     print(f"trainers: specforge generated-only: trained tokens equal on {len(expected)} rows")
