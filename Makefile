@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install contract-env rehearse test test-fast lint typecheck bench bench-smoke clean
+.PHONY: install contract-env trainers-env rehearse test test-fast lint typecheck bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -19,6 +19,10 @@ install: $(STAMP)
 # The real sglang 0.5.23 (CPU torch) in its own venv, for tests/contract/; cached by its pins.
 contract-env:
 	@tests/contract/build_env.sh
+
+# SpecForge 0.2.0 and speculators 0.9.0 (CPU torch) in their own venv, for tests/trainers/.
+trainers-env:
+	@tests/trainers/build_env.sh
 
 rehearse: install
 	@$(VENV)/bin/regen rehearse $(ARGS)
@@ -47,4 +51,4 @@ bench-smoke: install
 	@for b in benches/[!_]*.py; do echo "== $$b --smoke"; $(VENV)/bin/python $$b --smoke || exit 1; done
 
 clean:
-	rm -rf $(VENV) .venv-sglang out .regen .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .venv-sglang .venv-trainers out .regen .pytest_cache .ruff_cache .mypy_cache

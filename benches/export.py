@@ -39,6 +39,12 @@ from regen.storage import LocalStorage
 SHARD = 500
 FINGERPRINT = "bench"
 FORMATS = ("specforge", "tokenized", "hf-dataset", "messages")
+VARIANTS = {
+    "specforge --single-file": {"format": "specforge", "single_file": True},
+    "hf-dataset --token-freq": {"format": "hf-dataset", "token_freq": True},
+}
+"""Options measured besides the formats' defaults: the one file SpecForge opens, and
+speculators' token_freq.pt (a second pass over the written Arrow files)."""
 TARGETS = {"jsonl_rows_per_s": 50_000, "hf_dataset_rows_per_s": 20_000, "peak_rss_mb": 1024}
 
 
@@ -155,7 +161,7 @@ def child(kind: str, root: Path, dest: Path) -> None:
         from regen.export import ExportOptions
         from regen.export.run import export_dataset
 
-        options = ExportOptions.model_validate({"format": kind})
+        options = ExportOptions.model_validate(VARIANTS.get(kind, {"format": kind}))
         summary = export_dataset(LocalStorage(root), LocalStorage(dest), options)
         counts = summary.counts
         out = {"rows": counts["rows"] + counts["error_rows"], "samples": counts["samples"]}
@@ -193,14 +199,15 @@ def main() -> None:
         t = time.perf_counter()
         generate(root, rows, args.prompt_tokens, args.response_tokens)
         gen_s = time.perf_counter() - t
-        for kind in (*FORMATS, "loss-mask", "audit"):
+        for kind in (*FORMATS, *VARIANTS, "loss-mask", "audit"):
             dest = Path(tmp, kind)
             figures[kind] = measure(kind, root, dest)
             shutil.rmtree(dest, ignore_errors=True)  # 1M rows of JSONL are gigabytes
-    per_s = {k: figures[k]["rows"] / figures[k]["seconds"] for k in FORMATS}
-    peak = max(figures[k]["peak_rss_mb"] for k in (*FORMATS, "audit"))
+    exports = (*FORMATS, *VARIANTS)
+    per_s = {k: figures[k]["rows"] / figures[k]["seconds"] for k in exports}
+    peak = max(figures[k]["peak_rss_mb"] for k in (*exports, "audit"))
     table = [("dataset generation (s)", f"{gen_s:.1f}")]
-    for kind in FORMATS:
+    for kind in exports:
         f = figures[kind]
         table += [
             (f"{kind}: rows/s", f"{per_s[kind]:,.0f}"),
@@ -225,18 +232,20 @@ def main() -> None:
                 "tokenized_rows_per_s": round(per_s["tokenized"]),
                 "hf_dataset_rows_per_s": round(per_s["hf-dataset"]),
                 "messages_rows_per_s": round(per_s["messages"]),
+                "specforge_single_file_rows_per_s": round(per_s["specforge --single-file"]),
+                "hf_dataset_token_freq_rows_per_s": round(per_s["hf-dataset --token-freq"]),
                 "peak_rss_mb": round(peak, 1),
                 "audit_s": round(figures["audit"]["seconds"], 2),
                 "loss_mask_from_ids_s": round(figures["loss-mask"]["seconds"], 2),
                 "peak_rss_mb_by_format": {
-                    k: round(figures[k]["peak_rss_mb"], 1) for k in (*FORMATS, "audit")
+                    k: round(figures[k]["peak_rss_mb"], 1) for k in (*exports, "audit")
                 },
                 # Wall rows/s depends on what else the shared machine runs; this does not.
                 "rows_per_cpu_s_by_format": {
-                    k: round(figures[k]["rows"] / figures[k]["cpu_s"]) for k in FORMATS
+                    k: round(figures[k]["rows"] / figures[k]["cpu_s"]) for k in exports
                 },
                 "audit_cpu_s": round(figures["audit"]["cpu_s"], 2),
-                "output_mb_by_format": {k: round(figures[k]["bytes"] / 1e6) for k in FORMATS},
+                "output_mb_by_format": {k: round(figures[k]["bytes"] / 1e6) for k in exports},
                 "tokens_per_row": {"prompt": args.prompt_tokens, "response": args.response_tokens},
                 "shard_rows": SHARD,
                 "smoke": args.smoke,

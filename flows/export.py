@@ -18,8 +18,11 @@ def export_dataset_flow(
     exclude_truncated: bool = False,
     min_loss_tokens: int = 0,
     tokenizer_path: str | None = None,
+    generated_only: bool | None = None,
+    single_file: bool = False,
+    token_freq: bool = False,
 ) -> dict[str, object]:
-    """Write `dataset`'s committed ok rows to `dest` as `format`; the counts of export.json.
+    """Write `dataset`'s committed ok rows to `dest` as `format`; the counts of its record.
 
     `tokenizer_path` (the model directory) lets token formats render turns without stored ids."""
     options = ExportOptions(
@@ -27,5 +30,8 @@ def export_dataset_flow(
         turns=turns,
         exclude_truncated=exclude_truncated,
         min_loss_tokens=min_loss_tokens,
+        generated_only=generated_only,
+        single_file=single_file,
+        token_freq=token_freq,
     )
     return export(dataset, dest, options, tokenizer_path).counts

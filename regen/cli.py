@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from regen.errors import UserError
+from regen.errors import ConfigError, UserError
 
 # The formats of `regen export`, spelled out so `regen --help` imports nothing heavy
 # (tests/test_export.py checks they are regen.export.FORMATS).
@@ -55,8 +55,10 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
         help="Write a dataset's committed ok rows in a trainer's format (JSONL or Arrow).",
         description="specforge: SpecForge conversations JSONL; tokenized: input_ids + loss_mask "
         "JSONL; hf-dataset: Arrow dataset (datasets.load_from_disk) of input_ids, loss_mask, "
-        "seq_len; messages: {id, messages} JSONL. One file per dataset shard and export.json; "
-        "a rerun rewrites only the shards that changed.",
+        "seq_len; messages: {id, messages} JSONL. One file per dataset shard (or one file, "
+        "--single-file) and the record .regen-export; a rerun rewrites only what changed. "
+        "A dataset whose last audit failed is refused (exit 1) unless --allow-failed; a "
+        "directory holding another format's export is refused (exit 2).",
     )
     p.add_argument("dataset", help="Dataset root, a directory or s3://bucket/prefix.")
     p.add_argument("--format", "-f", required=True, choices=FORMATS_CHOICES)
@@ -84,6 +86,29 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
         type=Path,
         help="Model directory (or its tokenizer.json): token formats render turns without "
         "stored ids with its chat template; without it such turns are dropped and counted.",
+    )
+    p.add_argument(
+        "--generated-only",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="specforge/messages: leave out the assistant turns that came with the input, so "
+        "only the target model's answers are trained (default: on for turns: last datasets).",
+    )
+    p.add_argument(
+        "--single-file",
+        action="store_true",
+        help="JSONL formats: write one <format>.jsonl instead of a file per shard (SpecForge "
+        "opens one file: data.train_data_path / data.prompts_path).",
+    )
+    p.add_argument(
+        "--token-freq",
+        action="store_true",
+        help="Token formats: also write token_freq.pt (speculators' token frequencies).",
+    )
+    p.add_argument(
+        "--allow-failed",
+        action="store_true",
+        help="Export a dataset even though its last audit failed.",
     )
     p.set_defaults(func=_export)
 
@@ -116,22 +141,31 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from regen.export import ExportOptions
     from regen.export.run import export_dataset
     from regen.storage import open_storage
 
-    options = ExportOptions(
-        format=args.format,
-        turns=args.turns,
-        exclude_truncated=args.exclude_truncated,
-        min_loss_tokens=args.min_loss_tokens,
-    )
+    try:
+        options = ExportOptions(
+            format=args.format,
+            turns=args.turns,
+            exclude_truncated=args.exclude_truncated,
+            min_loss_tokens=args.min_loss_tokens,
+            generated_only=args.generated_only,
+            single_file=args.single_file,
+            token_freq=args.token_freq,
+        )
+    except ValidationError as err:
+        raise ConfigError(f"regen export: {err.errors()[0]['msg']}") from None
     try:
         summary = export_dataset(
             open_storage(args.dataset),
             open_storage(args.out),
             options,
             tokenizer_path=args.tokenizer,
+            allow_failed=args.allow_failed,
         )
     except OSError as err:  # a local destination that cannot be written, a full disk
         where = err.filename or args.out
@@ -145,4 +179,6 @@ def _export(args: argparse.Namespace) -> int:
     )
     print(f"dropped: {dropped}")
     print(f"shards: {len(summary.written)} written, {len(summary.reused)} unchanged")
+    for line in summary.notes():
+        print(line)
     return 0

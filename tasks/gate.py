@@ -58,7 +58,10 @@ def export(
     not written again."""
     source = storage or open_storage(dataset)
     summary = export_dataset(source, open_storage(dest), options, tokenizer_path=tokenizer_path)
-    get_run_logger().info(summary.headline(options.format))
+    logger = get_run_logger()
+    logger.info(summary.headline(options.format))
+    for line in summary.notes():
+        (logger.warning if line.startswith("warning") else logger.info)("export %s", line)
     what = f"export {options.format}, {summary.counts['samples']} samples"
     create_table_artifact(summary.table(), **artifact(f"export-{options.format}", dataset, what))
     return summary

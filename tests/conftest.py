@@ -57,8 +57,11 @@ def prefect_harness() -> Iterator[None]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say, in one line, that the contract suite did not run and how to make it run."""
-    from tests.contract._sglang import MISSING, env_ready, required
+    """Say, in one line each, that the contract or trainers suite did not run and how to make
+    it run."""
+    from tests.contract import _sglang
+    from tests.trainers import _trainers
 
-    if not env_ready() and not required():
-        terminalreporter.write_line(MISSING)
+    for suite in (_sglang, _trainers):
+        if not suite.env_ready() and not suite.required():
+            terminalreporter.write_line(suite.MISSING)

@@ -68,7 +68,13 @@ def _read_jsonl(dest: Path) -> Any:
 
 def _read(dest: Path, fmt: str) -> Any:
     if fmt == "hf-dataset":
-        return datasets.load_from_disk(str(dest))
+        # The export is in torch format (speculators' loader needs tensors), which
+        # load_from_disk sets up only where torch is installed; regen's venv has none, so the
+        # Arrow files state.json lists are opened as load_from_disk opens them, unformatted.
+        state = json.loads((dest / "state.json").read_text())
+        assert state["_format_type"] == "torch"
+        files = [str(dest / f["filename"]) for f in state["_data_files"]]
+        return datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in files])
     return _read_jsonl(dest)
 
 
@@ -141,8 +147,7 @@ def test_each_format_reads_back_with_its_consumers_reader(
         assert list(loss_mask) == sorted(loss_mask), "prompt 0s, then response 1s"
     if fmt == "hf-dataset":
         assert list(data["seq_len"]) == [len(x) for x in data["input_ids"]]
-        # speculators calls `.tolist()` on input_ids: arrays, not lists.
-        assert data[0]["input_ids"].tolist() == list(data[0]["input_ids"])
+        # speculators' training loader needs tensors: tests/trainers/ judges that there.
     assert summary.counts["dropped"] == {"no_token_ids": _turns(rows)["response"].null_count()}
 
 
@@ -236,17 +241,21 @@ def _etags(moto: MotoS3, bucket: str, prefix: str) -> dict[str, tuple[str, objec
     return {o["Key"]: (o["ETag"], o["LastModified"]) for o in listed.get("Contents", [])}
 
 
-@pytest.mark.parametrize("fmt", ["specforge", "hf-dataset"])
-def test_s3_dataset_to_s3_export(moto: MotoS3, tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize(
+    ("fmt", "flags"),
+    [("specforge", []), ("hf-dataset", []), ("tokenized", ["--single-file", "--token-freq"])],
+)
+def test_s3_dataset_to_s3_export(moto: MotoS3, tmp_path: Path, fmt: str, flags: list[str]) -> None:
     bucket = moto.create_bucket("regen-export")
     src = make_export_dataset(moto.storage(bucket, "ds"), rows=ROWS, shard_size=SHARD, turns=2)
     dest_prefix = f"exports/{fmt}"
-    code = main(
-        ["export", f"s3://{bucket}/ds", "--format", fmt, "--out", f"s3://{bucket}/{dest_prefix}"]
-    )
-    assert code == 0
+    args = ["export", f"s3://{bucket}/ds", "-f", fmt, "-o", f"s3://{bucket}/{dest_prefix}", *flags]
+    assert main(args) == 0
     tags = _etags(moto, bucket, dest_prefix)
     assert f"{dest_prefix}/{EXPORT_KEY}" in tags and not any(k.endswith(".tmp") for k in tags)
+    if flags:
+        names = {k.removeprefix(dest_prefix + "/") for k in tags}
+        assert names == {EXPORT_KEY, "tokenized.jsonl", "token_freq.pt"}
     local = tmp_path / fmt
     for key in tags:
         target = local / key.removeprefix(dest_prefix + "/")
@@ -255,19 +264,7 @@ def test_s3_dataset_to_s3_export(moto: MotoS3, tmp_path: Path, fmt: str) -> None
     data = _read(local, fmt)
     assert len(data) == json.loads((local / EXPORT_KEY).read_text())["counts"]["samples"] > 0
     assert len(set(data["id"])) == len(data)
-    assert (
-        main(
-            [
-                "export",
-                f"s3://{bucket}/ds",
-                "--format",
-                fmt,
-                "--out",
-                f"s3://{bucket}/{dest_prefix}",
-            ]
-        )
-        == 0
-    )
+    assert main(args) == 0
     assert _etags(moto, bucket, dest_prefix) == tags, "a rerun puts nothing"
     assert src.exists("run.json")
 
@@ -337,16 +334,39 @@ def test_export_section_is_checked_and_names_one_directory_per_format() -> None:
         parse_config({**base, "export": {**section, "min_loss_tokens": -1}})
 
 
-def test_another_format_in_the_same_place_replaces_the_old_files(
-    source: Storage, tmp_path: Path
+def test_another_format_in_the_same_place_is_refused(
+    source: Storage, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A second format would mix its files into the first one's trainer input: refused (a
+    usage error, exit 2) and nothing is touched; other options of one format rewrite it."""
     dest = tmp_path / "out"
     export_dataset(source, LocalStorage(dest), ExportOptions(format="hf-dataset"))
     (dest / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in dest.iterdir())
+    assert main(["export", str(source.uri), "-f", "specforge", "-o", str(dest)]) == 2
+    err = capsys.readouterr().err
+    assert f"{dest}: holds a hf-dataset export; write specforge to its own directory" in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in dest.iterdir()) == before
+    again = export_dataset(
+        source, LocalStorage(dest), ExportOptions(format="hf-dataset", exclude_truncated=True)
+    )
+    assert again.written == [0, 1, 2] and "notes.txt" in {p.name for p in dest.iterdir()}
+
+
+def test_an_export_by_older_regen_is_taken_over(source: Storage, tmp_path: Path) -> None:
+    """VERSION 1 kept export.json among the files (speculators' --data DIR and
+    load_dataset(DIR) read it as data): a rerun rewrites the export and deletes it."""
+    dest = tmp_path / "out"
     summary = export_dataset(source, LocalStorage(dest), ExportOptions(format="specforge"))
-    assert len(summary.deleted) == 3 + 2  # three shards, state.json, dataset_info.json
-    names = sorted(p.name for p in dest.iterdir())
-    assert names == [EXPORT_KEY, "notes.txt", *(f"shard-{k:06d}.jsonl" for k in range(3))]
+    old = {**summary.record, "version": 1}
+    (dest / EXPORT_KEY).rename(dest / "export.json")
+    (dest / "export.json").write_text(json.dumps(old))
+    again = export_dataset(source, LocalStorage(dest), ExportOptions(format="specforge"))
+    assert again.written == [0, 1, 2] and "export.json" in again.deleted
+    assert sorted(p.name for p in dest.iterdir()) == [
+        EXPORT_KEY, *(f"shard-{k:06d}.jsonl" for k in range(3))
+    ]  # fmt: skip
 
 
 def test_turns_without_ids_come_from_the_models_template_when_given(tmp_path: Path) -> None:
@@ -369,3 +389,89 @@ def test_turns_without_ids_come_from_the_models_template_when_given(tmp_path: Pa
     )
     # Another template (or none) is another export: a rerun with it writes every shard.
     assert export_dataset(src, LocalStorage(tmp_path / "b"), options).reused == []
+
+
+def test_a_failed_audit_is_exported_only_when_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = make_export_dataset(tmp_path / "ds", rows=ROWS, shard_size=SHARD)
+    src.write_bytes("report/audit.json", json.dumps({"verdict": "fail"}).encode())
+    args = ["export", src.uri, "-f", "specforge", "-o", str(tmp_path / "out")]
+    assert main(args) == 1  # the code of a failed audit
+    err = capsys.readouterr().err
+    assert "its last audit failed (report/audit.json); export it anyway with --allow-failed" in err
+    assert not (tmp_path / "out").exists()
+    assert main([*args, "--allow-failed"]) == 0
+    src.write_bytes("report/audit.json", json.dumps({"verdict": "pass"}).encode())
+    assert main(args) == 0
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "tokenized", "messages"])
+def test_export_directories_load_as_they_are(source: Storage, tmp_path: Path, fmt: str) -> None:
+    """load_dataset(DIR) reads every data file of a directory: the record is not one of them,
+    and one file (--single-file) holds exactly the shards' lines, in shard order."""
+    shards, single = tmp_path / "shards", tmp_path / "single"
+    export_dataset(source, LocalStorage(shards), ExportOptions(format=fmt))
+    summary = export_dataset(
+        source, LocalStorage(single), ExportOptions(format=fmt, single_file=True)
+    )
+    assert sorted(p.name for p in single.iterdir()) == [EXPORT_KEY, f"{fmt}.jsonl"]
+    assert summary.record["files"] == [f"{fmt}.jsonl"] and summary.written == [0, 1, 2]
+    joined = "".join(
+        (shards / f).read_text()
+        for f in sorted(json.loads((shards / EXPORT_KEY).read_text())["files"])
+    )
+    assert (single / f"{fmt}.jsonl").read_text() == joined
+    for dest in (shards, single):
+        data = datasets.load_dataset(str(dest), split="train", cache_dir=str(tmp_path / "c"))
+        assert data.num_rows == summary.counts["samples"] and "id" in data.column_names
+    before = (single / f"{fmt}.jsonl").stat().st_mtime_ns
+    again = export_dataset(
+        source, LocalStorage(single), ExportOptions(format=fmt, single_file=True)
+    )
+    assert again.written == [] and (single / f"{fmt}.jsonl").stat().st_mtime_ns == before
+
+
+def test_options_that_do_not_fit_the_format_are_usage_errors(
+    source: Storage, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["export", source.uri, "-o", str(tmp_path / "o")]
+    assert main([*base, "-f", "hf-dataset", "--single-file"]) == 2
+    assert main([*base, "-f", "specforge", "--token-freq"]) == 2
+    err = capsys.readouterr().err
+    assert "single_file: hf-dataset is an Arrow directory" in err
+    assert "token_freq: only the token formats" in err and "Traceback" not in err
+
+
+def test_token_freq_counts_the_trained_tokens(source: Storage, tmp_path: Path) -> None:
+    """token_freq.pt is torch's serialization of {token id: count} (tests/trainers loads it
+    with torch and compares it with speculators' own count); read back here with pickle."""
+    import io
+    import pickle
+
+    dest = tmp_path / "tok"
+    export_dataset(source, LocalStorage(dest), ExportOptions(format="tokenized", token_freq=True))
+    stream = io.BytesIO((dest / "token_freq.pt").read_bytes())
+    header = [pickle.load(stream) for _ in range(3)]
+    counts, storages = pickle.load(stream), pickle.load(stream)
+    assert header[1] == 1001 and storages == []
+    rows = _read_jsonl(dest)
+    expected: dict[int, int] = {}
+    for ids, mask in zip(rows["input_ids"], rows["loss_mask"], strict=True):
+        for i, m in zip(ids, mask, strict=True):
+            if m:
+                expected[i] = expected.get(i, 0) + 1
+    assert counts == expected
+
+
+@pytest.mark.parametrize(("turns", "default"), [("last", True), ("all", False)])
+def test_generated_only_defaults_to_the_datasets_turns(
+    tmp_path: Path, turns: str, default: bool
+) -> None:
+    src = make_export_dataset(tmp_path / "ds", rows=ROWS, shard_size=SHARD)
+    run = json.loads(src.read_bytes("run.json"))
+    src.write_bytes("run.json", json.dumps({**run, "regeneration": {"turns": turns}}).encode())
+    summary = export_dataset(src, LocalStorage(tmp_path / "o"), ExportOptions(format="messages"))
+    assert summary.record["generated_only"] is default
+    tokens = export_dataset(src, LocalStorage(tmp_path / "t"), ExportOptions(format="tokenized"))
+    assert tokens.record["generated_only"] is False  # regen's loss mask trains the answers only

@@ -16,6 +16,7 @@ import yaml
 
 from regen.config import RegenConfig
 from regen.dataset import read_committed
+from regen.export.run import EXPORT_KEY
 from regen.naming import dataset_slug, node_name
 from regen.rehearsal import bundled, rehearsal_config
 from regen.storage import LocalStorage, open_storage
@@ -139,9 +140,9 @@ async def test_every_stage_and_shard_is_a_prefect_task_run(good_run: Run) -> Non
     assert config.export is not None
     exports = Path(config.export.dest)
     assert summary.exports == [str(exports / "specforge"), str(exports / "tokenized")]
-    specforge = json.loads((exports / "specforge" / "export.json").read_text())["counts"]
+    specforge = json.loads((exports / "specforge" / EXPORT_KEY).read_text())["counts"]
     assert specforge["rows_exported"] == specforge["samples"] == 240
-    tokens = json.loads((exports / "tokenized" / "export.json").read_text())["counts"]
+    tokens = json.loads((exports / "tokenized" / EXPORT_KEY).read_text())["counts"]
     assert (tokens["samples"], tokens["dropped"]) == (240, {"no_token_ids": 0})
     samples = pl.read_ndjson(sorted((exports / "tokenized").glob("shard-*.jsonl")))
     stored = (

@@ -21,6 +21,7 @@ import yaml
 
 from regen.config import RegenConfig
 from regen.dataset import RUN_KEY, read_committed, read_plan
+from regen.export.run import EXPORT_KEY
 from regen.rehearsal import rehearsal_config
 from regen.storage import LocalStorage
 from support.s3 import MotoS3, moto_server
@@ -178,7 +179,7 @@ def test_edited_prompts_are_regenerated_and_removed_ones_reported(tmp_path: Path
 
 
 def _exported(tmp_path: Path) -> int:
-    record = json.loads((tmp_path / "exports" / "specforge" / "export.json").read_text())
+    record = json.loads((tmp_path / "exports" / "specforge" / EXPORT_KEY).read_text())
     return int(record["counts"]["rows_exported"])
 
 

@@ -38,6 +38,10 @@ class ShardExport:
     rows_exported: int
     samples: int
     dropped: Counter[str] = field(default_factory=Counter)
+    no_system: int = 0
+    """Conversations exported without a system message (a trainer's template may add one)."""
+    input_turns: int = 0
+    """Assistant turns that came with the input, left out by `generated_only`."""
 
 
 def shard_export(
@@ -46,6 +50,7 @@ def shard_export(
     template: ChatTemplate | None = None,
     *,
     enable_thinking: bool = True,
+    generated_only: bool = False,
 ) -> ShardExport:
     """The output of one shard: conversation lines or token samples, filtered.
 
@@ -63,14 +68,16 @@ def shard_export(
     if options.format in TOKEN_FORMATS:
         found = samples(ok, options.turns, template, enable_thinking=enable_thinking)
         return _token_samples(ok, errors, options, found.collect())
-    return _conversations(ok, errors, options)
+    return _conversations(ok, errors, options, generated_only)
 
 
 def _truncated_turn() -> pl.Expr:
     return pl.element().struct.field("finish_reason") == "length"
 
 
-def _conversations(ok: pl.DataFrame, errors: int, options: ExportOptions) -> ShardExport:
+def _conversations(
+    ok: pl.DataFrame, errors: int, options: ExportOptions, generated_only: bool
+) -> ShardExport:
     """A row is one line; it is truncated when any of its turns stopped at max_tokens."""
     turn_truncated = (
         pl.col("turns").list.eval(_truncated_turn()).list.any().fill_null(False)
@@ -91,27 +98,53 @@ def _conversations(ok: pl.DataFrame, errors: int, options: ExportOptions) -> Sha
         dropped["min_loss_tokens"] = flagged.height - int(flagged.select(keep.sum()).item())
         flagged = flagged.filter(keep)
     key = JSONL_KEY[options.format]
-    lines = flagged.select(_jsonl_line(key))
-    return ShardExport(lines, ok.height, errors, lines.height, lines.height, dropped)
+    lines = flagged.select(_jsonl_line(key, generated_only))
+    first_role = pl.col("messages").list.first().struct.field("role")
+    no_system = int(flagged.select((first_role != "system").fill_null(True).sum()).item() or 0)
+    input_turns = 0
+    if generated_only:
+        # What conversation() leaves out: the assistant messages of a row that ends unanswered.
+        role = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")
+        answered = role.list.last().fill_null(False)
+        left_out = pl.when(answered).then(0).otherwise(role.list.sum())
+        input_turns = int(flagged.select(left_out.sum()).item() or 0)
+    return ShardExport(
+        lines,
+        ok.height,
+        errors,
+        lines.height,
+        lines.height,
+        dropped,
+        no_system=no_system,
+        input_turns=input_turns,
+    )
 
 
-def conversation() -> pl.Expr:
+def conversation(generated_only: bool = False) -> pl.Expr:
     """The whole conversation with its final answer: with `turns: all` `messages` already ends
-    with it; with `turns: last` it ends with the user turn and the answer is in `content`."""
+    with it; with `turns: last` it ends with the user turn and the answer is in `content`.
+
+    `generated_only` (a `turns: last` dataset): the assistant messages of `messages` came with
+    the input, not from the model, so they are left out and only the answer is trained. The
+    trainer then sees the user turns back to back, a context the server never saw; the token
+    formats keep the server's context and train the answer alone."""
     answer = pl.struct(
         role=pl.lit("assistant"),
         content=pl.col("content"),
         reasoning_content=pl.col("reasoning_content"),
     )
     ends_answered = pl.col("messages").list.last().struct.field("role") == "assistant"
+    messages = pl.col("messages")
+    if generated_only:
+        messages = messages.list.filter(pl.element().struct.field("role") != "assistant")
     return (
         pl.when(ends_answered.fill_null(False))
         .then(pl.col("messages"))
-        .otherwise(pl.concat_list(pl.col("messages"), answer))
+        .otherwise(pl.concat_list(messages, answer))
     )
 
 
-def _jsonl_line(key: str) -> pl.Expr:
+def _jsonl_line(key: str, generated_only: bool = False) -> pl.Expr:
     """One JSON object per row, encoded by polars (no Python loop): `{"id", key: [...]}`.
 
     A polars list holds one struct type, so every message encodes a `reasoning_content`; where
@@ -120,7 +153,7 @@ def _jsonl_line(key: str) -> pl.Expr:
     key out of those messages only.
     """
     return (
-        pl.struct(pl.col("id"), conversation().alias(key))
+        pl.struct(pl.col("id"), conversation(generated_only).alias(key))
         .struct.json_encode()
         .str.replace_all(',"reasoning_content":null}', "}", literal=True)
         .alias("line")

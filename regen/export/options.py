@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from regen.lossmask import Turns
 
@@ -23,7 +23,8 @@ TOKEN_FORMATS: frozenset[str] = frozenset({"tokenized", "hf-dataset"})
 
 
 class ExportOptions(BaseModel):
-    """One export: part of export.json, so a rerun with other options rewrites every file."""
+    """One export: part of its record (.regen-export), so a rerun with other options rewrites
+    every file."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -38,6 +39,31 @@ class ExportOptions(BaseModel):
     min_loss_tokens: int = Field(
         default=0, ge=0, description="Leave out samples with fewer trained (response) tokens."
     )
+    generated_only: bool | None = Field(
+        default=None,
+        description="Conversation formats: drop the assistant turns that came with the input "
+        "(a `turns: last` dataset's earlier answers), so a trainer trains only the target "
+        "model's answers. None: on for `turns: last` datasets, off otherwise (.regen-export "
+        "records what was used). Token formats train the generated turns only anyway.",
+    )
+    single_file: bool = Field(
+        default=False,
+        description="JSONL formats: one `<format>.jsonl` (SpecForge opens one file) instead of "
+        "a file per shard; rewritten whole when any shard changed.",
+    )
+    token_freq: bool = Field(
+        default=False,
+        description="Token formats: also write token_freq.pt, speculators' token frequency "
+        "distribution of the trained tokens (a draft's reduced vocabulary is built from it).",
+    )
+
+    @model_validator(mode="after")
+    def _fits_format(self) -> ExportOptions:
+        if self.single_file and self.format == "hf-dataset":
+            raise ValueError("single_file: hf-dataset is an Arrow directory, not JSONL")
+        if self.token_freq and self.format not in TOKEN_FORMATS:
+            raise ValueError("token_freq: only the token formats (tokenized, hf-dataset)")
+        return self
 
 
 class ExportConfig(BaseModel):
@@ -53,6 +79,9 @@ class ExportConfig(BaseModel):
     turns: Turns = "each"
     exclude_truncated: bool = False
     min_loss_tokens: int = Field(default=0, ge=0)
+    generated_only: bool | None = None
+    single_file: bool = Field(default=False, description="The JSONL formats only.")
+    token_freq: bool = Field(default=False, description="The token formats only.")
 
     def targets(self) -> list[tuple[str, ExportOptions]]:
         """(destination, options) per format, in the order given, each format once."""
@@ -65,6 +94,9 @@ class ExportConfig(BaseModel):
                     turns=self.turns,
                     exclude_truncated=self.exclude_truncated,
                     min_loss_tokens=self.min_loss_tokens,
+                    generated_only=self.generated_only,
+                    single_file=self.single_file and fmt != "hf-dataset",
+                    token_freq=self.token_freq and fmt in TOKEN_FORMATS,
                 ),
             )
             for fmt in dict.fromkeys(self.formats)

@@ -1,0 +1,255 @@
+"""regen's exports judged by the trainers' own data code: SpecForge 0.2.0 and speculators
+0.9.0 (tests/trainers/driver.py in .venv-trainers) read each export, and what they would
+train on is compared with regen's own rows, token for token and mask for mask.
+
+The one allowed difference is named where it occurs: SpecForge renders a conversation itself
+and its Qwen templates end every turn with "<|im_end|>\\n", so its row carries one more token
+than the server's: the newline after the last <|im_end|>, which its loss mask trains (the
+server stops at <|im_end|> and never generates it). Each test prints
+one line `trainers: <trainer> <format>: accepted N, equal N, newline-only N` (pytest -s).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regen.export import ExportOptions
+from regen.export.run import EXPORT_KEY, export_dataset
+from regen.storage import LocalStorage, Storage
+from tests.trainers._trainers import TrainerError, Trainers
+from tests.trainers.conftest import HAND_WRITTEN, Rehearsal
+
+# One xdist worker: the rehearsal and the driver (torch, transformers) are built once.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("trainers")]
+
+TEMPLATE = "qwen3-thinking"
+"""SpecForge's template for a thinking Qwen3: the only one that keeps reasoning_content."""
+SPECFORGE_SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+"""What that template puts before a conversation that has no system message."""
+
+Row = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def _export(source: Storage, dest: Path, fmt: str, **options: Any) -> Any:
+    return export_dataset(source, LocalStorage(dest), ExportOptions(format=fmt, **options))
+
+
+def _regen_rows(dest: Path) -> list[Row]:
+    """A JSONL token export's rows, as written (every file its record lists)."""
+    record = json.loads((dest / EXPORT_KEY).read_text())
+    rows = []
+    for name in record["files"]:
+        for line in (dest / name).read_text().splitlines():
+            row = json.loads(line)
+            rows.append((tuple(row["input_ids"]), tuple(row["loss_mask"])))
+    return rows
+
+
+def _as_rows(answer: list[dict[str, list[int]]]) -> list[Row]:
+    return [(tuple(r["input_ids"]), tuple(r["loss_mask"])) for r in answer]
+
+
+def _judge(name: str, theirs: list[Row], ours: list[Row], newline: int | None = None) -> None:
+    """Every trainer row is one of regen's rows, exactly or (with `newline`) followed by the
+    newline token, trained; regen's rows are all matched once. Prints the counts."""
+    left = {ids: mask for ids, mask in ours}
+    assert len(left) == len(ours), "regen's rows are distinct"
+    equal = newline_only = 0
+    for ids, mask in theirs:
+        if left.get(ids) == mask:
+            equal += 1
+            del left[ids]
+        elif newline is not None and ids[-1] == newline and left.get(ids[:-1]) == mask[:-1]:
+            assert mask[-1] == 1, "SpecForge trains the newline after <|im_end|>"
+            newline_only += 1
+            del left[ids[:-1]]
+        else:
+            pytest.fail(f"{name}: a row of {len(ids)} tokens matches none of regen's rows")
+    assert not left, f"{name}: {len(left)} of regen's rows never reached the trainer"
+    print(f"trainers: {name}: accepted {len(theirs)}, equal {equal}, newline-only {newline_only}")
+
+
+def test_specforge_conversations_are_the_servers_tokens_but_for_the_newline(
+    trainers: Trainers, rehearsal: Rehearsal, tmp_path: Path
+) -> None:
+    """build_eagle3_dataset over the `specforge` single file, last turn trained (SpecForge
+    renders every earlier turn without its reasoning, as the server saw them): each row is
+    regen's last-turn sample plus the trailing newline; a row without a system message also
+    gets the template's system prompt, which the export warns about."""
+    summary = _export(rehearsal.all_turns, tmp_path / "sf", "specforge", single_file=True)
+    assert sorted(p.name for p in (tmp_path / "sf").iterdir()) == [EXPORT_KEY, "specforge.jsonl"]
+    assert any("4 of 12 conversations have no system message" in n for n in summary.notes())
+    _export(rehearsal.all_turns, tmp_path / "tok", "tokenized", turns="last")
+    ours = _regen_rows(tmp_path / "tok")
+    model = str(rehearsal.model)
+    newline = trainers.ask("encode", model=model, text="\n")
+    system = tuple(trainers.ask("encode", model=model, text=SPECFORGE_SYSTEM))
+    assert len(newline) == 1
+    rows = trainers.ask(
+        "specforge_conversations",
+        path=str(tmp_path / "sf" / "specforge.jsonl"),
+        model=model,
+        template=TEMPLATE,
+        last_turn=True,
+    )
+    theirs = _as_rows(rows)
+    assert len(theirs) == 12
+    # The template's system prompt, the tokens the server never saw, on the 4 rows without one.
+    added = [r for r in theirs if r[0][: len(system)] == system]
+    assert len(added) == 4
+    assert all(not any(mask[: len(system)]) for _, mask in added)
+    unprefixed = [(ids[len(system) :], mask[len(system) :]) for ids, mask in added]
+    kept = [r for r in theirs if r not in added]
+    _judge(f"specforge {TEMPLATE} (system prompt added on 4)", kept + unprefixed, ours, newline[0])
+
+    # By default SpecForge trains every assistant turn: with turns: all each is the model's.
+    every = _as_rows(
+        trainers.ask(
+            "specforge_conversations",
+            path=str(tmp_path / "sf" / "specforge.jsonl"),
+            model=model,
+            template=TEMPLATE,
+            last_turn=False,
+        )
+    )
+    assert sum(map(sum, (m for _, m in every))) > sum(map(sum, (m for _, m in theirs)))
+
+
+def test_specforge_pretokenized_path_takes_regens_rows_exactly(
+    trainers: Trainers, rehearsal: Rehearsal, tmp_path: Path
+) -> None:
+    """data.prompts_path over the `tokenized` single file: every sample, every token, exactly.
+    SpecForge opens one file: the per-shard directory is refused (hence --single-file)."""
+    _export(rehearsal.all_turns, tmp_path / "tok", "tokenized", single_file=True)
+    model = str(rehearsal.model)
+    theirs = trainers.ask(
+        "specforge_prompts",
+        path=str(tmp_path / "tok" / "tokenized.jsonl"),
+        model=model,
+        template=TEMPLATE,
+    )
+    ours = _regen_rows(tmp_path / "tok")
+    assert len(ours) == 36  # 12 conversations x 3 generated turns
+    _judge("specforge tokenized (prompts_path)", _as_rows(theirs), ours)
+
+    _export(rehearsal.all_turns, tmp_path / "dir", "tokenized")
+    with pytest.raises(TrainerError, match="IsADirectoryError"):
+        trainers.ask(
+            "specforge_prompts", path=str(tmp_path / "dir"), model=model, template=TEMPLATE
+        )
+
+
+def test_speculators_prepare_data_reads_the_export_directory(
+    trainers: Trainers, rehearsal: Rehearsal, tmp_path: Path
+) -> None:
+    """load_and_preprocess_dataset (`--data DIR`) over the per-shard `tokenized` directory: it
+    reads every *.json/*.jsonl under DIR, so the record must not be one. regen's rows pass
+    through exactly; a VERSION 1 export (export.json beside the shards) fails its cast."""
+    dest = tmp_path / "tok"
+    summary = _export(rehearsal.all_turns, dest, "tokenized")
+    assert summary.counts["shards"] == 2
+    theirs = trainers.ask(
+        "speculators_prepare", data=str(dest), model=str(rehearsal.model), seq_length=4096
+    )
+    _judge("speculators tokenized (--data DIR)", _as_rows(theirs), _regen_rows(dest))
+
+    old = tmp_path / "old"
+    shutil.copytree(dest, old)
+    (old / EXPORT_KEY).rename(old / "export.json")
+    with pytest.raises(TrainerError, match="DatasetGenerationError"):
+        trainers.ask(
+            "speculators_prepare", data=str(old), model=str(rehearsal.model), seq_length=4096
+        )
+
+
+def test_speculators_training_loader_reads_the_hf_dataset(
+    trainers: Trainers, rehearsal: Rehearsal, tmp_path: Path
+) -> None:
+    """ArrowDataset.__getitem__ (stand-in hidden states holding each row's own ids) and
+    CollateFn over the hf-dataset export: every row available, equal to regen's; the numpy
+    format older regen wrote crashes the loader in torch.equal."""
+    dest = tmp_path / "hf"
+    _export(rehearsal.all_turns, dest, "hf-dataset")
+    _export(rehearsal.all_turns, tmp_path / "tok", "tokenized")
+    answer = trainers.ask("speculators_train", path=str(dest), hidden_size=8)
+    assert answer["unavailable"] == []
+    _judge(
+        "speculators hf-dataset (ArrowDataset)",
+        _as_rows(answer["rows"]),
+        _regen_rows(tmp_path / "tok"),
+    )
+    tokens = sum(len(r["input_ids"]) for r in answer["rows"])
+    assert answer["collated"]["input_ids"] == [1, tokens]
+    assert answer["collated"]["hidden_states"] == [1, tokens, 3 * 8]
+    assert answer["collated_loss_tokens"] == sum(sum(r["loss_mask"]) for r in answer["rows"])
+
+    old = tmp_path / "old"
+    shutil.copytree(dest, old)
+    state = json.loads((old / "state.json").read_text())
+    (old / "state.json").write_text(json.dumps({**state, "_format_type": "numpy"}))
+    with pytest.raises(TrainerError, match=r"equal\(\): argument 'other'.*numpy.ndarray"):
+        trainers.ask("speculators_train", path=str(old), hidden_size=8)
+
+
+@pytest.mark.parametrize("fmt", ["hf-dataset", "tokenized"])
+def test_token_freq_is_speculators_own(
+    trainers: Trainers, rehearsal: Rehearsal, tmp_path: Path, fmt: str
+) -> None:
+    """regen's token_freq.pt (torch.load, weights_only) is what speculators'
+    save_token_frequency_distribution counts over the same rows."""
+    _export(rehearsal.all_turns, tmp_path / "hf", "hf-dataset")
+    dest = tmp_path / fmt
+    _export(rehearsal.all_turns, dest, fmt, token_freq=True)
+    answer = trainers.ask(
+        "token_freq", path=str(tmp_path / "hf"), regen=str(dest / "token_freq.pt")
+    )
+    assert answer["regen"] == answer["speculators"] and len(answer["regen"]) > 10
+
+
+def test_generated_only_trains_only_the_models_answers(
+    trainers: Trainers, rehearsal: Rehearsal, tmp_path: Path
+) -> None:
+    """A `turns: last` dataset's earlier answer came with the prompts: by default the
+    `specforge` export leaves it out, so SpecForge (every turn trained, its default) trains
+    exactly regen's response tokens (and the trailing newline); with --no-generated-only it
+    trains the hand-written one as well."""
+    model = str(rehearsal.model)
+    _export(rehearsal.last_turn, tmp_path / "tok", "tokenized")
+    ours = _regen_rows(tmp_path / "tok")
+    newline = trainers.ask("encode", model=model, text="\n")[0]
+    expected = sorted(
+        (*(i for i, m in zip(ids, mask, strict=True) if m), newline) for ids, mask in ours
+    )
+
+    def trained(dest: Path) -> list[tuple[int, ...]]:
+        rows = trainers.ask(
+            "specforge_conversations",
+            path=str(dest / "specforge.jsonl"),
+            model=model,
+            template=TEMPLATE,
+            last_turn=False,
+        )
+        return sorted(
+            tuple(i for i, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m) for r in rows
+        )
+
+    summary = _export(rehearsal.last_turn, tmp_path / "gen", "specforge", single_file=True)
+    assert summary.record["generated_only"] is True
+    assert summary.counts["input_turns_left_out"] == len(expected)  # one hand-written each
+    assert HAND_WRITTEN not in (tmp_path / "gen" / "specforge.jsonl").read_text()
+    assert trained(tmp_path / "gen") == expected
+    print(f"trainers: specforge generated-only: trained tokens equal on {len(expected)} rows")
+
+    summary = _export(
+        rehearsal.last_turn, tmp_path / "all", "specforge", single_file=True, generated_only=False
+    )
+    assert summary.record["generated_only"] is False
+    extra = sum(map(len, trained(tmp_path / "all"))) - sum(map(len, expected))
+    hand = len(trainers.ask("encode", model=model, text=HAND_WRITTEN))
+    assert extra >= hand * len(expected)
+    print(f"trainers: specforge with the input's answers: {extra} more tokens trained")
