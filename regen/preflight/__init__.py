@@ -70,6 +70,10 @@ def run_checks(
         ("stage dir", lambda: check_stage_space(config, size)),
         ("ram", lambda: check_memory(config)),
     ]
+    return PreflightReport(rows=_isolated(checks))
+
+
+def _isolated(checks: list[tuple[str, Callable[[], CheckRow]]]) -> list[CheckRow]:
     rows = []
     for name, check in checks:
         try:
@@ -77,7 +81,7 @@ def run_checks(
         except Exception as err:  # a check that cannot run is a failed check, not a crash
             first = (str(err).splitlines() or [type(err).__name__])[0]
             rows.append(CheckRow(name=name, status="fail", figure=first))
-    return PreflightReport(rows=rows)
+    return rows
 
 
 def rehearsal_checks(source: RegenConfig, rehearsal_output: str) -> PreflightReport:
@@ -107,7 +111,9 @@ def rehearsal_checks(source: RegenConfig, rehearsal_output: str) -> PreflightRep
         "stage dir": stage,
         "storage": f"output {source.output}: the rehearsal writes {rehearsal_output}",
     }
-    rows = [check_config(source), check_flags(source)]
+    rows = _isolated(
+        [("config", lambda: check_config(source)), ("flags", lambda: check_flags(source))]
+    )
     rows += [
         CheckRow(
             name=name,
