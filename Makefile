@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install contract-env trainers-env rehearse test test-fast lint typecheck bench bench-smoke clean
+.PHONY: install nvidia contract-env trainers-env rehearse test test-fast lint typecheck bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# On a GPU node: NVML for `regen check`'s gpus row (the [nvidia] extra), into .venv.
+nvidia: install
+	@$(VENV)/bin/python -m pip install --quiet -e '.[nvidia]'
 
 # The real sglang 0.5.23 (CPU torch) in its own venv, for tests/contract/; cached by its pins.
 contract-env:

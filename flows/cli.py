@@ -42,11 +42,21 @@ def _parser() -> argparse.ArgumentParser:
     p = verbs.add_parser(
         "rehearse",
         help="Run the whole flow on this CPU against emulated SGLang servers.",
-        description="The real flow, config, storage and Prefect states, with emulators for GPUs.",
+        description="The real flow, config, storage and Prefect states, with emulators for "
+        "GPUs. With --config, the file is first validated as `regen run` would (a mistake "
+        "exits 2 with the line `regen check` prints; the launch flags are checked), the GPU "
+        "node's facts are listed as `not checked here`, then the engine and model become the "
+        "emulator. A rehearsal never writes into the config's output: its dataset goes to "
+        "<work_dir>/rehearsal/<dataset> (out/rehearsal without a config, with a suffix per "
+        "--emu-fault), or --out.",
     )
     add_config(p, required=False)
     p.add_argument("--prompts", help="JSONL/Parquet prompts (default: the bundled sample set).")
-    p.add_argument("--out", help="Dataset root, a directory or s3://bucket/prefix.")
+    p.add_argument(
+        "--out",
+        help="The rehearsal's dataset root, a directory or s3://bucket/prefix (never the "
+        "config's output).",
+    )
     p.add_argument("--servers", type=_positive, help="Number of emulator servers (default 4).")
     p.add_argument(
         "--emu-fault",
@@ -57,17 +67,40 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_rehearse)
 
-    p = verbs.add_parser("run", help="Run the flow on this node's GPUs (engine.kind: sglang).")
+    p = verbs.add_parser(
+        "run",
+        help="Run the flow on this node's GPUs (engine.kind: sglang).",
+        description="The whole run on this node: provisioning checks, model staging, the "
+        "fleet (one SGLang server per engine.gpus entry), sharded generation into `output` "
+        "(resumed where it stopped), the audit and, with an export: section, the trainer "
+        "files. Exit 0 when the audit passes or warns, 1 when the run or its audit fails, 2 "
+        "for a config mistake.",
+    )
     add_config(p, required=True)
     p.set_defaults(func=_run)
 
-    p = verbs.add_parser("check", help="Provisioning checks only: a table, exit 1 on failure.")
+    p = verbs.add_parser(
+        "check",
+        help="Provisioning checks only: a table, exit 1 on failure.",
+        description="Every provisioning check of `regen run`, without staging or launching "
+        "anything: the config, the launch flags (sglang's own parser when engine.python has "
+        "it), the code, the model directory, the prompts, the output (writable, and not "
+        "another run's or a rehearsal's dataset), the engine, the GPUs (NVML: `make nvidia` "
+        "installs it), the ports, the stage dir and memory. Exit 1 on a failed row, 2 for a "
+        "config mistake.",
+    )
     add_config(p, required=True)
     p.set_defaults(func=_check)
 
     add_library_verbs(verbs)
 
-    p = verbs.add_parser("blocks", help="Prefect blocks: register the block types.")
+    p = verbs.add_parser(
+        "blocks",
+        help="Prefect blocks: register the block types.",
+        description="Register regen's block types (FleetConfig, ModelSource) and prefect-aws's "
+        "(AwsCredentials, S3Bucket) with the Prefect server PREFECT_API_URL names; refused "
+        "when it is unset or unreachable, since the blocks would go to a temporary server.",
+    )
     p.add_argument("action", choices=["register"], help="register: make the blocks known.")
     p.set_defaults(func=_blocks)
     return parser
@@ -82,16 +115,31 @@ def prefect_env() -> None:
 
 
 def _rehearse(args: argparse.Namespace) -> int:
-    from regen.rehearsal import rehearsal_config
+    from regen.rehearsal import plan_rehearsal
 
-    config = rehearsal_config(
+    rehearsal = plan_rehearsal(
         config_path=args.config,
         prompts=args.prompts,
         out=args.out,
         servers=args.servers,
         faults=args.emu_fault,
     )
-    return _run_flow(config)
+    output = rehearsal.config.output
+    if rehearsal.source is not None:
+        from regen.preflight import print_report, rehearsal_checks
+
+        report = rehearsal_checks(rehearsal.source, output)
+        print_report(
+            report,
+            title=f"regen provisioning checks of {args.config} (the GPU run's own)",
+            verdict=f"provisioning of {args.config} (as far as this machine sees)",
+        )
+        if not report.ok:
+            return 1
+        print(f"rehearsal: writing to {output}; {rehearsal.source.output} is not touched")
+    else:
+        print(f"rehearsal: writing to {output}")
+    return _run_flow(rehearsal.config)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -120,7 +168,9 @@ def _run_flow(config: RegenConfig) -> int:
 
 def _blocks(args: argparse.Namespace) -> int:
     prefect_env()
-    from blocks import register_blocks
+    from blocks import register_blocks, require_api
+
+    require_api()
 
     for name in register_blocks():
         print(f"registered block type {name}")

@@ -9,10 +9,11 @@ config error are fast.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
-from regen.errors import ConfigError, UserError
+from regen.errors import ConfigError, UsageError, UserError
 
 # The formats of `regen export`, spelled out so `regen --help` imports nothing heavy
 # (tests/test_export.py checks they are regen.export.FORMATS).
@@ -29,6 +30,17 @@ def _not_negative(text: str) -> int:
     return value
 
 
+def _tokenizer(text: str) -> Path:
+    """`--tokenizer`: a model directory with a tokenizer.json, or the file itself; anything
+    else is argparse's usage error (exit 2), never a failed audit's 1 after the reading."""
+    path = Path(text).expanduser()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        what = "has no tokenizer.json" if path.is_dir() else "no such file or directory"
+        raise argparse.ArgumentTypeError(f"{text}: {what}")
+    return path
+
+
 def add_config(p: argparse.ArgumentParser, required: bool) -> None:
     """`--config`, spelled the same for every verb that takes one."""
     p.add_argument(
@@ -38,11 +50,18 @@ def add_config(p: argparse.ArgumentParser, required: bool) -> None:
 
 def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
     """Add audit, export and emulator to the `regen` parser's verbs, in this order."""
-    p = verbs.add_parser("audit", help="Audit an existing dataset; exit 1 when the gate fails.")
+    p = verbs.add_parser(
+        "audit",
+        help="Audit an existing dataset; exit 1 when the gate fails.",
+        description="Audit a dataset's committed rows with the gate's checks (thresholds from "
+        "--config's audit: section, else the defaults), print the table and rewrite "
+        "report/audit.md, report/audit.json and the plots. Exit 0 on pass or warn, 1 when the "
+        "audit fails, 2 when it cannot run (a bad argument, not a dataset).",
+    )
     p.add_argument("dataset", help="Dataset root, a directory or s3://bucket/prefix.")
     p.add_argument(
         "--tokenizer",
-        type=Path,
+        type=_tokenizer,
         help="Model directory (or its tokenizer.json) whose chat template measures the loss "
         "mask of turns stored without token ids and is checked against the stored prompts; "
         "default model.tokenizer_path of --config, else its staged model.",
@@ -83,7 +102,7 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--tokenizer",
-        type=Path,
+        type=_tokenizer,
         help="Model directory (or its tokenizer.json): token formats render turns without "
         "stored ids with its chat template; without it such turns are dropped and counted.",
     )
@@ -115,6 +134,7 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
     p = verbs.add_parser(
         "emulator",
         help="One SGLang-compatible emulator server (same as python -m regen.emulator).",
+        description="`regen emulator --help` lists the emulator's own flags.",
         add_help=False,
     )
     p.set_defaults(func=None)
@@ -123,7 +143,7 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
 def _audit(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from regen.audit import audit_table, run_audit
+    from regen.audit import audit_table, run_audit, write_report
     from regen.audit.thresholds import AuditConfig
     from regen.config import load_config
     from regen.storage import open_storage
@@ -134,8 +154,22 @@ def _audit(args: argparse.Namespace) -> int:
     if tokenizer is None and config is not None:
         staged = config.model.staged_path()
         tokenizer = config.model.tokenizer_path or (staged if staged.is_dir() else None)
-    result = run_audit(open_storage(args.dataset), audit_config, tokenizer_path=tokenizer)
+    storage = open_storage(args.dataset)
+    try:
+        result = run_audit(storage, audit_config, tokenizer_path=tokenizer)
+    except UsageError:
+        raise
+    except UserError as err:
+        # Exit 1 is a failed audit's: an audit that could not run says so with 2.
+        raise UsageError(str(err)) from None
     Console().print(audit_table(result))
+    # The report a reader opens is this audit's, not the run's last one. A dataset this user
+    # may only read still gets its verdict and exit code; the report's absence is said.
+    try:
+        write_report(storage, result)
+        print(f"report: {storage.uri.rstrip('/')}/report/audit.md")
+    except (OSError, UserError) as err:
+        print(f"regen: warning: report/ not rewritten: {err}", file=sys.stderr)
     print(f"verdict: {result.verdict}")
     return 1 if result.verdict == "fail" else 0
 

@@ -15,6 +15,13 @@ class ConfigError(UserError):
     exit_code = 2
 
 
+class UsageError(UserError):
+    """A command-line argument that names nothing usable (a missing path, not a dataset):
+    exit 2, as argparse's own errors, so a script tells it from a failed audit's 1."""
+
+    exit_code = 2
+
+
 class FingerprintMismatch(UserError):
     """The output root belongs to a run with other inputs, model or sampling settings."""
 

@@ -30,7 +30,10 @@ class NvmlProbe:
         try:
             import pynvml
         except ImportError as err:
-            hint = "nvidia-ml-py is not installed (pip install 'regen[sglang]')"
+            from regen.extras import install_command
+
+            command = install_command("nvidia", "nvidia-ml-py")
+            hint = f"nvidia-ml-py is not installed: make nvidia in the checkout, or {command}"
             raise RuntimeError(hint) from err
         try:
             pynvml.nvmlInit()

@@ -1,13 +1,27 @@
-"""The configuration of a rehearsal: the real flow on a CPU, emulators in place of GPUs."""
+"""The configuration of a rehearsal: the real flow on a CPU, emulators in place of GPUs.
+
+A rehearsal of a user's config first validates that config exactly as `regen run` would, so
+a mistake in it fails here with the same line and exit code; only then are the engine and
+the model swapped for the emulator. It never writes where the GPU run will: its dataset goes
+to a location of its own, derived from the config (or `--out`), and the config's `output`
+and `export.dest` are left untouched, so the GPU run finds them as they were.
+"""
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from regen.config import RegenConfig, parse_config, read_config_data
+from regen.errors import ConfigError
+from regen.naming import dataset_slug, slugify
 from regen.ports import free_port_range, quiet_port_range
+
+# Where a rehearsal without a config writes; one with a config writes under its work_dir.
+DEFAULT_OUTPUT = "out/rehearsal"
 
 
 def bundled(name: str) -> Path:
@@ -15,41 +29,74 @@ def bundled(name: str) -> Path:
     return Path(str(files("regen") / "data" / name))
 
 
-def rehearsal_config(
+def is_rehearsal_model(source: str) -> bool:
+    """Whether `source` is the emulated model a rehearsal serves (a run.json that names it
+    was made by a rehearsal)."""
+    return source.rstrip("/") == str(bundled("emulator-model"))
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """`config` is what runs (emulators, the bundled model, the rehearsal's own output);
+    `source` is the user's config as `regen run` would take it, None without a config file."""
+
+    config: RegenConfig
+    source: RegenConfig | None
+
+
+def plan_rehearsal(
     *,
     config_path: Path | None = None,
     prompts: str | None = None,
     out: str | None = None,
     servers: int | None = None,
     faults: list[str] | None = None,
-) -> RegenConfig:
-    """A user's config turned into a rehearsal, or a complete default one.
+) -> Rehearsal:
+    """A user's config validated as is, then turned into a rehearsal; or a default one.
 
-    A user's own file keeps its prompts, output, sampling and audit settings; the engine
-    becomes the emulator and the model the bundled emulated one (same served name), so the
-    rehearsal tests the config the GPU run will use without copying real weights.
+    A user's own file keeps its prompts, sampling and audit settings; the engine becomes the
+    emulator and the model the bundled emulated one (same served name), so the rehearsal
+    tests the config the GPU run will use without copying real weights. What the file leaves
+    out that a run needs (model, prompts, output) is the rehearsal's: a partial file is a
+    rehearsal's settings, not a mistake. Raises ConfigError (exit 2) for a mistake in the file.
     """
+    name = str(config_path or "rehearsal")
     data: dict[str, Any] = read_config_data(config_path) if config_path else {}
-    data.setdefault("prompts", str(bundled("sample_prompts.jsonl")))
-    data.setdefault("output", "out/rehearsal")
     if prompts:
         data["prompts"] = prompts
+    data.setdefault("prompts", str(bundled("sample_prompts.jsonl")))
+    real_output = data.get("output") if config_path else None
+    data.setdefault("model", {"source": str(bundled("emulator-model")), "served_name": "qwen3-emu"})
+    data.setdefault("output", out or DEFAULT_OUTPUT)
+    # As `regen run --config` validates it: a wrong type, an unknown key, a bad value fails
+    # before anything is replaced, with the line `regen check` prints.
+    source = parse_config(copy.deepcopy(data), name)
+    faults = [*source.engine.emulator.faults, *(faults or [])]
+    output = rehearsal_output(source, real_output if isinstance(real_output, str) else None)
     if out:
-        data["output"] = out
-    work_dir = Path(data.get("work_dir", ".regen"))
+        if real_output is not None and _same_place(out, source.output):
+            raise ConfigError(
+                f"--out {out} is the output of {name}: a rehearsal never writes where the GPU "
+                "run will; give another --out"
+            )
+        output = out
+    elif faults:
+        # Another fault is another experiment: it never resumes a clean rehearsal's dataset
+        # (which would pass with nothing generated) nor a stopped one's.
+        output = f"{output}-{slugify('-'.join(faults))[:40].strip('-')}"
+    data["output"] = output
+    if isinstance(data.get("export"), dict):
+        data["export"]["dest"] = f"{output.rstrip('/')}-export"
+
+    work_dir = source.work_dir
     # The real model stays where it is: a rehearsal stages the emulated one under its name.
-    saved_model = data.get("model")
-    model: dict[str, Any] = saved_model if isinstance(saved_model, dict) else {}
-    name = str(model.get("served_name", "qwen3-emu"))
+    served = source.model.served_name
     data["model"] = {
         "source": str(bundled("emulator-model")),
-        "served_name": name,
-        "stage_dir": str(work_dir / "stage" / name),
+        "served_name": served,
+        "stage_dir": str(work_dir / "stage" / served),
     }
-
-    engine = data.setdefault("engine", {})
-    if not isinstance(engine, dict):
-        return parse_config(data, str(config_path or "rehearsal"))
+    engine: dict[str, Any] = data.setdefault("engine", {})
     # One emulator per configured GPU, so a rehearsal of a 7-GPU config runs 7 servers.
     gpus = engine.get("gpus")
     count = servers or (len(gpus) if isinstance(gpus, list) and gpus else 4)
@@ -61,6 +108,36 @@ def rehearsal_config(
     for gpu_only in ("python", "urls", "launcher"):  # the emulator runs in this interpreter
         engine.pop(gpu_only, None)
     emulator = engine.setdefault("emulator", {})
-    if isinstance(emulator, dict):
-        emulator["faults"] = [*emulator.get("faults", []), *(faults or [])]
-    return parse_config(data, str(config_path or "rehearsal"))
+    emulator["faults"] = faults
+    return Rehearsal(
+        config=parse_config(data, name), source=source if config_path is not None else None
+    )
+
+
+def rehearsal_config(
+    *,
+    config_path: Path | None = None,
+    prompts: str | None = None,
+    out: str | None = None,
+    servers: int | None = None,
+    faults: list[str] | None = None,
+) -> RegenConfig:
+    """The config a rehearsal runs (see `plan_rehearsal`)."""
+    return plan_rehearsal(
+        config_path=config_path, prompts=prompts, out=out, servers=servers, faults=faults
+    ).config
+
+
+def rehearsal_output(source: RegenConfig, real_output: str | None) -> str:
+    """A rehearsal's own dataset root: `<work_dir>/rehearsal/<dataset slug>` for a config
+    that names an output (local, whatever the output is, so an S3 prefix stays empty), else
+    `out/rehearsal`."""
+    if real_output is None:
+        return DEFAULT_OUTPUT
+    return str(source.work_dir / "rehearsal" / dataset_slug(real_output))
+
+
+def _same_place(a: str, b: str) -> bool:
+    if a.startswith("s3://") or b.startswith("s3://"):
+        return a.rstrip("/") == b.rstrip("/")
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()

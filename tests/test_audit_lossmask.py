@@ -163,5 +163,8 @@ def test_cli_audit_takes_the_model_directory(
     parity = next(line for line in out.splitlines() if "11 template parity" in line)
     assert "│ fail " in parity and "20 of 20 stored prompts differ" in parity
     assert out.rstrip().endswith("verdict: fail")
-    assert main(["audit", str(storage.root), "--tokenizer", str(tmp_path / "none")]) == 1
-    assert "tokenizer.json not found" in capsys.readouterr().err
+    # A --tokenizer that names nothing is a usage error (2), never a failed audit's 1.
+    with pytest.raises(SystemExit) as exited:
+        main(["audit", str(storage.root), "--tokenizer", str(tmp_path / "none")])
+    assert exited.value.code == 2
+    assert "none: no such file or directory" in capsys.readouterr().err

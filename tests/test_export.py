@@ -279,7 +279,7 @@ def test_cli_exports_and_refuses_bad_input(
     assert "dropped: no_token_ids" in out and "truncated" in out and "3 written" in out
     assert (
         main(["export", str(tmp_path / "missing"), "--format", "specforge", "--out", str(dest)])
-        == 1
+        == 2
     )
     err = capsys.readouterr().err
     assert "missing" in err and "not a regen dataset" in err and "Traceback" not in err

@@ -47,6 +47,7 @@ from regen.dataset.prompt_cache import cache_prompts, prompts_for_shard
 from regen.dataset.reader import Committed, read_committed, require_dataset, scan_data
 from regen.dataset.runinfo import (
     RunInfo,
+    config_fingerprint,
     new_run_info,
     open_run,
     read_run,
@@ -77,6 +78,7 @@ __all__ = [
     "claim_prefix",
     "commit_shard",
     "committed_shards",
+    "config_fingerprint",
     "content_hash",
     "data_key",
     "error_rows",

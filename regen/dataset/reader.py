@@ -19,7 +19,7 @@ from regen.dataset.keys import PLAN_KEY
 from regen.dataset.manifest import Census, Manifest, take_census
 from regen.dataset.plan import read_plan
 from regen.dataset.runinfo import read_run, removed_policy, run_fingerprint_of
-from regen.errors import UserError
+from regen.errors import UsageError
 from regen.schema import row_schema
 from regen.storage import Storage
 
@@ -97,7 +97,7 @@ def dropped_ids(storage: Storage, run: dict[str, Any]) -> frozenset[str]:
 def require_dataset(storage: Storage, committed: Committed) -> None:
     """Refuse a root that holds neither shards nor a plan: a wrong path, not an empty run."""
     if committed.census.empty and not storage.exists(PLAN_KEY):
-        raise UserError(f"{storage.uri}: no shards/ and no plan.parquet: not a regen dataset")
+        raise UsageError(f"{storage.uri}: no shards/ and no plan.parquet: not a regen dataset")
 
 
 def scan_data(storage: Storage, keys: list[str]) -> pl.LazyFrame:

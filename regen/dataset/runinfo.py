@@ -100,27 +100,38 @@ def removed_policy(run: dict[str, Any]) -> Removed:
     return "drop" if run.get("removed") == "drop" else "keep"
 
 
-def new_run_info(config: RegenConfig, prompt_set: PromptSet, plan: ShardPlan) -> RunInfo:
-    """This run's run.json, fingerprinted over model, sampling, regeneration, shard size and
-    template, with `plan`'s input revision as its one revision."""
-    model = {
+def _model(config: RegenConfig) -> dict[str, Any]:
+    return {
         "served_name": config.model.served_name,
         "source": config.model.source,
         "revision": config.model.revision,
     }
+
+
+def config_fingerprint(
+    config: RegenConfig, shard_size: int | None = None
+) -> tuple[str, dict[str, Any]]:
+    """(digest, components) of the run `config` describes, as its run.json will record them:
+    what `regen check` compares with an output's run.json before anything is staged."""
+    return run_fingerprint(
+        model=_model(config),
+        sampling=config.sampling.model_dump(),
+        regeneration=config.regeneration.model_dump(),
+        shard_size=config.shard_size if shard_size is None else shard_size,
+        chat_template={
+            "enable_thinking": config.regeneration.enable_thinking,
+            "reasoning_parser": config.engine.reasoning_parser,
+        },
+    )
+
+
+def new_run_info(config: RegenConfig, prompt_set: PromptSet, plan: ShardPlan) -> RunInfo:
+    """This run's run.json, fingerprinted over model, sampling, regeneration, shard size and
+    template, with `plan`'s input revision as its one revision."""
+    digest, components = config_fingerprint(config, plan.shard_size)
+    model = _model(config)
     sampling = config.sampling.model_dump()
     regeneration = config.regeneration.model_dump()
-    chat_template = {
-        "enable_thinking": config.regeneration.enable_thinking,
-        "reasoning_parser": config.engine.reasoning_parser,
-    }
-    digest, components = run_fingerprint(
-        model=model,
-        sampling=sampling,
-        regeneration=regeneration,
-        shard_size=plan.shard_size,
-        chat_template=chat_template,
-    )
     info = RunInfo(
         input_fingerprint=prompt_set.fingerprint,
         input_path=prompt_set.path,

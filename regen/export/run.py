@@ -400,8 +400,11 @@ def _datasets() -> Any:
     try:
         import datasets  # type: ignore[import-untyped]
     except ImportError:
+        from regen.extras import install_command
+
         raise UserError(
-            "format hf-dataset needs Hugging Face datasets: pip install 'regen[export]'"
+            "format hf-dataset needs Hugging Face datasets: "
+            + install_command("export", "datasets")
         ) from None
     datasets.disable_progress_bars()
     return datasets

@@ -39,6 +39,7 @@ __all__ = [
     "check_stage_space",
     "check_storage",
     "print_report",
+    "rehearsal_checks",
     "run_checks",
 ]
 
@@ -77,6 +78,10 @@ def run_checks(
         ("stage dir", lambda: check_stage_space(config, size)),
         ("ram", lambda: check_memory(config)),
     ]
+    return PreflightReport(rows=_isolated(checks))
+
+
+def _isolated(checks: list[tuple[str, Callable[[], CheckRow]]]) -> list[CheckRow]:
     rows = []
     for name, check in checks:
         try:
@@ -84,4 +89,46 @@ def run_checks(
         except Exception as err:  # a check that cannot run is a failed check, not a crash
             first = (str(err).splitlines() or [type(err).__name__])[0]
             rows.append(CheckRow(name=name, status="fail", figure=first))
+    return rows
+
+
+def rehearsal_checks(source: RegenConfig, rehearsal_output: str) -> PreflightReport:
+    """What a rehearsal can judge of the GPU run's own config, before it swaps in emulators.
+
+    The config and the servers' launch flags are facts of the file, checked here as
+    `regen check` checks them (same rows, same words). The node's facts (the model, the sglang
+    venv, the GPUs, the ports, the stage dir, the output) cannot be seen from this machine:
+    each is a `skipped` row saying `not checked here`, never dropped and never a failure.
+    """
+    engine = source.engine
+    if engine.kind == "external":
+        servers = f"engine.urls {', '.join(engine.urls)}"
+    else:
+        servers = f"engine.python {engine.python} ({engine.kind}, {engine.launcher})"
+    stage = (
+        f"model.stage_dir {source.model.staged_path()}"
+        if source.model.stage
+        else "model.stage false: the servers load model.source"
+    )
+    ports = f"{engine.base_port}-{engine.base_port + engine.num_servers - 1}"
+    facts = {
+        "model": f"model.source {source.model.source}",
+        "engine": servers,
+        "gpus": f"engine.gpus {engine.gpus}",
+        "ports": f"{engine.host}:{ports}",
+        "stage dir": stage,
+        "storage": f"output {source.output}: the rehearsal writes {rehearsal_output}",
+    }
+    rows = _isolated(
+        [("config", lambda: check_config(source)), ("flags", lambda: check_flags(source))]
+    )
+    rows += [
+        CheckRow(
+            name=name,
+            status="skipped",
+            figure=f"not checked here: {what}",
+            hint="regen check on the GPU node",
+        )
+        for name, what in facts.items()
+    ]
     return PreflightReport(rows=rows)

@@ -21,7 +21,51 @@ def check_storage(
 
     storage = open_output() if open_output else open_storage(config.output)
     probe(storage)
-    return CheckRow(name="storage", status="pass", figure=f"{storage.uri} writable and readable")
+    figure = f"{storage.uri} writable and readable"
+    made_by = _other_run(config, storage)
+    if made_by is None:
+        return CheckRow(name="storage", status="pass", figure=figure)
+    if config.generation.new_output:
+        return CheckRow(
+            name="storage",
+            status="warn",
+            figure=f"{made_by}; generation.new_output moves it under superseded/",
+            hint="a fresh dataset starts here",
+        )
+    return CheckRow(
+        name="storage",
+        status="fail",
+        figure=made_by,
+        hint="use a new output, or generation.new_output: true to start over there",
+    )
+
+
+def _other_run(config: RegenConfig, storage: Storage) -> str | None:
+    """What the output's run.json says that this run would be refused for, after staging,
+    by the plan's `open_run`; None when there is no run.json or it is this run's."""
+    from regen.dataset import config_fingerprint, read_run
+    from regen.fingerprint import changed_components
+    from regen.rehearsal import is_rehearsal_model
+
+    run = read_run(storage)
+    if not run.get("fingerprint"):
+        return None
+    digest, components = config_fingerprint(config)
+    if run["fingerprint"] == digest:
+        return None
+    old = run.get("components")
+    changes = changed_components(old if isinstance(old, dict) else {}, components)
+    made_with = f"run.json was made with {'; '.join(changes[:3]) or 'another run'}"
+    model = run.get("model")
+    source = model.get("source") if isinstance(model, dict) else None
+    if (
+        isinstance(source, str)
+        and is_rehearsal_model(source)
+        and not is_rehearsal_model(config.model.source)
+    ):
+        # First, before the long paths a table cuts: the one fact the user must see.
+        return f"{storage.uri}: holds a rehearsal's dataset, made on emulators ({made_with})"
+    return f"{storage.uri}: {made_with}"
 
 
 def check_prompt_source(config: RegenConfig, hf_token: str | None = None) -> CheckRow:

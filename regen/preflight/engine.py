@@ -129,7 +129,9 @@ def check_engine(config: RegenConfig, import_timeout_s: float = 60.0) -> CheckRo
             name="engine",
             status="fail",
             figure=f"import {module} failed: {last}",
-            hint=f"install it into {python}",
+            hint=f"{python} -m pip install sglang=={KNOWN_SGLANG[-1]}"
+            if engine.kind == "sglang"
+            else f"install regen into {python}",
         )
     version = proc.stdout.strip()
     fs = fs_type(Path(python))

@@ -36,16 +36,19 @@ class PreflightReport(BaseModel):
         )
 
 
-def print_report(report: PreflightReport) -> None:
+def print_report(
+    report: PreflightReport, title: str = "regen provisioning checks", verdict: str = "provisioning"
+) -> None:
+    """The table, then `<verdict>: ok` or `<verdict>: FAILED`."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="regen provisioning checks")
+    table = Table(title=title)
     for col in ("check", "status", "figure", "fix"):
         table.add_column(col)
     for r in report.rows:
-        # Figures quote paths and pip extras ("regen[sglang]") that rich would read as markup.
+        # Figures quote paths and pins ("x[y]==1") that rich would read as markup.
         table.add_row(r.name, f"[{STYLE[r.status]}]{r.status}[/]", escape(r.figure), escape(r.hint))
     Console(width=max(120, shutil.get_terminal_size().columns)).print(table)
-    print("provisioning: " + ("ok" if report.ok else "FAILED"))
+    print(f"{verdict}: " + ("ok" if report.ok else "FAILED"))
