@@ -100,6 +100,7 @@ def _audit(args: argparse.Namespace) -> int:
 
     from regen.audit import audit_table, run_audit
     from regen.audit.thresholds import AuditConfig
+    from regen.canary import stopped_run
     from regen.config import load_config
     from regen.storage import open_storage
 
@@ -109,7 +110,10 @@ def _audit(args: argparse.Namespace) -> int:
     if tokenizer is None and config is not None:
         staged = config.model.staged_path()
         tokenizer = config.model.tokenizer_path or (staged if staged.is_dir() else None)
-    result = run_audit(open_storage(args.dataset), audit_config, tokenizer_path=tokenizer)
+    storage = open_storage(args.dataset)
+    result = run_audit(
+        storage, audit_config, tokenizer_path=tokenizer, stopped=stopped_run(storage)
+    )
     Console().print(audit_table(result))
     print(f"verdict: {result.verdict}")
     return 1 if result.verdict == "fail" else 0

@@ -12,6 +12,7 @@ from prefect.cache_policies import NONE
 
 from regen.audit import AuditResult, run_audit, write_report
 from regen.audit.thresholds import AuditConfig
+from regen.canary import stopped_run
 from regen.export import ExportOptions
 from regen.export.run import ExportSummary, export_dataset
 from regen.naming import artifact
@@ -24,14 +25,12 @@ def audit(
     config: AuditConfig,
     tokenizer_path: str | None = None,
     storage: Storage | None = None,
-    stopped: str | None = None,
 ) -> AuditResult:
     """Every check against its threshold; the markdown report becomes the dataset's artifact.
-    `storage` is `output` when the run has it open; `stopped` says why the live gate stopped
-    the run, for the report's first line."""
+    `storage` is `output` when the run has it open. A run the live gate stopped is judged on
+    the rows it generated, its canary's included, and fails naming the gate."""
     logger, storage = get_run_logger(), storage or open_storage(output)
-    result = run_audit(storage, config, tokenizer_path=tokenizer_path)
-    result.stopped = stopped
+    result = run_audit(storage, config, tokenizer_path=tokenizer_path, stopped=stopped_run(storage))
     write_report(storage, result)
     create_markdown_artifact(
         markdown=result.to_markdown() + f"\n\nReport files: `{storage.uri}/report/`\n",

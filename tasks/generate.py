@@ -42,7 +42,10 @@ from regen.storage import Storage
 def plan_run(run: OpenedRun) -> RunPlan:
     """Read and validate every prompt, write run.json + plan, and find what is left to do."""
     plan = plan_generation(run.config, run.storage)
-    get_run_logger().info(plan.headline())
+    logger = get_run_logger()
+    logger.info(plan.headline())
+    if plan.stopped:
+        logger.error("live gate: %s", plan.stopped)
     figures = f"{plan.num_rows:,} prompts in {plan.num_shards:,} shards"
     markdown(
         markdown=dataset_markdown(run.storage.uri, f"{figures}, {len(plan.pending):,} to generate"),

@@ -23,6 +23,7 @@ from regen.prompts.load import (
     load_prompts,
     load_prompts_file,
     preview,
+    read_rejects,
     write_rejects,
 )
 
@@ -37,5 +38,6 @@ __all__ = [
     "load_prompts",
     "load_prompts_file",
     "preview",
+    "read_rejects",
     "write_rejects",
 ]
