@@ -15,7 +15,7 @@ from regen.audit.thresholds import AuditConfig
 from regen.canary import stopped_run
 from regen.export import ExportOptions
 from regen.export.run import ExportSummary, export_dataset
-from regen.naming import artifact
+from regen.naming import artifact, dataset_markdown
 from regen.storage import Storage, open_storage
 
 
@@ -36,6 +36,16 @@ def audit(
         markdown=result.to_markdown() + f"\n\nReport files: `{storage.uri}/report/`\n",
         **artifact("audit-report", output, f"audit {result.headline()}"),
     )
+    # The plan's "N to generate" is history now: the dataset as the run leaves it.
+    committed = f"{result.rows - result.uncommitted:,} rows committed"
+    planned = f" of {result.planned:,} planned" if result.planned is not None else ""
+    create_markdown_artifact(
+        markdown=dataset_markdown(
+            storage.uri, f"{committed}{planned}; audit {result.headline()}",
+            stopped=result.stopped is not None,
+        ),
+        **artifact("dataset", output, "where the data is"),
+    )  # fmt: skip
     for check in result.ordered_checks():
         log = logger.error if check.status == "fail" else logger.info
         log("audit %-16s %-5s %s", check.name, check.status, check.detail)
