@@ -76,7 +76,7 @@ def _latest_artifacts(state: Any) -> dict[str, Any]:
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
         )
     latest: dict[str, Any] = {}
-    for a in sorted(found, key=lambda a: a.created):
+    for a in sorted(found, key=lambda a: str(a.created)):
         if a.key:
             latest[a.key] = a
     return latest
