@@ -109,6 +109,7 @@ ARTIFACT_KINDS = (
     "fleet-report",
     "generation-progress",
     "fleet-live",
+    "throughput",
     "generation-summary",
     "audit-report",
     "export-specforge",
