@@ -101,7 +101,7 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     bad = _config(root / "incident", incident_prompts, args.servers, [INCIDENT], gate=True)
     state, seconds, served = _run(bad)
-    if not state.is_failed() or "live quality gate: stopped" not in (state.message or ""):
+    if not state.is_failed() or "FAIL: canary gate stopped" not in (state.message or ""):
         raise SystemExit(f"live_gate: the incident was not stopped by the gate: {state}")
     record = read_stop_record(LocalStorage(Path(bad.output)))
     assert record is not None, "a stopped run leaves report/stopped.json"

@@ -68,7 +68,7 @@ def regenerate_multinode(
     ranges = split_ranges(plan.pending, weights)
     for name, shards in ranges.items():
         logger.info("node %s (weight %g) starts with %d shard(s)", name, weights[name], len(shards))
-    if plan.pending:
+    if plan.pending and not plan.stopped:
         parent = get_run_context().flow_run  # type: ignore[union-attr]
         assert parent is not None, "a flow's context has its run"
         blocks = {

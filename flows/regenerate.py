@@ -84,13 +84,13 @@ def regenerate_completions(
     api_key = config.engine.api_key or generate_api_key()
     tokenizer = str(config.model.tokenizer_path or model_path)
     generation = GenerationSummary.empty()
-    if plan.pending:
+    # A plan the live gate stopped on its input's rejects launches no fleet.
+    if plan.pending and not plan.stopped:
         with start_fleet(run, model_path, api_key) as fleet:
             generation = generate(run, plan, fleet, api_key, tokenizer, node)
-    stopped: State[None] = Failed(message=f"live quality gate: {generation.stopped}")
     if node is not None:
         return (
-            stopped
+            Failed(message=f"FAIL: {generation.stopped}")
             if generation.stopped
             else RunSummary(
                 output=config.output,
@@ -101,12 +101,9 @@ def regenerate_completions(
                 verdict=f"not audited here: node {node.name} of a multi-node run",
             )
         )
-    # A run the live gate stopped is audited too: the report covers what was committed.
-    report = audit(
-        config.output, config.audit, tokenizer, storage=run.storage, stopped=generation.stopped
-    )
-    if generation.stopped:
-        return stopped
+    # A run the live gate stopped is audited too, on every row it generated, and fails
+    # naming the gate that stopped it.
+    report = audit(config.output, config.audit, tokenizer, storage=run.storage)
     if report.verdict == "fail":
         return Failed(message=report.failure_message())
     failed = round((report.check("error_rows").figure or 0.0) * report.rows)

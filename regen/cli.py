@@ -145,6 +145,7 @@ def _audit(args: argparse.Namespace) -> int:
 
     from regen.audit import audit_table, run_audit, write_report
     from regen.audit.thresholds import AuditConfig
+    from regen.canary import stopped_run
     from regen.config import load_config
     from regen.storage import open_storage
 
@@ -156,7 +157,9 @@ def _audit(args: argparse.Namespace) -> int:
         tokenizer = config.model.tokenizer_path or (staged if staged.is_dir() else None)
     storage = open_storage(args.dataset)
     try:
-        result = run_audit(storage, audit_config, tokenizer_path=tokenizer)
+        result = run_audit(
+            storage, audit_config, tokenizer_path=tokenizer, stopped=stopped_run(storage)
+        )
     except UsageError:
         raise
     except UserError as err:

@@ -20,6 +20,24 @@ from regen.progress import ProgressSnapshot, ProgressWriter
 log = logging.getLogger(__name__)
 
 
+HISTORY_ROWS = 240
+"""Rows of the throughput table at most: a three-day run scraped every 30 s has 8,640
+intervals, merged into this many spans (each its intervals' mean), so the table stays small
+enough to rewrite at every scrape."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """One scrape's figures, kept for the run's throughput history."""
+
+    at: float
+    done: int
+    tokens_per_s: float
+    """The dispatcher's rate, as in the headline."""
+    servers: tuple[float | None, ...]
+    """Each server's rate over the interval from its own counter (None: no `/metrics`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LiveReport:
     """The run's live figures: progress from the dispatcher, each server's from its /metrics."""
@@ -27,6 +45,28 @@ class LiveReport:
     at: float
     progress: ProgressSnapshot
     servers: tuple[ServerFigures, ...]
+    history: tuple[Interval, ...] = ()
+
+    def history_table(self, max_rows: int = HISTORY_ROWS) -> list[dict[str, str]]:
+        """How throughput moved over the run: one row per interval, or per span of
+        consecutive intervals (their mean) when there are more than `max_rows`."""
+        names = [s.name for s in self.servers]
+        per = -(-len(self.history) // max_rows) if self.history else 1
+        rows = []
+        for start in range(0, len(self.history), per):
+            span = self.history[start : start + per]
+            last = span[-1]
+            row = {
+                "time (UTC)": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(last.at)),
+                "rows done": f"{last.done:,}",
+                "output tok/s": sig(sum(i.tokens_per_s for i in span) / len(span)),
+            }
+            for k, name in enumerate(names):
+                rates = [i.servers[k] for i in span if k < len(i.servers)]
+                known = [r for r in rates if r is not None]
+                row[f"{name} tok/s"] = sig(sum(known) / len(known)) if known else NONE
+            rows.append(row)
+        return rows
 
     def log_line(self) -> str:
         """One line for the run's log; a server without metrics says so."""
@@ -98,8 +138,11 @@ class LiveWatch:
         self._on_update = on_update
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._history: list[Interval] = []
 
     def __enter__(self) -> LiveWatch:
+        # The counters at the start: every report's tok/s is then a rate over its interval.
+        self._scraper.prime()
         self._thread = threading.Thread(target=self._run, name="regen-live", daemon=True)
         self._thread.start()
         return self
@@ -122,7 +165,10 @@ class LiveWatch:
             self.tick()
 
     def tick(self) -> LiveReport:
-        report = LiveReport(time.time(), self._progress.snapshot(), tuple(self._scraper.scrape()))
+        at, progress, servers = time.time(), self._progress.snapshot(), self._scraper.scrape()
+        rates = tuple(s.tokens_per_s for s in servers)
+        self._history.append(Interval(at, progress.done, progress.tokens_per_s, rates))
+        report = LiveReport(at, progress, tuple(servers), tuple(self._history))
         try:
             self._on_update(report)
         except Exception as err:

@@ -89,8 +89,9 @@ def s3_console_url(uri: str) -> str | None:
     return f"{url}?prefix={quote(prefix + '/')}" if prefix else url
 
 
-def dataset_markdown(uri: str, summary: str) -> str:
-    """Where a run's data is: the first thing a user watching the run wants to open."""
+def dataset_markdown(uri: str, summary: str, *, stopped: bool = False) -> str:
+    """Where a run's data is: the first thing a user watching the run wants to open; for a
+    run the live gate `stopped`, where it says why and where the canary's rows wait."""
     root = uri.rstrip("/")
     lines = [
         f"**Dataset `{dataset_name(uri)}`**: {summary}",
@@ -100,6 +101,11 @@ def dataset_markdown(uri: str, summary: str) -> str:
         f"- run description: `{root}/run.json`",
         f"- progress: `{root}/progress.json`",
     ]
+    if stopped:
+        lines += [
+            f"- why the live gate stopped the run: `{root}/report/stopped.json`",
+            f"- the canary's rows (generated, not committed): `{root}/canary/`",
+        ]
     console = s3_console_url(root)
     if console:
         lines.append(f"- S3 console: [{root}/]({console})")

@@ -62,6 +62,8 @@ class ProgressSnapshot:
     audit: dict[str, Any] | None = None
     """The rolling audit's running figures (`regen.audit.gate.running_figures`), once a shard
     has committed."""
+    ended: str | None = None
+    """How generation ended (`finished`, or `stopped: <the gate's verdict>`), once it has."""
 
     @property
     def fraction(self) -> float:
@@ -75,13 +77,13 @@ class ProgressSnapshot:
         return (
             f"{self.done:,} / {self.total:,} rows ({pct(self.fraction)}), "
             f"{self.failed:,} failed this run; {sig(self.tokens_per_s)} output tok/s; "
-            f"ETA {duration(self.eta_s)}"
+            + (self.ended or f"ETA {duration(self.eta_s)}")
         )
 
     def audit_line(self) -> str:
         """The rolling audit in one line: rows behind it, each failing or warning check."""
         if not self.audit:
-            return "rolling audit: no shard committed yet"
+            return self.ended or "rolling audit: no shard committed yet"
         checks = self.audit.get("checks", {})
         loud = [f"{k} {pct(v['figure'])} {v['status']}" for k, v in checks.items()
                 if v.get("status") in ("fail", "warn")]  # fmt: skip
@@ -122,6 +124,10 @@ class _Sample:
     server_tokens: tuple[int, ...]
 
 
+def _at(values: tuple[int, ...], i: int) -> int:
+    return values[i] if i < len(values) else 0
+
+
 class StatsSource(Protocol):
     def stats(self) -> DispatchStats: ...
 
@@ -133,9 +139,10 @@ class ProgressMeter:
         self._total = total
         self._already_done = already_done
         self._window_s = window_s
-        self._samples: deque[_Sample] = deque()
         self._lock = threading.Lock()
         self._started = time.monotonic()
+        # Nothing done at the start: a run shorter than the first tick still has a rate.
+        self._samples: deque[_Sample] = deque([_Sample(self._started, 0, 0, ())])
         self._shards_committed = 0
         self._rows_committed = already_done
 
@@ -189,7 +196,7 @@ class ProgressMeter:
                     state=str(s.state),
                     in_flight=s.in_flight,
                     slots=s.slots,
-                    tokens_per_s=rate(s.output_tokens, oldest.server_tokens[i]),
+                    tokens_per_s=rate(s.output_tokens, _at(oldest.server_tokens, i)),
                 )
                 for i, s in enumerate(stats.servers)
             ),
@@ -229,6 +236,7 @@ class ProgressWriter:
         self._bar: Progress | None = None
         self._bar_task: TaskID | None = None
         self._audit: dict[str, Any] | None = None
+        self._ended: str | None = None
 
     def start(self) -> ProgressWriter:
         if self._show_bar:
@@ -267,8 +275,14 @@ class ProgressWriter:
         """The rolling audit's latest figures, written with the next progress."""
         self._audit = figures
 
+    def end(self, how: str) -> None:
+        """Generation is over (`finished`, `stopped: ...`): said by every later snapshot, the
+        last writes on close included, so no report is left saying a run is under way."""
+        self._ended = how
+
     def snapshot(self) -> ProgressSnapshot:
-        return replace(self._meter.snapshot(self._dispatcher.stats()), audit=self._audit)
+        snap = self._meter.snapshot(self._dispatcher.stats())
+        return replace(snap, audit=self._audit, ended=self._ended)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

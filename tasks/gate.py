@@ -12,9 +12,10 @@ from prefect.cache_policies import NONE
 
 from regen.audit import AuditResult, run_audit, write_report
 from regen.audit.thresholds import AuditConfig
+from regen.canary import stopped_run
 from regen.export import ExportOptions
 from regen.export.run import ExportSummary, export_dataset
-from regen.naming import artifact
+from regen.naming import artifact, dataset_markdown
 from regen.storage import Storage, open_storage
 
 
@@ -24,19 +25,27 @@ def audit(
     config: AuditConfig,
     tokenizer_path: str | None = None,
     storage: Storage | None = None,
-    stopped: str | None = None,
 ) -> AuditResult:
     """Every check against its threshold; the markdown report becomes the dataset's artifact.
-    `storage` is `output` when the run has it open; `stopped` says why the live gate stopped
-    the run, for the report's first line."""
+    `storage` is `output` when the run has it open. A run the live gate stopped is judged on
+    the rows it generated, its canary's included, and fails naming the gate."""
     logger, storage = get_run_logger(), storage or open_storage(output)
-    result = run_audit(storage, config, tokenizer_path=tokenizer_path)
-    result.stopped = stopped
+    result = run_audit(storage, config, tokenizer_path=tokenizer_path, stopped=stopped_run(storage))
     write_report(storage, result)
     create_markdown_artifact(
         markdown=result.to_markdown() + f"\n\nReport files: `{storage.uri}/report/`\n",
         **artifact("audit-report", output, f"audit {result.headline()}"),
     )
+    # The plan's "N to generate" is history now: the dataset as the run leaves it.
+    committed = f"{result.rows - result.uncommitted:,} rows committed"
+    planned = f" of {result.planned:,} planned" if result.planned is not None else ""
+    create_markdown_artifact(
+        markdown=dataset_markdown(
+            storage.uri, f"{committed}{planned}; audit {result.headline()}",
+            stopped=result.stopped is not None,
+        ),
+        **artifact("dataset", output, "where the data is"),
+    )  # fmt: skip
     for check in result.ordered_checks():
         log = logger.error if check.status == "fail" else logger.info
         log("audit %-16s %-5s %s", check.name, check.status, check.detail)

@@ -3,6 +3,7 @@ shard fed through the run's one dispatcher (its own loop in its own thread)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -11,7 +12,11 @@ from uuid import UUID
 
 from prefect import get_client, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact as markdown
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NONE
 from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.context import get_run_context
@@ -42,7 +47,10 @@ from regen.storage import Storage
 def plan_run(run: OpenedRun) -> RunPlan:
     """Read and validate every prompt, write run.json + plan, and find what is left to do."""
     plan = plan_generation(run.config, run.storage, hf_token=run.hf_token)
-    get_run_logger().info(plan.headline())
+    logger = get_run_logger()
+    logger.info(plan.headline())
+    if plan.stopped:
+        logger.error("live gate: %s", plan.stopped)
     figures = f"{plan.num_rows:,} prompts in {plan.num_shards:,} shards"
     markdown(
         markdown=dataset_markdown(run.storage.uri, f"{figures}, {len(plan.pending):,} to generate"),
@@ -99,14 +107,19 @@ def _feeding(
         "Waiting for the first scrape of the servers' `/metrics`.",
         **artifact("fleet-live", run.output, f"live fleet figures {every_s}"),
     )
+    history_id = create_table_artifact(
+        [], **artifact("throughput", run.output, f"output tok/s over the run, {every_s}")
+    )
     # From sync code these are the ids, not the coroutines their dispatch type also admits.
     assert isinstance(progress_id, UUID) and isinstance(live_id, UUID)
+    assert isinstance(history_id, UUID)
 
     def progress(snapshot: ProgressSnapshot) -> None:
+        said = snapshot.audit or snapshot.ended
         update_progress_artifact(
             artifact_id=progress_id,
             progress=round(100 * snapshot.fraction, 2),
-            description=f"{name}: {snapshot.audit_line()}" if snapshot.audit else None,
+            description=f"{name}: {snapshot.audit_line()}" if said else None,
         )
 
     def live(report: LiveReport) -> None:
@@ -114,8 +127,11 @@ def _feeding(
         update = ArtifactUpdate(
             data=report.to_markdown(), description=f"{name}: live {report.progress.headline()}"
         )
+        # A table artifact's data is its rows as JSON (what create_table_artifact stores).
+        history = ArtifactUpdate(data=json.dumps(report.history_table()))
         with get_client(sync_client=True) as client:
             client.update_artifact(live_id, update)
+            client.update_artifact(history_id, history)
 
     with feeding(
         run.config, run.storage, plan, fleet, api_key, node=node, on_progress=progress, on_live=live
@@ -156,7 +172,10 @@ def generate(
 
     run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
     with _feeding(run, plan, fleet, api_key, node.name if node else None) as feed:
-        return generate_plan(
+        summary = generate_plan(
             run, plan, feed, start, tokenizer_path=tokenizer_path, node=node,
             info={"flow_run_id": run_id}, log=get_run_logger(),
         )  # fmt: skip
+        # Said by the last progress and live reports, written as the feed closes.
+        feed.progress.end(f"stopped: {summary.stopped}" if summary.stopped else "finished")
+        return summary

@@ -26,7 +26,7 @@ from regen.audit.dataset import open_dataset, scan_rows
 from regen.audit.lengths import quantile
 from regen.audit.run import row_checks, shard_summaries
 from regen.audit.summary import AuditSettings
-from regen.dataset import commit_shard, read_manifest, read_shard, replace_shard
+from regen.dataset import REJECTS_KEY, commit_shard, read_manifest, read_shard, replace_shard
 from regen.dataset.keys import summary_key
 from regen.schema import row_schema
 from regen.storage import LocalStorage
@@ -51,11 +51,13 @@ def _settings(storage: LocalStorage, config: AuditConfig, tok: Path | None = Non
 
 
 def _one_shard_copy(src: LocalStorage, root: Path) -> LocalStorage:
-    """The same rows, run.json and plan ids, committed as a single shard."""
+    """The same rows, run.json, rejects and plan ids, committed as a single shard."""
     dst = LocalStorage(root)
     rows = _rows(src).with_columns(shard=pl.lit(0, pl.Int64))
     commit_shard(dst, 0, rows, fingerprint=FINGERPRINT, timings={})
-    dst.write_bytes("run.json", src.read_bytes("run.json"))
+    for key in ("run.json", REJECTS_KEY):
+        if src.exists(key):
+            dst.write_bytes(key, src.read_bytes(key))
     plan = pl.read_parquet(src.root / "plan.parquet").with_columns(shard=pl.lit(0, pl.Int64))
     plan.write_parquet(root / "plan.parquet")
     return dst

@@ -12,6 +12,7 @@ refused with its bytes untouched.
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import time
@@ -254,8 +255,8 @@ def test_rows_of_another_format_appended_are_read_as_theirs(tmp_path: Path, tall
     row = prompts_row(tmp_path, prompts)
     assert (row.status, row.figure) == (
         "warn",
-        "4 of first 5 rows valid (messages 2, prompt 1, sharegpt 1); "
-        "first: has both conversations and prompt",
+        "4 of 5 rows valid (messages 2, prompt 1, sharegpt 1; whole file); "
+        "first: line 5: has both conversations and prompt",
     )
     assert loaded.rejects.rows() == [(5, "e", "has both conversations and prompt")]
 
@@ -347,7 +348,9 @@ def test_bom_and_crlf_are_accepted(tmp_path: Path, tally: Tally) -> None:
             and first.endswith("result."),  # no "\r", no BOM left in the text
         )
         row = prompts_row(tmp_path, path)
-        assert row.status == "pass" and row.figure == "2 of first 2 rows valid (messages 2)", row
+        assert (
+            row.status == "pass" and row.figure == "2 of 2 rows valid (messages 2; whole file)"
+        ), row
 
 
 # --- the environment: model, output, flags, GPUs ----------------------------------------------
@@ -453,7 +456,16 @@ def mixed_run(tmp_path_factory: pytest.TempPathFactory, prefect_home: Path) -> d
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90",
     )
-    config = write_yaml(work / "c.yaml", {"shard_size": 5, "engine": {"gpus": [0, 1]}})
+    # 3 of 15 rows rejected: over the default 1 % the gate would stop the run (judged in
+    # test_half_the_rows_rejected_stops_before_generating); here the run must go on.
+    config = write_yaml(
+        work / "c.yaml",
+        {
+            "shard_size": 5,
+            "engine": {"gpus": [0, 1]},
+            "audit": {"rejects": {"warn": 0, "fail": 0.5}},
+        },
+    )
     args = ["rehearse", "--config", str(config), "--prompts", "mixed.jsonl", "--out", "out"]
     start = time.monotonic()
     proc = run_regen(args, env, cwd=work)
@@ -507,3 +519,37 @@ def test_output_of_another_run_is_refused_untouched(
 
 def test_refused_run_prints_no_traceback(refused_run: dict[str, Any]) -> None:
     assert "Traceback" not in refused_run["proc"].stderr
+
+
+def test_half_the_rows_rejected_stops_before_generating(
+    tmp_path: Path, regen_env: dict[str, str]
+) -> None:
+    """1,000 of 2,000 rows not valid JSON (the tail of the file): the live gate stops the run
+    before a fleet is launched, and the audit fails naming `rejects` with the count."""
+    good = [f"ok{i:04d}" for i in range(1000)]
+    bad = "".join(f'{{"id": "bad{i}", "prompt": "cut off\n' for i in range(1000))
+    (tmp_path / "half.jsonl").write_text(rows(*good) + bad)
+    args = ["rehearse", "--prompts", "half.jsonl", "--out", "out"]
+    proc = run_regen(args, regen_env, cwd=tmp_path)
+
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("regen: ")]
+    assert said and said[0].startswith(
+        "regen: run failed: FAIL: canary gate stopped the run before generating: "
+        "rejects 50.0 % (1,000 of 2,000 input rows) (fail at 1.00 %), e.g. line 1001"
+    ), said
+    assert "Traceback" not in proc.stderr
+    out = tmp_path / "out"
+    assert not list((out / "shards").glob("*.json")) if (out / "shards").exists() else True
+    assert not list((tmp_path / ".regen" / "logs").glob("server-*.log")), "no fleet launched"
+    audit = json.loads((out / "report" / "audit.json").read_text())
+    assert audit["verdict"] == "fail" and audit["gate"] == "canary"
+    rejects = next(c for c in audit["checks"] if c["name"] == "rejects")
+    assert rejects["status"] == "fail" and rejects["figure"] == 0.5
+    assert rejects["detail"] == (
+        "1,000 of 2,000 input rows rejected: not valid JSON: 1,000 rows, lines 1001, 1002, 1003, …"
+    )
+    assert rejects["examples"][0] == {"id": "line 1001", "reason": "not valid JSON"}
+    assert (
+        "| **FAIL** | 0 rejected input rows | 50.0 % |" in (out / "report" / "audit.md").read_text()
+    )

@@ -10,6 +10,7 @@ import pytest
 
 from regen.audit.gate import Finding
 from regen.audit.result import Example
+from regen.audit.thresholds import AuditConfig
 from regen.canary import (
     STOP_KEY,
     CanaryFirst,
@@ -24,8 +25,10 @@ from regen.canary import (
     split_shard,
     write_stop_record,
 )
+from regen.canary.stop import judge_input
 from regen.dataset import commit_shard, prompts_for_shard, read_manifest
 from regen.errors import UserError
+from regen.prompts import REJECTS_SCHEMA
 from regen.storage import LocalStorage
 from support.emulator import Emulator
 from tests.test_dispatcher import dispatcher, emulators, prompts
@@ -146,3 +149,25 @@ def test_an_unchanged_rerun_of_a_stopped_run_is_refused(tmp_path: Path) -> None:
     write_stop_record(storage, _record(FP))
     check_not_stopped(storage, "0" * 64)  # a changed config goes on
     assert not storage.exists(STOP_KEY)
+
+
+def test_a_stop_on_the_inputs_rejects_is_judged_again_not_refused(tmp_path: Path) -> None:
+    """Stopped before anything was sent (half the input rejected): judging it again costs
+    nothing, so a rerun (a fixed file, a looser `audit.rejects`) goes on and is judged anew."""
+    storage = LocalStorage(tmp_path / "out")
+    rejects = pl.DataFrame(
+        {"line": [3, 4, 9], "id": [None, "x", None], "reason": ["not valid JSON"] * 3},
+        schema=REJECTS_SCHEMA,
+    )
+    assert judge_input(storage, FP, rejects, 3, AuditConfig(live="warn")) is None
+    loose = AuditConfig.model_validate({"rejects": {"warn": 0, "fail": 0.6}})
+    assert judge_input(storage, FP, rejects, 3, loose) is None
+    assert not storage.exists(STOP_KEY)
+    record = judge_input(storage, FP, rejects, 3, AuditConfig())
+    assert record is not None and storage.exists(STOP_KEY)
+    assert record.gate_line() == (
+        "canary gate stopped the run before generating: rejects 50.0 % (3 of 6 input rows) "
+        "(fail at 1.00 %), e.g. line 3, line 4, line 9"
+    )
+    check_not_stopped(storage, FP)
+    assert not storage.exists(STOP_KEY), "set aside, not refused"

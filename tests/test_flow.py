@@ -110,6 +110,7 @@ ARTIFACT_KINDS = (
     "fleet-report",
     "generation-progress",
     "fleet-live",
+    "throughput",
     "generation-summary",
     "audit-report",
     "export-specforge",
@@ -217,13 +218,13 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run
     )
     state = regenerate_completions(config, return_state=True)
     assert state.is_failed()
-    assert "audit failed" in (state.message or "")
+    assert (state.message or "").startswith("FAIL: final gate: ")
     assert not exports.exists(), "a dataset that fails the audit is never exported"
     # The verdict leads, then the failing figures against their thresholds, then where the data is.
     message = state.message or ""
     assert message.startswith("FAIL: "), message
     assert re.search(r"empty_answer \d+(\.\d+)? % \(fail at [\d.]+ %\)", message), message
-    assert f"The data was kept: 240 rows at {out}" in message
+    assert f"The data was kept: 240 committed rows at {out}" in message
     assert (out / "report" / "audit.md").read_text().startswith("# Audit: **FAIL**")
     checks = {
         c["name"]: c for c in json.loads((out / "report" / "audit.json").read_text())["checks"]
@@ -243,7 +244,7 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run
     # An expected outcome, not a crash: no traceback anywhere in the run's logs.
     flow_run_id = _flow_run(state).id
     logs = _log_text(flow_run_id)
-    assert "audit failed on empty_answer" in logs and "Traceback" not in logs
+    assert "final gate: empty_answer" in logs and "Traceback" not in logs
     # This dataset's reports have keys of their own: the good dataset's are left as they were.
     mine, good = _artifacts(flow_run_id), _artifacts(_flow_run(good_run.state).id)
     assert set(mine) and not set(mine) & set(good), (set(mine), set(good))
@@ -279,7 +280,9 @@ def test_a_mixed_format_prompt_file_is_generated_in_full(tmp_path: Path) -> None
     prompts = tmp_path / "mixed.jsonl"
     prompts.write_text("".join(json.dumps(row) + "\n" for row in MIXED_ROWS))
     out = tmp_path / "out"
-    config = _config(tmp_path, str(out), prompts=str(prompts), shard_size=3)
+    # 2 of 10 rows rejected on purpose: over the default 1 % the gate would stop the run.
+    loose = {"rejects": {"warn": 0, "fail": 0.5}}
+    config = _config(tmp_path, str(out), prompts=str(prompts), shard_size=3, audit=loose)
     state = regenerate_completions(config, return_state=True)
     assert state.is_completed(), state.message
     run = json.loads((out / "run.json").read_text())

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from regen.fleet.metrics import FleetScraper
-from regen.live_report import LiveReport
+from regen.fleet.metrics import FleetScraper, ServerFigures
+from regen.live_report import Interval, LiveReport
 from regen.naming import artifact_key
 from regen.progress import ProgressSnapshot
 from regen.rehearsal import rehearsal_config
@@ -65,6 +65,41 @@ def test_each_server_figures_come_from_its_own_metrics(emulators: list[str]) -> 
     assert "| server-1 | **metrics missing** |" in markdown
     assert f"- server-1: `{emulators[1]}/metrics`" in markdown
     assert "server-1 metrics missing" in report.log_line()
+
+
+def test_an_idle_server_shows_zero_tokens_per_second(emulators: list[str]) -> None:
+    """The rate is over the last interval from the server's counter: an idle server shows 0,
+    not its throughput gauge's last value (idle servers once showed 250 tok/s each while the
+    headline said 0)."""
+    endpoints = [Endpoint(0, emulators[0])]
+    _chat(emulators[0])
+    fresh = FleetScraper(endpoints).scrape()[0]
+    assert fresh.metrics is not None and fresh.metrics.gen_throughput, "the gauge keeps a value"
+    assert fresh.tokens_per_s == 0.0, "no baseline and nothing running: idle"
+    scraper = FleetScraper(endpoints)
+    scraper.prime()
+    _chat(emulators[0])
+    busy = scraper.scrape()[0]
+    assert busy.tokens_per_s and busy.tokens_per_s > 0
+    time.sleep(0.05)
+    idle = scraper.scrape()[0]
+    assert idle.tokens_per_s == 0.0, idle
+
+
+def test_throughput_history_keeps_every_interval_or_their_means() -> None:
+    progress = ProgressSnapshot(
+        updated_at=0, elapsed_s=1, total=10, done=5, already_done=0, ok=5, failed=0,
+        in_flight=0, queued=0, retries=0, shards_committed=1, rows_committed=5,
+        output_tokens=64, tokens_per_s=64.0, rows_per_s=5.0, eta_s=1.0, servers=(),
+    )  # fmt: skip
+    server = ServerFigures("server-0", "http://x", None, None)
+    # Three days scraped every 30 s: 8,640 intervals, the rate climbing by 1 each.
+    history = tuple(Interval(30.0 * i, i, float(i), (float(i),)) for i in range(8640))
+    report = LiveReport(time.time(), progress, (server,), history)
+    table = report.history_table()
+    assert len(table) == 240 and table[0]["output tok/s"] == "17.5"  # mean of 0..35
+    assert table[-1]["rows done"] == "8,639" and table[-1]["server-0 tok/s"] == "8,620"
+    assert len(LiveReport(time.time(), progress, (server,), history[:5]).history_table()) == 5
 
 
 # | server | tok/s | running | queued | KV cache | accept length |

@@ -17,6 +17,7 @@ import yaml
 
 from regen.config import RegenConfig
 from regen.dataset import read_committed
+from regen.naming import dataset_slug
 from regen.ports import port_is_free
 from regen.rehearsal import rehearsal_config
 from regen.storage import LocalStorage
@@ -64,6 +65,23 @@ def _stop_record(config: RegenConfig) -> dict[str, Any]:
     return json.loads((Path(config.output) / "report" / "stopped.json").read_text())
 
 
+def _latest_artifacts(state: Any) -> dict[str, Any]:
+    """The flow run's artifacts by key, each at its latest version."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+        )
+    latest: dict[str, Any] = {}
+    for a in sorted(found, key=lambda a: str(a.created)):
+        if a.key:
+            latest[a.key] = a
+    return latest
+
+
 def test_the_incident_stops_at_the_canary(tmp_path: Path) -> None:
     from flows.regenerate import regenerate_completions
 
@@ -72,7 +90,8 @@ def test_the_incident_stops_at_the_canary(tmp_path: Path) -> None:
 
     assert state.is_failed() and not state.is_crashed(), state
     message = state.message or ""
-    assert message.startswith("live quality gate: stopped at the canary after 256 rows"), message
+    # One wording for every gate: FAIL, the gate, the failing checks with their figures.
+    assert message.startswith("FAIL: canary gate stopped the run after 256 rows: "), message
     figure = re.search(r"empty_answer (\d+(?:\.\d+)?) % \(fail at", message)
     assert figure and float(figure.group(1)) == pytest.approx(87, abs=6), message
     served = _served(config)
@@ -85,9 +104,32 @@ def test_the_incident_stops_at_the_canary(tmp_path: Path) -> None:
     assert {c["check"] for c in record["checks"]} >= {"empty_answer", "answer_collapse"}
     assert storage.exists(record["canary"]), "the canary's rows are kept for inspection"
     report = (Path(config.output) / "report" / "audit.md").read_text()
-    assert "**The live quality gate stopped at the canary" in report
+    assert "**FAIL: canary gate stopped the run after 256 rows" in report
+    assert "(stopped by the canary gate) empty/trivial answers" in report
     audit = json.loads((Path(config.output) / "report" / "audit.json").read_text())
-    assert audit["stopped"].startswith("stopped at the canary")
+    assert audit["stopped"].startswith("canary gate stopped the run")
+    assert audit["verdict"] == "fail" and audit["gate"] == "canary"
+    # Judged on what it generated: the canary's rows, every check computed over them.
+    assert audit["rows"] == audit["uncommitted"] == 256
+    checks = {c["name"]: c for c in audit["checks"]}
+    assert checks["empty_answer"]["status"] == "fail"
+    assert checks["empty_answer"]["figure"] == pytest.approx(0.87, abs=0.06)
+    loss = checks["loss_mask"]
+    assert loss["status"] == "fail" and loss["figure"] == pytest.approx(0.87, abs=0.06)
+    assert "from stored token ids: 256, from the chat template: 0" in loss["detail"], loss
+    assert {e["reason"] for e in loss["examples"]} == {"6 loss tokens"}
+    # The live artifacts are left saying how the run ended, not that it is under way.
+    found, slug = _latest_artifacts(state), dataset_slug(config.output)
+    live = str(found[f"fleet-live-{slug}"].data)
+    assert "stopped: canary gate stopped the run after 256 rows" in live, live
+    assert "no shard committed yet" not in live and "ETA" not in live, live
+    progress = found[f"generation-progress-{slug}"]
+    assert "stopped: canary gate" in (progress.description or ""), progress
+    dataset = str(found[f"dataset-{slug}"].data)
+    assert "report/stopped.json" in dataset and "/canary/" in dataset, dataset
+    assert "to generate" not in dataset and "0 rows committed of 5,000 planned" in dataset
+    history = json.loads(str(found[f"throughput-{slug}"].data))
+    assert history and {"time (UTC)", "output tok/s", "server-0 tok/s"} <= set(history[-1])
 
     # Rerun unchanged: refused before anything is launched, naming why the last run stopped.
     again = regenerate_completions(config, return_state=True)
@@ -109,7 +151,7 @@ def test_a_fault_that_starts_late_is_caught_by_the_rolling_audit(tmp_path: Path)
     state = regenerate_completions(config, return_state=True)
 
     assert state.is_failed() and not state.is_crashed(), state
-    assert "stopped in its rolling audit" in (state.message or ""), state.message
+    assert (state.message or "").startswith("FAIL: rolling gate stopped the run"), state.message
     record = _stop_record(config)
     assert record["stage"] == "rolling"
     committed = read_committed(LocalStorage(Path(config.output)))

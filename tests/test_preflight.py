@@ -204,11 +204,13 @@ def test_remote_model_is_left_to_staging(tmp_path: Path) -> None:
 
 
 def test_prompts_ok_warn_and_fail(tmp_path: Path) -> None:
-    assert check_prompts(make_config(tmp_path)).figure == "1 of first 1 rows valid (messages 1)"
+    assert (
+        check_prompts(make_config(tmp_path)).figure == "1 of 1 rows valid (messages 1; whole file)"
+    )
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text(PROMPT + '{"id": "b", "messages": "hello"}\n')
     row = check_prompts(make_config(tmp_path, prompts=str(mixed)))
-    assert row.status == "warn" and "1 of first 2 rows valid (messages 1)" in row.figure
+    assert row.status == "warn" and "1 of 2 rows valid (messages 1; whole file)" in row.figure
     formats = tmp_path / "formats.jsonl"
     formats.write_text(
         PROMPT
@@ -218,7 +220,7 @@ def test_prompts_ok_warn_and_fail(tmp_path: Path) -> None:
     row = check_prompts(make_config(tmp_path, prompts=str(formats)))
     assert (row.status, row.figure) == (
         "pass",
-        "4 of first 4 rows valid (messages 1, prompt 2, sharegpt 1)",
+        "4 of 4 rows valid (messages 1, prompt 2, sharegpt 1; whole file)",
     )
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "b", "messages": "hello"}\n')

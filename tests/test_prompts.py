@@ -639,12 +639,25 @@ def test_write_rejects_through_storage(tmp_path: Path) -> None:
     assert back.rows() == [(2, None, "not valid JSON")]
 
 
-def test_preview_checks_only_the_first_rows(tmp_path: Path) -> None:
-    lines = [{"id": f"r{i}", "messages": _msgs(("user", "q"))} for i in range(50)]
-    path = _jsonl(tmp_path, *lines[:9], "{bad", *lines[9:])
-    result = preview(str(path), n=20)
-    assert (result.rows_checked, result.valid, result.rejected) == (20, 19, 1)
-    assert result.first_reason == "not valid JSON"
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_preview_samples_head_middle_and_tail(tmp_path: Path, kind: str) -> None:
+    """Bad rows in the tail of a file are seen: the sample is a third each from the head,
+    the middle and the tail (a head-only look said `1000 of first 1000 rows valid` of a file
+    whose second half was broken), and the figure says which rows were read."""
+    good = [{"id": f"r{i}", "messages": _msgs(("user", "q"))} for i in range(90)]
+    bad = [{"id": f"b{i}", "messages": _msgs(("robot", "q"))} for i in range(10)]
+    if kind == "jsonl":
+        path = _jsonl(tmp_path, *good, *bad)
+    else:
+        path = tmp_path / "p.parquet"
+        pl.DataFrame([*good, *bad]).write_parquet(path)
+    result = preview(str(path), n=30)
+    assert (result.rows_checked, result.valid, result.rejected) == (30, 20, 10)
+    unit = "lines" if kind == "jsonl" else "rows"
+    assert result.sampled == f"sampled {unit} 1-10, 46-55, 91-100 of 100"
+    assert (result.first_reason or "").startswith(f"{unit[:-1]} 91: ")
+    whole = preview(str(path), n=100)
+    assert (whole.rows_checked, whole.rejected, whole.sampled) == (100, 10, "whole file")
 
 
 def test_sample_prompt_set_is_valid_and_varied() -> None:
@@ -687,7 +700,8 @@ def test_small_batches_read_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         (8, "duplicate id (first on line 1)"),
         (10, "duplicate id (first on line 9)"),
     ]
-    assert (first[jsonl].rows_checked, first[jsonl].valid) == (4, 3)
+    # Lines 1-2, 5-6 and 9-10 of 10: the blank line 6 is not a row, line 10 repeats line 9.
+    assert (first[jsonl].rows_checked, first[jsonl].valid) == (5, 4)
     for size in (1, 40, 200):
         monkeypatch.setattr(regen.prompts.load, "_BATCH_BYTES", size)
         for path in (jsonl, parquet):

@@ -82,7 +82,7 @@ def test_retry_errors_regenerates_only_the_error_rows(tmp_path: Path) -> None:
 
     state = _run(tmp_path, "clean", out, generation={"shards": "0:2"})
     # Half the dataset fails the audit's completeness check: the shards are committed all the same.
-    assert state.is_completed() or "audit failed" in str(state.message), state.message
+    assert state.is_completed() or str(state.message).startswith("FAIL: final gate"), state.message
 
     state = _run(
         tmp_path,
@@ -94,7 +94,7 @@ def test_retry_errors_regenerates_only_the_error_rows(tmp_path: Path) -> None:
         # run at its canary (tests/test_live_gate.py is where it does).
         audit={"live": "off"},
     )
-    assert state.is_completed() or "audit failed" in str(state.message), state.message
+    assert state.is_completed() or str(state.message).startswith("FAIL: final gate"), state.message
     before = _manifests(storage)
     failed = {k for k, (_, m) in before.items() if m.failed}
     assert failed == set(before) - CLEAN, {k: m.failed for k, (_, m) in before.items()}

@@ -11,6 +11,7 @@ from regen.figures import pct, sig
 from regen.status import Status
 
 Verdict = Literal["pass", "warn", "fail"]
+Gate = Literal["canary", "rolling", "final"]
 _SEVERITY: dict[Status, int] = {"skipped": 0, "pass": 0, "warn": 1, "fail": 2}
 
 
@@ -71,6 +72,10 @@ class AuditResult(BaseModel):
     servers: list[ServerRates] = Field(default_factory=list)
     stopped: str | None = None
     """Why the live gate stopped the run this audit closes (the rows and checks it named)."""
+    gate: Gate = "final"
+    """The gate that gave the verdict: the canary's or the rolling audit's stop, or this one."""
+    uncommitted: int = 0
+    """Rows judged that no committed shard holds: a stopped run's canary rows (`canary/`)."""
 
     def check(self, name: str) -> Check:
         """The check called `name`; KeyError names it when there is none."""
@@ -87,24 +92,34 @@ class AuditResult(BaseModel):
         return sorted(self.checks, key=lambda c: -_SEVERITY[c.status])
 
     def headline(self) -> str:
-        """`PASS 240 rows`, `FAIL empty/trivial answers 85.8 %`: the verdict and why."""
+        """`PASS 240 rows`, `FAIL empty/trivial answers 85.8 %`: the verdict and why; a
+        stopped run names its gate, and the checks over its rows before its completeness."""
         if self.verdict == "pass":
             return f"PASS {self.rows:,} rows"
         worst = [c for c in self.ordered_checks() if c.status == self.verdict]
+        if self.gate != "final":
+            worst = [c for c in worst if c.name != "completeness"] or worst
         figures = ", ".join(f"{_topic(c)} {pct(c.figure)}" for c in worst[:2])
         more = f" (+{len(worst) - 2} more)" if len(worst) > 2 else ""
-        return f"{self.verdict.upper()} {figures}{more}"
+        stop = f" (stopped by the {self.gate} gate)" if self.gate != "final" else ""
+        return f"{self.verdict.upper()}{stop} {figures}{more}"
 
     def failure_message(self) -> str:
-        """A failed gate's state message: verdict, each failing figure against its threshold,
-        and where the data was kept (nothing is deleted; the next run can retry the errors)."""
-        failing = [c for c in self.ordered_checks() if c.status == "fail"]
-        figures = "; ".join(f"{c.name} {pct(c.figure)} (fail at {pct(c.fail)})" for c in failing)
+        """A failed gate's state message, one wording for every gate: `FAIL:`, which gate,
+        each failing figure against its threshold, and where the data was kept (nothing is
+        deleted; the next run can retry the errors)."""
+        if self.stopped:
+            verdict = self.stopped
+        else:
+            failing = [c for c in self.ordered_checks() if c.status == "fail"]
+            verdict = "final gate: " + "; ".join(
+                f"{c.name} {pct(c.figure)} (fail at {pct(c.fail)})" for c in failing
+            )
         root = self.dataset.rstrip("/")
-        return (
-            f"{self.verdict.upper()}: audit failed on {figures}. The data was kept: "
-            f"{self.rows:,} rows at {root}, report at {root}/report/audit.md"
-        )
+        kept = f"{self.rows - self.uncommitted:,} committed rows at {root}"
+        if self.uncommitted:
+            kept += f", {self.uncommitted:,} canary rows under {root}/canary/"
+        return f"FAIL: {verdict}. The data was kept: {kept}, report at {root}/report/audit.md"
 
     def to_markdown(self) -> str:
         """Verdict first, then a narrow table with failures on top, then the details and
@@ -113,14 +128,15 @@ class AuditResult(BaseModel):
             f"# Audit: **{self.verdict.upper()}**",
             "",
             f"**{self.headline()}**. Dataset `{self.dataset}`: {self.rows:,} rows"
+            + (
+                f" ({self.uncommitted:,} of them canary rows, under `canary/`)"
+                if self.uncommitted
+                else ""
+            )
             + (f", {self.planned:,} planned" if self.planned is not None else "")
             + ".",
             "",
-            *(
-                [f"**The live quality gate {self.stopped}** (`report/stopped.json`).", ""]
-                if self.stopped
-                else []
-            ),
+            *([f"**FAIL: {self.stopped}** (`report/stopped.json`).", ""] if self.stopped else []),
             "| status | check | figure | warn at | fail at |",
             "|---|---|--:|--:|--:|",
         ]

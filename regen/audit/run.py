@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
+import polars as pl
 from pydantic import ValidationError
 
 from regen.audit.completeness import completeness_check, error_rows_check
@@ -25,6 +27,7 @@ from regen.audit.quality import (
     think_leak_check,
     truncation_checks,
 )
+from regen.audit.rejects import rejects_check
 from regen.audit.result import AuditResult, Check, Quantiles, verdict_of
 from regen.audit.servers import server_breakdown, server_check
 from regen.audit.summary import (
@@ -37,11 +40,23 @@ from regen.audit.summary import (
 from regen.audit.template_parity import template_parity_check
 from regen.audit.thresholds import AuditConfig
 from regen.dataset.keys import summary_key
+from regen.prompts import read_rejects
 from regen.storage import Storage
 
 _FOLD = 200
 """Summaries merged at a time while reading: bounds memory, costs a few merges of the
 running figures."""
+
+
+@dataclass(frozen=True)
+class StoppedRun:
+    """A run the live gate stopped (`regen.canary.stopped_run` reads it from the root)."""
+
+    gate: Literal["canary", "rolling"]
+    line: str
+    """The gate's verdict in one line: `canary gate stopped the run after 256 rows: ...`."""
+    rows: pl.DataFrame
+    """Rows it generated outside committed shards (the canary's): judged with the rest."""
 
 
 def run_audit(
@@ -50,6 +65,7 @@ def run_audit(
     *,
     thinking_requested: bool | None = None,
     tokenizer_path: Path | str | None = None,
+    stopped: StoppedRun | None = None,
 ) -> AuditResult:
     """Audit the committed shards under `storage`; only shard summaries are written (the
     report is `write_report`'s).
@@ -58,6 +74,8 @@ def run_audit(
     `tokenizer_path` is the model directory (or its tokenizer.json) whose chat template
     rebuilds the loss mask of turns stored without token ids and is checked against the
     stored prompts; without it and without ids, those checks are `skipped`, never passed.
+    `stopped`: the live gate stopped the run; every check is computed over the rows that
+    exist (its canary rows of uncommitted shards too) and the verdict is a fail naming it.
     """
     view = open_dataset(storage)
     settings = settings_for(
@@ -75,13 +93,36 @@ def run_audit(
         running.append(summary)
         if len(running) >= _FOLD:
             running = [merge(running)]
-    return audit_result(
-        merged(running, settings),
+    uncommitted = _uncommitted(stopped, view)
+    if uncommitted.height:
+        # Summarised, never stored: these rows are in no shard (yet).
+        running.append(audit_rows(uncommitted, settings))
+    summary = merged(running, settings)
+    usable = view.plan.height if view.plan is not None else summary.rows
+    result = audit_result(
+        summary,
         settings,
         dataset=storage.uri,
         planned=view.plan.height if view.plan is not None else None,
         completeness=completeness,
+        rejects=rejects_check(read_rejects(storage), usable, config),
     )
+    if stopped is not None:
+        result.stopped, result.gate, result.uncommitted = (
+            stopped.line,
+            stopped.gate,
+            uncommitted.height,
+        )
+        result.verdict = "fail"
+    return result
+
+
+def _uncommitted(stopped: StoppedRun | None, view: DatasetView) -> pl.DataFrame:
+    """A stopped run's rows that no committed shard holds (and the view does not drop)."""
+    if stopped is None:
+        return pl.DataFrame()
+    rows = stopped.rows.filter(~pl.col("shard").is_in(list(view.committed)))
+    return rows.filter(~pl.col("id").is_in(list(view.dropped))) if view.dropped else rows
 
 
 @dataclass
@@ -170,14 +211,15 @@ def audit_result(
     dataset: str,
     planned: int | None,
     completeness: Check,
+    rejects: Check,
 ) -> AuditResult:
-    """The AuditResult (audit.json, audit.md) of merged figures and the completeness check."""
+    """The AuditResult (audit.json, audit.md) of merged figures and the dataset-level checks."""
     columns = length_columns(settings.thinking)
     lengths = length_quantiles(summary, columns)
     plots = histograms(summary.lengths, columns) if summary.completions else {}
     if summary.loss.tokens:
         plots |= histograms({"loss_tokens": summary.loss.tokens}, ["loss_tokens"])
-    checks = [completeness, *row_checks(summary, settings)]
+    checks = [rejects, completeness, *row_checks(summary, settings)]
     return AuditResult(
         dataset=dataset,
         rows=summary.rows,

@@ -54,7 +54,7 @@ FLAGS = [
 ]
 K = TypeVar("K", str, int)
 # Settings that change no figure of a summary: changing them must not recompute any.
-_NOT_KEYED = {"live", "live_min_rows", "batch_rows"}
+_NOT_KEYED = {"live", "live_min_rows", "batch_rows", "rejects"}
 
 
 class Hits(BaseModel):

@@ -27,6 +27,8 @@ class AuditConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # Any rejected input row warns; above 1 % of the input the dataset is not what was asked for.
+    rejects: Threshold = Threshold(warn=0.0, fail=0.01)
     error_rate: Threshold = Threshold(warn=0.01, fail=0.05)
     empty_answer: Threshold = Threshold(warn=0.01, fail=0.05)
     empty_thinking: Threshold = Threshold(warn=0.01, fail=0.05)

@@ -10,7 +10,13 @@ keeps and records.
 """
 
 from regen.canary.sample import canary_sample
-from regen.canary.stop import RunStopped, StopRecord, check_not_stopped, write_stop_record
+from regen.canary.stop import (
+    RunStopped,
+    StopRecord,
+    check_not_stopped,
+    stopped_run,
+    write_stop_record,
+)
 from regen.canary.store import (
     CanaryFirst,
     merge_shard,
@@ -32,5 +38,6 @@ __all__ = [
     "read_canary",
     "run_canary",
     "split_shard",
+    "stopped_run",
     "write_stop_record",
 ]

@@ -13,9 +13,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Literal
 
+import polars as pl
 from pydantic import BaseModel, Field
 
 from regen.audit.gate import Finding
+from regen.audit.rejects import rejects_check
+from regen.audit.run import StoppedRun
+from regen.audit.thresholds import AuditConfig
+from regen.canary.store import read_canary
 from regen.dataset.keys import STOP_KEY, canary_key, set_aside_prefix
 from regen.errors import UserError
 from regen.figures import pct
@@ -48,14 +53,33 @@ class StopRecord(BaseModel):
         """One line: each failing check with its figure, threshold and a few example ids
         (the details are in the record and the report)."""
         where = "at the canary" if self.stage == "canary" else "in its rolling audit"
+        return f"stopped {where} {self._after()}: {self._checks()}"
+
+    def gate_line(self) -> str:
+        """The stop as every gate failure says it after `FAIL:` (`regen.audit.result`):
+        `canary gate stopped the run after 256 rows: empty_answer 87.1 % (fail at 5.00 %)...`."""
+        return f"{self.stage} gate stopped the run {self._after()}: {self._checks()}"
+
+    def _after(self) -> str:
+        # The input's rejects are judged before any prompt is sent.
+        return f"after {self.rows_audited:,} rows" if self.prompts_sent else "before generating"
+
+    def _checks(self) -> str:
         parts = []
         for check in self.checks:
             ids = ", ".join(e.id for e in check.examples[:_SHOWN_IDS])
             part = f"{check.check} {pct(check.figure)}"
+            if check.check == "rejects":  # its rows are the input's, not generated ones
+                part += f" ({round(check.figure * check.rows):,} of {check.rows:,} input rows)"
             if check.fail is not None:
                 part += f" (fail at {pct(check.fail)})"
-            parts.append(part + (f", e.g. ids {ids}" if ids else ""))
-        return f"stopped {where} after {self.rows_audited:,} rows: " + "; ".join(parts)
+            parts.append(part + (f", e.g. {_ids(ids)}" if ids else ""))
+        return "; ".join(parts)
+
+
+def _ids(ids: str) -> str:
+    # A rejected row's example is its line (`line 1001`); a generated row's is its id.
+    return ids if ids.startswith("line ") else f"ids {ids}"
 
 
 def write_stop_record(storage: Storage, record: StopRecord) -> str:
@@ -72,6 +96,53 @@ def read_stop_record(storage: Storage) -> StopRecord | None:
     return StopRecord.model_validate_json(data)
 
 
+def judge_input(
+    storage: Storage,
+    fingerprint: str,
+    rejects: pl.DataFrame,
+    usable: int,
+    config: AuditConfig,
+) -> StopRecord | None:
+    """The live gate's first look, before any prompt is sent: the share of input rows
+    rejected (the audit's check 0). Over its fail threshold under `audit.live: stop`, the run
+    stops here: the record is written and returned. None otherwise (under `warn` the final
+    audit still fails on it)."""
+    check = rejects_check(rejects, usable, config)
+    if config.live != "stop" or check.status != "fail":
+        return None
+    assert check.figure is not None
+    finding = Finding(
+        check=check.name,
+        title=check.title,
+        figure=check.figure,
+        fail=check.fail,
+        rows=rejects.height + usable,
+        examples=check.examples,
+        detail=check.detail,
+    )
+    record = StopRecord(
+        fingerprint=fingerprint,
+        stage="canary",
+        rows_audited=0,
+        prompts_sent=0,
+        prompts_planned=usable,
+        checks=[finding],
+    )
+    write_stop_record(storage, record)
+    return record
+
+
+def stopped_run(storage: Storage) -> StoppedRun | None:
+    """The stop of the last run on this root, with the canary rows it generated, for the
+    final audit to judge (`regen.audit.run.run_audit`); None when it was not stopped."""
+    record = read_stop_record(storage)
+    if record is None:
+        return None
+    return StoppedRun(
+        gate=record.stage, line=record.gate_line(), rows=read_canary(storage, record.fingerprint)
+    )
+
+
 def check_not_stopped(storage: Storage, fingerprint: str, *, new_output: bool = False) -> None:
     """Refuse an unchanged rerun of a stopped run; otherwise clear the way for this run.
 
@@ -83,7 +154,8 @@ def check_not_stopped(storage: Storage, fingerprint: str, *, new_output: bool = 
     record = read_stop_record(storage)
     if record is None:
         return
-    if record.fingerprint == fingerprint and not new_output:
+    # A stop before any prompt was sent (the input's rejects) cost nothing: judged again.
+    if record.fingerprint == fingerprint and not new_output and record.prompts_sent:
         raise RunStopped(
             f"{storage.uri}: the last run {record.reason()}; rerunning unchanged would stop the "
             "same way: fix the cause and rerun with generation.new_output: true or a new output"

@@ -90,8 +90,11 @@ class ServerFigures:
 class FleetScraper:
     """Scrapes every server in turn; tokens/s from the generation counter between two scrapes.
 
-    The counter's rate is the true delivered speed over the interval; on the first scrape
-    (or after a restart reset the counter) the server's own `gen_throughput` gauge stands in.
+    The counter's rate is the true delivered speed over the interval, 0 when the server was
+    idle. Where there is no earlier scrape (a restart reset the counter, or the server has no
+    counter) the server's own `gen_throughput` gauge stands in, but only while it is running
+    requests: the gauge keeps its last value when a server goes idle (250 tok/s on a server
+    doing nothing). `prime()` takes the first counts, so the first report has a true rate.
     """
 
     def __init__(self, endpoints: list[Endpoint], timeout_s: float = 5.0) -> None:
@@ -108,6 +111,10 @@ class FleetScraper:
             )
         return figures
 
+    def prime(self) -> None:
+        """Take every server's counts, the start of the first interval."""
+        self.scrape()
+
     def _rate(self, endpoint: Endpoint, metrics: ServerMetrics | None) -> float | None:
         if metrics is None:
             return None
@@ -117,4 +124,6 @@ class FleetScraper:
             self._last[endpoint.url] = (now, tokens)
         if previous is not None and tokens is not None and tokens >= previous[1]:
             return (tokens - previous[1]) / (now - previous[0]) if now > previous[0] else None
+        if not metrics.running:
+            return 0.0
         return metrics.gen_throughput

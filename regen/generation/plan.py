@@ -15,7 +15,7 @@ import polars as pl
 from pydantic import BaseModel
 
 from regen.canary import canary_key, read_canary
-from regen.canary.stop import check_not_stopped
+from regen.canary.stop import check_not_stopped, judge_input
 from regen.config import RegenConfig
 from regen.dataset import (
     Manifest,
@@ -59,6 +59,8 @@ class RunPlan(BaseModel):
     """`input.removed`: whether the dataset view keeps their rows."""
     input_path: str = ""
     """The prompts as read: a Hub dataset's spec pinned to the commit this plan was made from."""
+    stopped: str | None = None
+    """The live gate stopped the run on its input's rejects before anything was sent."""
 
     def headline(self) -> str:
         revised = f"input revision {self.revision}: {self.changes}; " if self.changes else ""
@@ -103,6 +105,8 @@ def plan_run(config: RegenConfig, storage: Storage, hf_token: str | None = None)
     cache_prompts(prompts, plan, cache, turns=config.regeneration.turns, work=work)
     sent = set(work.get_column("shard").unique().to_list())
     pending = sorted(k for k in sent | retried if k in selection)
+    # Judged before any GPU work: the rejects are known now.
+    stop = judge_input(storage, run.fingerprint, prompts.rejects, prompts.num_valid, config.audit)
     return RunPlan(
         fingerprint=run.fingerprint,
         num_rows=plan.num_rows,
@@ -118,6 +122,7 @@ def plan_run(config: RegenConfig, storage: Storage, hf_token: str | None = None)
         removed=plan.removed_ids.len(),
         removed_policy=run.removed,
         input_path=prompts.path,
+        stopped=stop.gate_line() if stop else None,
     )
 
 

@@ -66,5 +66,5 @@ def generate_plan(
             on_outcome=feed.committed, stop=live.stopped,
         )  # fmt: skip
         log.info(result.headline(node.name))
-    stopped = live.record.reason() if live.record else None
+    stopped = live.record.gate_line() if live.record else None
     return summarize(result.outcomes, result.failures, began, stopped)

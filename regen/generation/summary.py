@@ -42,7 +42,8 @@ class GenerationSummary(BaseModel):
     seconds: float
     tokens_per_s: float
     stopped: str | None = None
-    """Why the live gate stopped the run (`report/stopped.json` has the rest), if it did."""
+    """How the live gate stopped the run (`StopRecord.gate_line`; `report/stopped.json` has
+    the rest), if it did."""
 
     @classmethod
     def empty(cls) -> GenerationSummary:

@@ -97,8 +97,9 @@ def _mb(size: int | None) -> str:
 def check_prompts(
     config: RegenConfig, sample_rows: int = 1000, hf_token: str | None = None
 ) -> CheckRow:
-    """The first rows' figure, with the valid rows per format: rows describe themselves, so a
-    file may mix formats, and the count says whether that was meant."""
+    """A sample's figure (head, middle and tail of the file), with the valid rows per format:
+    rows describe themselves, so a file may mix formats, and the count says whether that was
+    meant. A sample rejected over `audit.rejects.fail` says the run would stop on it."""
     from regen.prompts import format_counts, preview, read_options
 
     try:
@@ -106,13 +107,15 @@ def check_prompts(
     except UserError as err:
         return CheckRow(name="prompts", status="fail", figure=str(err), hint="fix the prompts file")
     counts = format_counts(found.formats)
-    figure = f"{found.valid} of first {found.rows_checked} rows valid ({counts})"
+    figure = f"{found.valid} of {found.rows_checked} rows valid ({counts}; {found.sampled})"
     if found.valid == 0:
         reason = f"{config.prompts}: {found.first_reason}"
         return CheckRow(name="prompts", status="fail", figure=reason, hint="fix the prompts file")
     if found.rejected:
         figure = f"{figure}; first: {found.first_reason}"
-        return CheckRow(
-            name="prompts", status="warn", figure=figure, hint="rejected rows go to rejects/"
-        )
+        share, limit = found.rejected / found.rows_checked, config.audit.rejects.fail
+        hint = "rejected rows go to rejects/"
+        if share >= limit:
+            hint += f"; over audit.rejects.fail ({limit:.1%}) the run stops before generating"
+        return CheckRow(name="prompts", status="warn", figure=figure, hint=hint)
     return CheckRow(name="prompts", status="pass", figure=figure)

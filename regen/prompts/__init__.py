@@ -26,6 +26,7 @@ from regen.prompts.load import (
     load_prompts_file,
     preview,
     read_options,
+    read_rejects,
     write_rejects,
 )
 
@@ -42,5 +43,6 @@ __all__ = [
     "load_prompts_file",
     "preview",
     "read_options",
+    "read_rejects",
     "write_rejects",
 ]

@@ -24,6 +24,8 @@ class FileFacts:
     is_parquet: bool
     utf8: bool
     nul_line: int | None
+    line_ends: int = 0
+    """Newlines in a text file (its lines, less one when the last has no line end)."""
 
 
 def file_facts(path: Path, name: str, *, fingerprint: bool = True) -> FileFacts:
@@ -62,7 +64,7 @@ def file_facts(path: Path, name: str, *, fingerprint: bool = True) -> FileFacts:
         raise UserError(f"{name}: file is empty")
     if nul_line is not None:
         raise UserError(f"{name}: line {nul_line}: binary data (a NUL byte), not JSONL or Parquet")
-    return FileFacts(digest.hexdigest(), size, is_parquet, utf8, nul_line)
+    return FileFacts(digest.hexdigest(), size, is_parquet, utf8, nul_line, lines)
 
 
 def download(uri: str, tmp: Path) -> Path:

@@ -95,6 +95,26 @@ def _field(record: pl.Struct, columns: Columns, key: str) -> pl.Expr:
     return pl.col("rec").struct.field(source)
 
 
+def window_batches(
+    path: Path, name: str, utf8: bool, windows: list[tuple[int, int]], columns: Columns = AS_NAMED
+) -> Iterator[pl.DataFrame]:
+    """The lines of each (start, length) window (0-based, in order, not overlapping), numbered
+    as in the file: one pass that keeps only those lines."""
+    picked: list[list[bytes]] = [[] for _ in windows]
+    end = windows[-1][0] + windows[-1][1] if windows else 0
+    with path.open("rb") as fh:
+        for i, line in enumerate(fh):
+            if i >= end:
+                break
+            for w, (start, length) in enumerate(windows):
+                if start <= i < start + length:
+                    picked[w].append(line)
+    for (start, _), lines in zip(windows, picked, strict=True):
+        fields = _jsonl_fields(b"".join(lines), name, utf8, None, start, columns) if lines else None
+        if fields is not None and fields.height:
+            yield fields
+
+
 def _jsonl_fields(
     data: bytes, name: str, utf8: bool, n_rows: int | None, offset: int, columns: Columns
 ) -> pl.DataFrame:

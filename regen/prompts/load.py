@@ -101,6 +101,8 @@ class PromptPreview:
     valid: int
     rejected: int
     first_reason: str | None
+    sampled: str = ""
+    """How the rows were taken: `whole file`, or the windows of head, middle and tail."""
 
     @property
     def format(self) -> str:
@@ -152,8 +154,9 @@ def preview(
     max_prompt_bytes: int = 1_000_000,
     options: ReadOptions = ReadOptions(),
 ) -> PromptPreview:
-    """Validate only the first `n` rows (of the first file of a glob, prefix or Hub
-    selection, the only one downloaded): cheap enough to run before any GPU is rented."""
+    """Validate about `n` rows (of the first file of a glob, prefix or Hub selection, the only
+    one downloaded), a third each from the head, the middle and the tail of the file, so rows
+    broken at its end are seen too: cheap enough to run before any GPU is rented."""
     columns = options.columns
     if hub.is_hub(path_or_uri):
         selection = _hub_selection(path_or_uri, options)
@@ -195,15 +198,58 @@ def write_rejects(storage: Storage, prompt_set: PromptSet) -> None:
     storage.write_bytes(REJECTS_KEY, _parquet_bytes(prompt_set.rejects))
 
 
+def read_rejects(storage: Storage) -> pl.DataFrame | None:
+    """The rejects the last plan wrote (`REJECTS_SCHEMA`), or None on a root that has none
+    recorded (made before rejects were written)."""
+    try:
+        data = storage.read_bytes(REJECTS_KEY)
+    except FileNotFoundError:
+        return None
+    return pl.read_parquet(io.BytesIO(data)).cast(REJECTS_SCHEMA)
+
+
 def _preview(
     path: Path, name: str, n: int, max_prompt_bytes: int, columns: Columns
 ) -> PromptPreview:
     facts = file_facts(path, name, fingerprint=False)
-    formats, valid, rejects = _load(path, name, facts, max_prompt_bytes, n, columns)
-    first = rejects.sort("line").row(0, named=True)["reason"] if rejects.height else None
-    return PromptPreview(
-        name, formats, valid.height + rejects.height, valid.height, rejects.height, first
+    if facts.is_parquet:
+        total, unit = parquet.row_count(path, name), "rows"
+    else:  # a last line without a line end is a line too
+        total, unit = facts.line_ends + (not _ends_with_newline(path)), "lines"
+    windows = _windows(total, n)
+    formats, valid, rejects = _load(path, name, facts, max_prompt_bytes, None, columns, windows)
+    first = rejects.sort("line").row(0, named=True) if rejects.height else None
+    sampled = (
+        "whole file"
+        if windows is None
+        else f"sampled {unit} "
+        + ", ".join(f"{s + 1:,}-{s + k:,}" for s, k in windows)
+        + f" of {total:,}"
     )
+    return PromptPreview(
+        name,
+        formats,
+        valid.height + rejects.height,
+        valid.height,
+        rejects.height,
+        f"{unit[:-1]} {first['line']}: {first['reason']}" if first else None,
+        sampled,
+    )
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as fh:
+        fh.seek(-1, 2)
+        return fh.read(1) == b"\n"
+
+
+def _windows(total: int, n: int) -> list[tuple[int, int]] | None:
+    """(start, length) of head, middle and tail, a third of `n` each; None when the file has
+    no more than `n` rows (then it is read whole)."""
+    if total <= n:
+        return None
+    k = max(1, n // 3)
+    return [(0, k), ((total - k) // 2, k), (total - k, k)]
 
 
 def _one_set(spec: str, sets: list[PromptSet]) -> PromptSet:
@@ -256,13 +302,17 @@ def _load(
     max_prompt_bytes: int,
     n_rows: int | None,
     columns: Columns,
+    windows: list[tuple[int, int]] | None = None,
 ) -> tuple[dict[str, int], pl.DataFrame, pl.DataFrame]:
     """Validate batch by batch: only one batch's working columns are held at a time; of the
-    rows checked only the usable ones (id, line, format, messages) and the rejects are kept."""
+    rows checked only the usable ones (id, line, format, messages) and the rejects are kept.
+    `windows`: only the rows of these (start, length) spans."""
     if facts.is_parquet:
-        batches = parquet.batches(path, name, facts.size, n_rows, _BATCH_BYTES, columns)
+        batches = parquet.batches(path, name, facts.size, n_rows, _BATCH_BYTES, columns, windows)
     elif path.suffix.lower() == ".parquet":
         raise UserError(f"{name}: not a Parquet file (no PAR1 magic bytes)")
+    elif windows is not None:
+        batches = jsonl.window_batches(path, name, facts.utf8, windows, columns)
     else:
         batches = jsonl.batches(path, name, facts.utf8, n_rows, _BATCH_BYTES, columns)
     valid_parts, reject_parts = [], []

@@ -13,6 +13,14 @@ from regen.prompts.formats import ANY_TURN, AS_NAMED, FORMAT_KEYS, Columns, spli
 from regen.schema import MESSAGE
 
 
+def row_count(path: Path, name: str) -> int:
+    """The file's rows, from its metadata."""
+    try:
+        return int(pl.scan_parquet(path).select(pl.len()).collect().item())
+    except pl.exceptions.PolarsError as err:
+        raise UserError(f"{name}: not a readable Parquet file: {_first_line(err)}") from None
+
+
 def batches(
     path: Path,
     name: str,
@@ -20,8 +28,10 @@ def batches(
     n_rows: int | None,
     batch_bytes: int,
     names: Columns = AS_NAMED,
+    windows: list[tuple[int, int]] | None = None,
 ) -> Iterator[pl.DataFrame]:
-    """The rows in slices of some `batch_bytes` of the file each, numbered from 1."""
+    """The rows in slices of some `batch_bytes` of the file each, numbered from 1; or only
+    the rows of each (start, length) window."""
     try:
         scan = pl.scan_parquet(path, n_rows=n_rows)
         schema = scan.collect_schema()
@@ -60,7 +70,8 @@ def batches(
     # Each row's turns by their own layout, as a JSONL line's are.
     split = split_conversations(pl.col("messages"), pl.col("conversations"))
     step = max(1, total * batch_bytes // size)
-    for start in range(0, total, step):
+    spans = windows or [(start, step) for start in range(0, total, step)]
+    for start, step in spans:
         line = pl.int_range(start + 1, start + 1 + pl.len(), dtype=pl.Int64).alias("line")
         try:
             batch = scan.slice(start, step).select(line, *columns).with_columns(*split).collect()

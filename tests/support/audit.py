@@ -16,7 +16,8 @@ from typing import Any
 
 import polars as pl
 
-from regen.dataset import commit_shard, data_key
+from regen.dataset import REJECTS_KEY, commit_shard, data_key
+from regen.prompts import REJECTS_SCHEMA
 from regen.schema import row_schema
 from regen.storage import LocalStorage
 from tests.support.lossmask import qwen3_model_dir
@@ -208,6 +209,8 @@ def make_dataset(
             commit_shard(storage, shard, part, fingerprint=FINGERPRINT, timings={})
     if plan:
         _write_parquet(storage, "plan.parquet", plan_df)
+    # As a plan writes it: no input row was rejected.
+    _write_parquet(storage, REJECTS_KEY, pl.DataFrame(schema=REJECTS_SCHEMA))
     run: dict[str, Any] = {"model": "synthetic", "fingerprint": FINGERPRINT}
     if thinking is not None:
         run["regeneration"] = {"thinking": thinking}
