@@ -6,6 +6,9 @@ the last run stopped. A rerun goes on when the config changed (a new fingerprint
 record no longer speaks for it) or when the user says the cause is fixed outside the config
 (`generation.new_output`, e.g. a repaired chat template or model upload): then the record and
 the old canary rows are set aside, kept but never reused, and the canary is sent afresh.
+A stop on the input's rejects (`judge_input`, before any row is generated) is not refused:
+judging it again costs nothing. `stopped_run` hands the record and the canary's rows to the
+final audit, which judges the run on every row it generated.
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ class StopRecord(BaseModel):
         return f"{self.stage} gate stopped the run {self._after()}: {self._checks()}"
 
     def _after(self) -> str:
-        # The input's rejects are judged before any prompt is sent.
-        return f"after {self.rows_audited:,} rows" if self.prompts_sent else "before generating"
+        # The input's rejects are judged before any row is generated.
+        return f"after {self.rows_audited:,} rows" if self.rows_audited else "before generating"
 
     def _checks(self) -> str:
         parts = []
@@ -147,15 +150,17 @@ def check_not_stopped(storage: Storage, fingerprint: str, *, new_output: bool = 
     """Refuse an unchanged rerun of a stopped run; otherwise clear the way for this run.
 
     Raises `RunStopped` naming the checks that stopped the last run. A record of another
-    fingerprint, or any record under `new_output`, is moved under `superseded/` with the
+    fingerprint, any record under `new_output`, or a stop on the input's rejects (judged
+    again at no cost, so a fixed file or a looser threshold goes on) is moved under
+    `superseded/` with the
     canary rows of its fingerprint, so neither the report folder nor the next canary
     carries the stopped run's results.
     """
     record = read_stop_record(storage)
     if record is None:
         return
-    # A stop before any prompt was sent (the input's rejects) cost nothing: judged again.
-    if record.fingerprint == fingerprint and not new_output and record.prompts_sent:
+    # A stop before any row was generated (the input's rejects) cost nothing: judged again.
+    if record.fingerprint == fingerprint and not new_output and record.rows_audited:
         raise RunStopped(
             f"{storage.uri}: the last run {record.reason()}; rerunning unchanged would stop the "
             "same way: fix the cause and rerun with generation.new_output: true or a new output"
