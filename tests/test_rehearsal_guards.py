@@ -22,7 +22,7 @@ from tests.support.audit import make_dataset
 from tests.support.cli import regen_env as _regen_env
 from tests.support.cli import run_regen
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = pytest.mark.timeout(480)
 
 # The README's node.yaml: a real model, sglang in its own venv, a 2-GPU node, output on S3.
 NODE = {
@@ -64,7 +64,8 @@ def s3_rehearsal(
     _prompts(work / "prompts.jsonl")
     config = _node(work / "node.yaml", f"s3://{bucket}/regen/qwen3.6-27b")
     env = {**_regen_env(prefect_home), **moto.env}
-    proc = run_regen(["rehearse", "--config", str(config), "--servers", "1"], env, cwd=work)
+    args = ["rehearse", "--config", str(config), "--servers", "1"]
+    proc = run_regen(args, env, cwd=work, timeout=420)  # a loaded CI box: Prefect starts slowly
     keys = [o["Key"] for o in moto.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
     return {"work": work, "proc": proc, "keys": keys, "config": config}
 
