@@ -84,7 +84,9 @@ def plan_run(config: RegenConfig, storage: Storage) -> RunPlan:
     if run is not info:  # resumed: compare this input with what the root planned before
         old = read_plan(storage, full=True)
         assert old is not None  # open_run writes a plan beside every run.json
-        latest = max(len(run.revisions), int(old.get_column("revision").max() or 1))  # type: ignore[arg-type]
+        # Revisions start at 1; an empty plan's max is None (never `or`: 0 would be falsy).
+        planned = old.get_column("revision").max()
+        latest = max(len(run.revisions), 1 if planned is None else int(planned))  # type: ignore[arg-type]
         plan = revise_plan(old, prompts, config.shard_size, latest + 1, committed)
         if plan.changes.any():
             changes = plan.changes.line()
