@@ -212,6 +212,28 @@ def test_a_grown_one_shard_set_generates_its_new_and_edited_rows(tmp_path: Path)
     )
 
 
+def test_top_ups_smaller_than_the_canary_complete_and_pass(tmp_path: Path) -> None:
+    # A weekly rerun with a handful of new rows: the canary would be all of them, judged on
+    # 1 to 4 rows (1 most common answer of 4 was once 25 %, over answer_collapse's 20 %).
+    _write_prompts(tmp_path / "prompts.jsonl", _questions(0, 200))
+    config = _config(tmp_path)
+    out = Path(config.output)
+    _run(config)
+    launch = _served(config) - 200
+    total = 200
+    for top_up in (1, 3, 4):
+        _write_prompts(tmp_path / "prompts.jsonl", _questions(0, total + top_up))
+        state = _run(config)
+        assert _served(config) - launch == top_up, "the new rows, each once"
+        total += top_up
+        assert f"{top_up} new, 0 changed, 0 removed; {total} prompts" in _plan_message(state)
+        assert not (out / "report" / "stopped.json").exists()
+        audit = json.loads((out / "report" / "audit.json").read_text())
+        assert (audit["rows"], audit["planned"], audit["verdict"]) == (total, total, "pass")
+    rows = read_committed(LocalStorage(out)).collect()
+    assert rows["id"].sort().to_list() == sorted(_questions(0, 208))
+
+
 def _exported(tmp_path: Path) -> int:
     record = json.loads((tmp_path / "exports" / "specforge" / "export.json").read_text())
     return int(record["counts"]["rows_exported"])

@@ -13,9 +13,14 @@ from regen.canary.sample import canary_sample
 from regen.canary.stop import RunStopped, StopRecord, check_not_stopped, write_stop_record
 from regen.canary.store import (
     CanaryFirst,
+    CanaryStopped,
+    HeldForCanary,
+    PendingCanary,
+    Verdict,
     merge_shard,
     read_canary,
     run_canary,
+    send_canary,
     split_shard,
 )
 from regen.dataset.keys import STOP_KEY, canary_key
@@ -23,14 +28,19 @@ from regen.dataset.keys import STOP_KEY, canary_key
 __all__ = [
     "STOP_KEY",
     "CanaryFirst",
+    "CanaryStopped",
+    "HeldForCanary",
+    "PendingCanary",
     "RunStopped",
     "StopRecord",
+    "Verdict",
     "canary_key",
     "canary_sample",
     "check_not_stopped",
     "merge_shard",
     "read_canary",
     "run_canary",
+    "send_canary",
     "split_shard",
     "write_stop_record",
 ]

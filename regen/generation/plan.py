@@ -77,7 +77,10 @@ def plan_run(config: RegenConfig, storage: Storage) -> RunPlan:
     fresh = plan_shards(prompts, config.shard_size)
     info = new_run_info(config, prompts, fresh)
     # Before anything is written: an unchanged rerun of a stopped run would stop again.
-    check_not_stopped(storage, info.fingerprint, new_output=config.generation.new_output)
+    check_not_stopped(
+        storage, info.fingerprint, new_output=config.generation.new_output,
+        live=config.audit.live, canary=config.generation.canary_prompts > 0,
+    )  # fmt: skip
     run = open_run(storage, info, fresh, new_output=config.generation.new_output)
     plan, changes = fresh, ""
     committed = committed_shards(storage, run.fingerprint)
