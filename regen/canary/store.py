@@ -170,10 +170,15 @@ class HeldForCanary:
         self._lock = threading.Lock()
 
     def submit_shard(self, shard: int, prompts: pl.DataFrame) -> futures.Future[pl.DataFrame]:
-        if self.verdict.done() and self.verdict.exception() is None:
-            return CanaryFirst(self.dispatcher, self.verdict.result().rows).submit_shard(
-                shard, prompts
-            )
+        if self.verdict.done():
+            stopped = self.verdict.exception()
+            if stopped is None:
+                return CanaryFirst(self.dispatcher, self.verdict.result().rows).submit_shard(
+                    shard, prompts
+                )
+            failed: futures.Future[pl.DataFrame] = futures.Future()
+            failed.set_exception(stopped)  # nothing more is sent for a stopped run
+            return failed
         rest = prompts.join(self.sample, on="id", how="anti", maintain_order="left")
         with self._lock:
             now = min(rest.height, self._ahead)
