@@ -20,12 +20,14 @@ its own output and work dir, so none is a rerun of another.
   `audit.live: stop`) and off (`generation.canary_prompts: 0`, `audit.live: off`),
   alternated (the order flips every repeat) `--repeats` times each. Both kinds store each
   committed shard's audit summary (the final audit merges them) and merge it into the running
-  figures of progress.json; "off" saves the canary and the judging (stop, quarantine).
+  figures of progress.json; "off" saves the canary and the judging (stop, quarantine). The
+  shards' rows fill the slots behind the canary while it runs and is judged (their commits
+  wait for its verdict), so what "with" adds is the audit's CPU, not idle servers.
   `clean_overhead_ratio` is median(with) / median(without) - 1 of the flow's wall time;
-  `clean_overhead_ratio_fastest` compares the fastest of each. Target <= 3 %.
+  `clean_overhead_ratio_fastest` compares the fastest of each. Target <= 2 %, median of 5.
 
     .venv/bin/python benches/live_gate.py [--prompts 5000] [--clean-prompts 2000]
-        [--servers 4] [--repeats 3] [--smoke]
+        [--servers 4] [--repeats 5] [--smoke]
 """
 
 from __future__ import annotations
@@ -101,10 +103,10 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     bad = _config(root / "incident", incident_prompts, args.servers, [INCIDENT], gate=True)
     state, seconds, served = _run(bad)
-    if not state.is_failed() or "FAIL: canary gate stopped" not in (state.message or ""):
-        raise SystemExit(f"live_gate: the incident was not stopped by the gate: {state}")
+    # Judged by the record the stop leaves, not by the wording of the state message.
     record = read_stop_record(LocalStorage(Path(bad.output)))
-    assert record is not None, "a stopped run leaves report/stopped.json"
+    if not state.is_failed() or record is None:
+        raise SystemExit(f"live_gate: the incident was not stopped by the gate: {state}")
 
     clean: dict[str, list[float]] = {"with": [], "without": []}
     served_clean: dict[str, list[int]] = {"with": [], "without": []}
@@ -186,7 +188,7 @@ def print_table(result: dict[str, Any]) -> None:
         "",
         "",
         f"{result['clean_overhead_ratio']:+.1%} median, "
-        f"{result['clean_overhead_ratio_fastest']:+.1%} fastest (target <= 3 %)",
+        f"{result['clean_overhead_ratio_fastest']:+.1%} fastest (target <= 2 %)",
     )
     Console(width=150).print(table)
 
@@ -196,7 +198,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=5000, help="prompts of the incident run")
     parser.add_argument("--clean-prompts", type=int, default=2000)
     parser.add_argument("--servers", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3, help="clean runs of each kind")
+    parser.add_argument("--repeats", type=int, default=5, help="clean runs of each kind")
     parser.add_argument(
         "--smoke", action="store_true", help="600 incident and 300 clean prompts, 2 servers, once"
     )

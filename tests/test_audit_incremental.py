@@ -23,6 +23,7 @@ from regen.audit import (
     settings_for,
 )
 from regen.audit.dataset import open_dataset, scan_rows
+from regen.audit.gate import shown_over
 from regen.audit.lengths import quantile
 from regen.audit.run import row_checks, shard_summaries
 from regen.audit.summary import AuditSettings
@@ -237,6 +238,44 @@ def test_canary_gate_from_one_summary(tmp_path: Path) -> None:
     decision = gate_decision(summary, settings, min_rows=200)
     assert decision.action == "stop"
     assert "empty_answer" in {f.check for f in decision.failing}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_a_canary_of_a_few_clean_rows_never_stops(tmp_path: Path, n: int) -> None:
+    """n distinct answers: the most common is 1 of n (25 % of 4, over answer_collapse's 20 %),
+    which shows no collapse; nor does one truncated row of a few show a run at 20 %."""
+    ds = make_dataset(tmp_path, rows=8, shard_size=8, defects={"truncated": 1 / 8})
+    settings = _settings(ds.storage, AuditConfig())
+    rows = _rows(ds.storage)
+    truncated = rows.filter(pl.col("id").is_in(list(ds.ids_of("truncated"))))
+    sample = pl.concat([truncated, rows.join(truncated, on="id", how="anti")]).head(n)
+    decision = gate_decision(audit_rows(sample, settings), settings, min_rows=0)
+    assert decision.action == "go" and decision.failing == [], decision.reason
+
+
+@pytest.mark.parametrize(
+    ("bad", "n", "stops"),
+    [(1, 4, False), (2, 4, True), (1, 20, False), (4, 20, True), (223, 256, True)],
+)
+def test_a_canary_stops_on_what_its_rows_show(
+    tmp_path: Path, bad: int, n: int, stops: bool
+) -> None:
+    """Empty answers (fail at 5 %): 1 of 4 is chance from a run at 5 % (19 %), 2 of 4 is not
+    (1.4 %); the incident's 223 of 256 stops at once."""
+    ds = make_dataset(tmp_path, rows=n, shard_size=n, defects={"empty": bad / n})
+    settings = _settings(ds.storage, AuditConfig())
+    decision = gate_decision(audit_rows(_rows(ds.storage), settings), settings, min_rows=0)
+    assert decision.action == ("stop" if stops else "go"), decision.reason
+    assert ("empty_answer" in {f.check for f in decision.failing}) == stops
+
+
+def test_the_evidence_bound_meets_the_figure_at_scale() -> None:
+    # At a million rows a rate just over the threshold is shown; at 2,000, the noise is not.
+    assert shown_over(0.055, 1_000_000, 0.05) and not shown_over(0.0501, 1_000_000, 0.05)
+    assert shown_over(0.06, 2000, 0.05) and not shown_over(0.055, 2000, 0.05)
+    assert shown_over(0.01, None, 0.01), "a figure that is no sample is judged as it is"
+    assert shown_over(0.5, 2, 0.0) and not shown_over(0.0, 2, 0.0)
+    assert not shown_over(0.04, 1_000_000, 0.05)
 
 
 def test_live_gate_keeps_the_answers_it_needs_and_leaves_summaries_alone(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import time
+from concurrent import futures
 from pathlib import Path
 
 import polars as pl
@@ -14,6 +16,8 @@ from regen.audit.thresholds import AuditConfig
 from regen.canary import (
     STOP_KEY,
     CanaryFirst,
+    CanaryStopped,
+    HeldForCanary,
     RunStopped,
     StopRecord,
     canary_key,
@@ -22,10 +26,13 @@ from regen.canary import (
     merge_shard,
     read_canary,
     run_canary,
+    send_canary,
     split_shard,
     write_stop_record,
 )
 from regen.canary.stop import judge_input
+from regen.canary.store import Verdict
+from regen.client import Dispatcher
 from regen.dataset import commit_shard, prompts_for_shard, read_manifest
 from regen.errors import UserError
 from regen.prompts import REJECTS_SCHEMA
@@ -171,3 +178,77 @@ def test_a_stop_on_the_inputs_rejects_is_judged_again_not_refused(tmp_path: Path
     )
     check_not_stopped(storage, FP)
     assert not storage.exists(STOP_KEY), "set aside, not refused"
+
+
+def test_a_rerun_that_is_judged_otherwise_goes_on(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "out")
+    # No canary this time (`canary_prompts: 0`): a canary's stop no longer speaks for it.
+    write_stop_record(storage, _record(FP))
+    check_not_stopped(storage, FP, canary=False)
+    assert not storage.exists(STOP_KEY)
+    # Nor for a gate set to warn or off.
+    for live in ("warn", "off"):
+        write_stop_record(storage, _record(FP))
+        check_not_stopped(storage, FP, live=live)
+        assert not storage.exists(STOP_KEY)
+    # A rolling stop would come again without a canary.
+    write_stop_record(storage, _record(FP).model_copy(update={"stage": "rolling"}))
+    with pytest.raises(RunStopped, match="stopped in its rolling audit"):
+        check_not_stopped(storage, FP, canary=False)
+
+
+def _idle(d: Dispatcher) -> None:
+    deadline = time.monotonic() + 30
+    while (s := d.stats()).queued or s.in_flight:
+        assert time.monotonic() < deadline, "the dispatcher never drained"
+        time.sleep(0.02)
+
+
+def test_shards_sent_behind_the_canary_commit_only_on_its_verdict(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "out")
+    cache = _cache(tmp_path / "prompts.parquet", 40, 10)
+    sample = canary_sample(cache, [0, 1, 2, 3], 8)
+    shards = {k: prompts_for_shard(cache, k) for k in range(4)}
+    with emulators(tmp_path, 2) as fleet, dispatcher(fleet) as d:
+        pending = send_canary(d, storage, FP, sample)
+        verdict: futures.Future[Verdict] = futures.Future()
+        held = HeldForCanary(d, sample, verdict, ahead=20)
+        outs = {k: held.submit_shard(k, rows) for k, rows in shards.items()}
+        canary = pending.collect()
+        _idle(d)
+        sent = _requests(fleet)
+        assert sent == 8 + 20, "the canary, then only `ahead` rows of the shards"
+        assert not any(o.done() for o in outs.values()), "no shard is handed back before it"
+        # Go, with server-0 quarantined: the rows it answered are sent again elsewhere.
+        d.quarantine("server-0", "test")
+        verdict.set_result(
+            Verdict(canary.filter(pl.col("server") != "server-0"), frozenset({"server-0"}))
+        )
+        got = {k: o.result(timeout=30) for k, o in outs.items()}
+        again = _requests(fleet) - sent
+    for k, rows in got.items():
+        assert rows["id"].to_list() == shards[k]["id"].to_list(), "every id once, in order"
+        assert set(rows["server"]) == {"server-1"}
+    answered_by_0 = canary.filter(pl.col("server") == "server-0").height
+    assert again >= 12 + answered_by_0  # the 12 held back, server-0's, nothing else twice
+    assert again <= 12 + answered_by_0 + 20
+
+
+def test_a_stop_at_the_canary_hands_no_shard_back(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "out")
+    cache = _cache(tmp_path / "prompts.parquet", 40, 10)
+    sample = canary_sample(cache, [0, 1, 2, 3], 8)
+    with emulators(tmp_path, 2) as fleet, dispatcher(fleet) as d:
+        pending = send_canary(d, storage, FP, sample)
+        verdict: futures.Future[Verdict] = futures.Future()
+        held = HeldForCanary(d, sample, verdict, ahead=6)
+        outs = [held.submit_shard(k, prompts_for_shard(cache, k)) for k in range(4)]
+        pending.collect()
+        stop = CanaryStopped("the canary failed")
+        d.abort(stop)
+        verdict.set_exception(stop)
+        for out in outs:
+            with pytest.raises(CanaryStopped):
+                out.result(timeout=30)
+        _idle(d)
+        assert _requests(fleet) <= 8 + 6, "the canary and `ahead` rows at most"

@@ -178,6 +178,63 @@ def test_edited_prompts_are_regenerated_and_removed_ones_reported(tmp_path: Path
     assert _exported(tmp_path) == 295, "the export follows the view"
 
 
+def test_a_grown_one_shard_set_generates_its_new_and_edited_rows(tmp_path: Path) -> None:
+    # The size people try first: one shard of the default 500. Its highest shard is 0, which
+    # a `max() or -1` once read as "no shard", planning the new ids into committed shard 0.
+    prompts = _questions(0, 500)
+    _write_prompts(tmp_path / "prompts.jsonl", prompts)
+    config = _config(tmp_path, shard_size=500)
+    out = Path(config.output)
+    _run(config)
+    launch = _served(config) - 500
+
+    edited = [f"q-{i:05d}" for i in range(0, 500, 100)]
+    grown = {i: (f"{t} Answer briefly." if i in edited else t) for i, t in prompts.items()}
+    _write_prompts(tmp_path / "prompts.jsonl", grown | _questions(500, 550))
+    state = _run(config)
+
+    assert _served(config) - launch == 55, "the 50 new and 5 edited prompts, each once"
+    assert "50 new, 5 changed, 0 removed; 550 prompts (0 rejected) in 2 shards" in _plan_message(
+        state
+    )
+    rows = read_committed(LocalStorage(out)).collect()
+    assert rows.height == 550 and rows["id"].n_unique() == 550
+    assert set(rows["id"]) == set(_questions(0, 550))
+    assert rows.filter(pl.col("shard") == 1)["id"].sort().to_list() == sorted(_questions(500, 550))
+    audit = json.loads((out / "report" / "audit.json").read_text())
+    assert (audit["rows"], audit["planned"], audit["verdict"]) == (550, 550, "pass")
+
+    # Resumed with nothing new: the headline counts both shards, nothing is sent.
+    stamps = _log_stamps(config)
+    state = _run(config)
+    assert _log_stamps(config) == stamps
+    assert "550 prompts (0 rejected) in 2 shards of 500; 2 committed, 0 to generate" in (
+        _plan_message(state)
+    )
+
+
+def test_top_ups_smaller_than_the_canary_complete_and_pass(tmp_path: Path) -> None:
+    # A weekly rerun with a handful of new rows: the canary would be all of them, judged on
+    # 1 to 4 rows (1 most common answer of 4 was once 25 %, over answer_collapse's 20 %).
+    _write_prompts(tmp_path / "prompts.jsonl", _questions(0, 200))
+    config = _config(tmp_path)
+    out = Path(config.output)
+    _run(config)
+    launch = _served(config) - 200
+    total = 200
+    for top_up in (1, 3, 4):
+        _write_prompts(tmp_path / "prompts.jsonl", _questions(0, total + top_up))
+        state = _run(config)
+        assert _served(config) - launch == top_up, "the new rows, each once"
+        total += top_up
+        assert f"{top_up} new, 0 changed, 0 removed; {total} prompts" in _plan_message(state)
+        assert not (out / "report" / "stopped.json").exists()
+        audit = json.loads((out / "report" / "audit.json").read_text())
+        assert (audit["rows"], audit["planned"], audit["verdict"]) == (total, total, "pass")
+    rows = read_committed(LocalStorage(out)).collect()
+    assert rows["id"].sort().to_list() == sorted(_questions(0, 208))
+
+
 def _exported(tmp_path: Path) -> int:
     record = json.loads((tmp_path / "exports" / "specforge" / EXPORT_KEY).read_text())
     return int(record["counts"]["rows_exported"])

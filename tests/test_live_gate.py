@@ -100,7 +100,8 @@ def test_the_incident_stops_at_the_canary(tmp_path: Path) -> None:
     storage = LocalStorage(Path(config.output))
     assert read_committed(storage).shards == [], "nothing is committed past a failed canary"
     record = _stop_record(config)
-    assert record["stage"] == "canary" and record["prompts_sent"] == 256
+    # The canary and the shard rows sent behind it while it was judged, none committed.
+    assert record["stage"] == "canary" and 256 <= record["prompts_sent"] <= served
     assert {c["check"] for c in record["checks"]} >= {"empty_answer", "answer_collapse"}
     assert storage.exists(record["canary"]), "the canary's rows are kept for inspection"
     report = (Path(config.output) / "report" / "audit.md").read_text()

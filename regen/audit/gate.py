@@ -9,6 +9,7 @@ worse than the others' (check 9's outlier test) while the run goes on with the r
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -24,6 +25,67 @@ is always among them; memory stays bounded over a million rows."""
 # Completeness is the final audit's (a run in flight is incomplete by design); check 9 is
 # answered by quarantine, not by a stop.
 _NOT_LIVE = {"completeness", "server_outlier"}
+EVIDENCE = 0.05
+"""The live gate judges a sample of the run, so a check over its fail threshold stops it only
+when its bad rows would come less than once in 20 (one-sided, exact binomial) from a run whose
+true rate is just at the threshold: 1 most common answer of 4 rows never stops a canary, 223
+empty answers of 256 do at once, and at thousands of rows the bound is the figure itself."""
+
+
+def _sampled_rows(check: str, summary: Summary) -> int | None:
+    """The rows a check's figure is a share of, as each check counts them; None for a check
+    whose figure is not a sample of the run (judged as it is)."""
+    if check == "error_rows":
+        return summary.rows
+    if check == "loss_mask":
+        return sum(summary.loss.tokens.values())
+    if check == "template_parity":
+        return summary.parity.compared
+    if check in _PER_COMPLETION:
+        return summary.completions
+    return None
+
+
+_PER_COMPLETION = {
+    "empty_answer",
+    "empty_thinking",
+    "think_leak",
+    "truncation",
+    "truncated_in_thinking",
+    "repetition",
+    "answer_collapse",
+    "tiny_length",
+}
+
+
+def shown_over(rate: float, rows: int | None, fail: float) -> bool:
+    """Whether `rate` of `rows` sampled rows shows a run at or over `fail` (`EVIDENCE`): the
+    chance of at least that many bad rows from a run exactly at `fail` is under 5 %. Without
+    `rows`, the rate is compared as it is."""
+    if rate <= 0 or rate < fail:
+        return False
+    if rows is None or fail <= 0:
+        return True
+    bad = round(rate * rows)
+    if fail >= 1:
+        return bad >= rows
+    return _tail(bad, rows, fail) < EVIDENCE
+
+
+def _tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), k above the mean: the terms only fall from k on, so
+    summing them until they stop adding costs some sqrt(n) terms, not n (a million rows)."""
+    log_term = (
+        math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+        + k * math.log(p) + (n - k) * math.log1p(-p)
+    )  # fmt: skip
+    term, total, odds = math.exp(log_term), 0.0, p / (1 - p)
+    for i in range(k, n + 1):
+        total += term
+        if term < total * 1e-12 or total >= EVIDENCE:
+            break
+        term *= (n - i) / (i + 1) * odds
+    return total
 
 
 class Finding(BaseModel):
@@ -104,7 +166,9 @@ def gate_decision(
         if check.name in _NOT_LIVE or check.figure is None or summary.rows < limit:
             continue
         healthy = max(0.0, check.figure - share) / (1 - share) if share < 1 else 0.0
-        if check.fail is not None and healthy > 0 and healthy >= check.fail:
+        sampled = _sampled_rows(check.name, summary)
+        rows = None if sampled is None else round(sampled * (1 - share))
+        if check.fail is not None and shown_over(healthy, rows, check.fail):
             failing.append(_finding(check, summary.rows))
     stop = bool(failing) and policy == "stop"
     return Decision(

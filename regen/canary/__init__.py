@@ -19,9 +19,14 @@ from regen.canary.stop import (
 )
 from regen.canary.store import (
     CanaryFirst,
+    CanaryStopped,
+    HeldForCanary,
+    PendingCanary,
+    Verdict,
     merge_shard,
     read_canary,
     run_canary,
+    send_canary,
     split_shard,
 )
 from regen.dataset.keys import STOP_KEY, canary_key
@@ -29,14 +34,19 @@ from regen.dataset.keys import STOP_KEY, canary_key
 __all__ = [
     "STOP_KEY",
     "CanaryFirst",
+    "CanaryStopped",
+    "HeldForCanary",
+    "PendingCanary",
     "RunStopped",
     "StopRecord",
+    "Verdict",
     "canary_key",
     "canary_sample",
     "check_not_stopped",
     "merge_shard",
     "read_canary",
     "run_canary",
+    "send_canary",
     "split_shard",
     "stopped_run",
     "write_stop_record",

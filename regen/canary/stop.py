@@ -146,31 +146,45 @@ def stopped_run(storage: Storage) -> StoppedRun | None:
     )
 
 
-def check_not_stopped(storage: Storage, fingerprint: str, *, new_output: bool = False) -> None:
+def check_not_stopped(
+    storage: Storage,
+    fingerprint: str,
+    *,
+    new_output: bool = False,
+    live: str = "stop",
+    canary: bool = True,
+) -> None:
     """Refuse an unchanged rerun of a stopped run; otherwise clear the way for this run.
 
-    Raises `RunStopped` naming the checks that stopped the last run. A record of another
-    fingerprint, any record under `new_output`, or a stop on the input's rejects (judged
-    again at no cost, so a fixed file or a looser threshold goes on) is moved under
-    `superseded/` with the
-    canary rows of its fingerprint, so neither the report folder nor the next canary
-    carries the stopped run's results.
+    Raises `RunStopped` naming the checks that stopped the last run, when this run would be
+    judged the same way: same fingerprint, `live` gate `stop`, and a `canary` if the canary
+    stopped it (`generation.canary_prompts: 0` is the user's call to skip it). A record of
+    another fingerprint, a stop on the input's rejects (judged again at no cost, so a fixed
+    file or a looser threshold goes on), or any record this run is not refused by, is moved
+    under `superseded/` with the canary rows of its fingerprint, so neither the report folder
+    nor the next canary carries the stopped run's results.
     """
     record = read_stop_record(storage)
     if record is None:
         return
     # A stop before any row was generated (the input's rejects) cost nothing: judged again.
-    if record.fingerprint == fingerprint and not new_output and record.rows_audited:
+    judged_alike = live == "stop" and (canary or record.stage == "rolling")
+    if (
+        record.fingerprint == fingerprint
+        and not new_output
+        and judged_alike
+        and record.rows_audited
+    ):
         raise RunStopped(
             f"{storage.uri}: the last run {record.reason()}; rerunning unchanged would stop the "
             "same way: fix the cause and rerun with generation.new_output: true or a new output"
         )
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     target = set_aside_prefix(record.fingerprint, stamp)
-    canary = canary_key(record.fingerprint)
+    rows = canary_key(record.fingerprint)
     # Copies first, the record last: a crash midway leaves the record, and the next run
     # finishes setting it aside.
-    kept = [key for key in (canary, STOP_KEY) if storage.exists(key)]
+    kept = [key for key in (rows, STOP_KEY) if storage.exists(key)]
     for key in kept:
         storage.write_bytes(target + key, storage.read_bytes(key))
     for key in kept:  # deleting a missing key is fine locally and on S3 alike

@@ -10,7 +10,9 @@ its rows stay in the store, beside the stop record, for a person to read.
 from __future__ import annotations
 
 import io
+import threading
 from concurrent import futures
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -41,17 +43,43 @@ def run_canary(
     The rows come back in sample order, each with the shard it belongs to; the caller audits
     them and either stops the run or lets its shards commit them.
     """
+    return send_canary(dispatcher, storage, fingerprint, sample).collect()
+
+
+@dataclass
+class PendingCanary:
+    """A canary on its way: its rows not yet stored are queued at the dispatcher, ahead of
+    every shard; `collect` waits for them, stores them and returns every sample row."""
+
+    storage: Storage
+    fingerprint: str
+    sample: pl.DataFrame
+    stored: pl.DataFrame
+    todo: pl.DataFrame
+    sent: futures.Future[pl.DataFrame] | None
+
+    def collect(self) -> pl.DataFrame:
+        stored = self.stored
+        if self.sent is not None:
+            # The dispatcher stamps the job's number; each row belongs to its own shard.
+            sent = self.sent.result().with_columns(self.todo.get_column("shard").alias("shard"))
+            stored = pl.concat([stored, sent])
+            buf = io.BytesIO()
+            stored.write_parquet(buf, compression="zstd")
+            self.storage.write_bytes(canary_key(self.fingerprint), buf.getvalue())
+        return stored.join(self.sample.select("id"), on="id", how="semi").pipe(
+            _in_order, self.sample
+        )
+
+
+def send_canary(
+    dispatcher: Dispatcher, storage: Storage, fingerprint: str, sample: pl.DataFrame
+) -> PendingCanary:
+    """Queue the sample's rows not yet stored (a resumed canary sends none twice)."""
     stored = read_canary(storage, fingerprint)
     todo = sample.join(stored.select("id"), on="id", how="anti", maintain_order="left")
-    if todo.height:
-        sent = dispatcher.submit_shard(CANARY_JOB, todo).result()
-        # The dispatcher stamps the job's number; each row belongs to its own shard.
-        sent = sent.with_columns(todo.get_column("shard").alias("shard"))
-        stored = pl.concat([stored, sent])
-        buf = io.BytesIO()
-        stored.write_parquet(buf, compression="zstd")
-        storage.write_bytes(canary_key(fingerprint), buf.getvalue())
-    return stored.join(sample.select("id"), on="id", how="semi").pipe(_in_order, sample)
+    sent = dispatcher.submit_shard(CANARY_JOB, todo) if todo.height else None
+    return PendingCanary(storage, fingerprint, sample, stored, todo, sent)
 
 
 def split_shard(prompts: pl.DataFrame, canary: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -101,6 +129,99 @@ class CanaryFirst:
 
         self.dispatcher.submit_shard(shard, todo).add_done_callback(settle)
         return merged
+
+
+class CanaryStopped(Exception):
+    """The canary failed the live gate: a shard held for its verdict is not committed."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A passing canary: its rows to commit in their shards (those of servers it quarantined
+    left out) and the servers quarantined, whose answers no shard may keep."""
+
+    rows: pl.DataFrame
+    quarantined: frozenset[str]
+
+
+class HeldForCanary:
+    """The run's row source while its canary runs, so the fleet never waits on it: up to
+    `ahead` rows of the shards (none of the canary's) are sent at once, queued behind the
+    canary's own, to fill the slots through its tail and its audit; the rest wait for the
+    verdict, and a shard's rows are handed back (and so committed) only once it says go.
+
+    On go, the shard's canary rows join it, its waiting rows are sent, and any row a
+    quarantined server answered is sent again; on a stop, the shard gets `CanaryStopped` and
+    commits nothing, and no more than `ahead` rows were spent on it. After the verdict, a
+    shard is sent as `CanaryFirst` sends it.
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        sample: pl.DataFrame,
+        verdict: futures.Future[Verdict],
+        ahead: int,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.sample = sample.select("id")
+        self.verdict = verdict
+        self._ahead = ahead
+        self._lock = threading.Lock()
+
+    def submit_shard(self, shard: int, prompts: pl.DataFrame) -> futures.Future[pl.DataFrame]:
+        if self.verdict.done():
+            stopped = self.verdict.exception()
+            if stopped is None:
+                return CanaryFirst(self.dispatcher, self.verdict.result().rows).submit_shard(
+                    shard, prompts
+                )
+            failed: futures.Future[pl.DataFrame] = futures.Future()
+            failed.set_exception(stopped)  # nothing more is sent for a stopped run
+            return failed
+        rest = prompts.join(self.sample, on="id", how="anti", maintain_order="left")
+        with self._lock:
+            now = min(rest.height, self._ahead)
+            self._ahead -= now
+        sent = self.dispatcher.submit_shard(shard, rest.head(now))
+        out: futures.Future[pl.DataFrame] = futures.Future()
+
+        def judged(_: object) -> None:
+            try:
+                verdict = self.verdict.result()
+                rows = sent.result()
+            except Exception as err:  # the verdict's stop, or the fleet's failure
+                out.set_exception(self.verdict.exception() or err)
+                return
+            self._settle(shard, prompts, rows, verdict, out)
+
+        # The rows held back are sent by `_settle` once both are in: they are not covered yet.
+        sent.add_done_callback(lambda _: self.verdict.add_done_callback(judged))
+        return out
+
+    def _settle(
+        self,
+        shard: int,
+        prompts: pl.DataFrame,
+        sent: pl.DataFrame,
+        verdict: Verdict,
+        out: futures.Future[pl.DataFrame],
+    ) -> None:
+        kept = sent.filter(~pl.col("server").is_in(list(verdict.quarantined)))
+        done = verdict.rows.join(prompts.select("id"), on="id", how="semi")
+        covered = pl.concat([kept.select("id"), done.select("id")])
+        again = prompts.join(covered, on="id", how="anti", maintain_order="left")
+        if not again.height:
+            out.set_result(merge_shard(prompts, kept, done))
+            return
+
+        def resent(more: futures.Future[pl.DataFrame]) -> None:
+            try:
+                out.set_result(merge_shard(prompts, pl.concat([kept, more.result()]), done))
+            except Exception as err:
+                out.set_exception(err)
+
+        self.dispatcher.submit_shard(shard, again).add_done_callback(resent)
 
 
 def _in_order(rows: pl.DataFrame, order: pl.DataFrame) -> pl.DataFrame:

@@ -78,12 +78,13 @@ Reprobe = Callable[[Endpoint], Awaitable[bool]]
 class _Work:
     """One row on its way: where it lives in its shard and how it has fared."""
 
-    __slots__ = ("attempts", "avoid", "job", "pos")
+    __slots__ = ("attempts", "avoid", "job", "pos", "sent")
 
     def __init__(self, job: ShardJob, pos: int) -> None:
         self.job = job
         self.pos = pos
         self.attempts = 0
+        self.sent = False  # reached a server once: counted in `sent`, however often retried
         self.avoid = -1  # the server that last failed this row
 
 
@@ -180,6 +181,7 @@ class Dispatcher:
         self._dead_since: float | None = None
         # Counters (written in the loop thread under _lock).
         self._submitted = 0
+        self._sent = 0
         self._ok = 0
         self._failed = 0
         self._aborted = 0
@@ -241,6 +243,21 @@ class Dispatcher:
             self._loop.call_soon_threadsafe(self._accept, job)
         return job.future
 
+    def abort(self, error: BaseException) -> None:
+        """Fail every queued and in-flight row with `error` and cancel their requests, at once:
+        the live gate stopped the run, and every further answer is GPU time spent on nothing.
+        Rows submitted later are still served."""
+        if self._loop is None or self._closed:
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def apply() -> None:
+            self._abort_all(error)
+            done.set_result(None)
+
+        self._loop.call_soon_threadsafe(apply)
+        done.result()
+
     def quarantine(self, server: str | int, reason: str) -> None:
         """Take a server out for the rest of the run: by name (`server-1`) or index.
 
@@ -294,6 +311,7 @@ class Dispatcher:
                 output_tokens=self._output_tokens,
                 request_timeout_s=self._timeout.seconds,
                 servers=servers,
+                sent=self._sent,
             )
 
     # ---- loop thread ------------------------------------------------------------------
@@ -389,6 +407,10 @@ class Dispatcher:
 
     def _launch(self, work: _Work, server: _Server) -> None:
         work.attempts += 1
+        if not work.sent and work.job.turn_of(work.pos) == 1:
+            work.sent = True
+            with self._lock:
+                self._sent += 1
         assert self._loop is not None
         task = self._loop.create_task(self._attempt(work, server))
         server.running[task] = work

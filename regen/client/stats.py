@@ -43,6 +43,8 @@ class DispatchStats:
     output_tokens: int
     request_timeout_s: float
     servers: tuple[ServerStats, ...]
+    sent: int = 0
+    """Rows sent to a server at least once (a row queued, never sent, is in `submitted`)."""
 
     @property
     def done(self) -> int:

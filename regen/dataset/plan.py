@@ -141,7 +141,7 @@ def revise_plan(
     here = pl.col("content_right").is_not_null()
     edited = here & pl.col("content").is_not_null() & (pl.col("content") != pl.col("content_right"))
     is_new = pl.col("shard").is_null()
-    first_new = int(old.get_column("shard").max() or -1) + 1  # type: ignore[arg-type]
+    first_new = _shards_spanned(old.get_column("shard"))
     marked = both.with_columns(
         _new=is_new,
         _changed=edited,
@@ -170,11 +170,20 @@ def revise_plan(
         "_row",
     )
     assignments = planned.select(list(PLAN_SCHEMA)).cast(PLAN_SCHEMA)
-    num_shards = int(assignments.get_column("shard").max() or -1) + 1  # type: ignore[arg-type]
+    num_shards = _shards_spanned(assignments.get_column("shard"))
     return ShardPlan(
         current.height, shard_size, num_shards, assignments, planned.get_column("_row"),
         revision, changes,
     )  # fmt: skip
+
+
+def _shards_spanned(shards: pl.Series) -> int:
+    """Shards 0..max planned, so the next new one is this number; 0 for an empty plan.
+
+    Compared with None, never `max() or -1`: shard 0 is falsy, and a one-shard dataset then
+    planned its new ids into committed shard 0 and generated nothing."""
+    top = shards.max()
+    return 0 if top is None else int(top) + 1  # type: ignore[arg-type]
 
 
 def owed(committed_revision: int) -> pl.Expr:

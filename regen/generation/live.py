@@ -1,4 +1,5 @@
-"""The live gate inside a run: the canary before the plan is sent, then after every committed
+"""The live gate inside a run: the canary sent ahead of the plan and judged while the shards
+fill the slots behind it (their commits held for its verdict), then after every committed
 shard its audit summary stored, merged into running figures and judged.
 
 One mechanism with the final gate: each shard's summary is the one `regen audit` would make
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,18 @@ from regen.audit.dataset import open_dataset
 from regen.audit.gate import Decision, LiveGate, gate_decision
 from regen.audit.summary import AuditSettings, audit_rows, settings_for
 from regen.audit.thresholds import AuditConfig
-from regen.canary import CanaryFirst, StopRecord, canary_key, canary_sample, run_canary
+from regen.canary import (
+    CanaryFirst,
+    CanaryStopped,
+    HeldForCanary,
+    PendingCanary,
+    StopRecord,
+    Verdict,
+    canary_key,
+    canary_sample,
+    read_canary,
+    send_canary,
+)
 from regen.canary.stop import write_stop_record
 from regen.client import Dispatcher
 from regen.dataset.keys import summary_key
@@ -54,6 +67,9 @@ class LiveAudit:
         self.gate = LiveGate(settings)
         self.record: StopRecord | None = None
         self.canary = pl.DataFrame(schema=row_schema())
+        self._held: HeldForCanary | None = None
+        self._judging: threading.Thread | None = None
+        self._decision: Decision | None = None
         self._on_figures = on_figures
         self._log = log
         self._lock = threading.Lock()
@@ -75,32 +91,85 @@ class LiveAudit:
 
     @property
     def rows(self) -> RowSource:
-        """Where the shards' rows come from: the canary's rows first, the rest sent."""
+        """Where the shards' rows come from: held for the canary's verdict while it runs, then
+        the canary's rows first and the rest sent."""
+        if self._held is not None:
+            return self._held
         return CanaryFirst(self.dispatcher, self.canary) if self.canary.height else self.dispatcher
 
     def stopped(self) -> bool:
         return self.record is not None
 
     def run_canary(self, size: int) -> Decision | None:
-        """Send `size` prompts spread over the pending shards and judge their rows at once
-        (no `live_min_rows`: the canary is the sample). None when there is no canary."""
+        """`start_canary`, then its verdict."""
+        self.start_canary(size)
+        return self.canary_verdict()
+
+    def start_canary(self, size: int, ahead: int = 0) -> None:
+        """Queue `size` prompts spread over the pending shards ahead of every shard and judge
+        their rows in a thread of their own as soon as they are in (no `live_min_rows`: the
+        canary is the sample). Meanwhile up to `ahead` rows of the shards keep the slots full
+        and their commits wait for the verdict (`HeldForCanary`): the fleet does not idle on
+        the canary's tail or its audit, and a stop cancels what they have in flight."""
         sample = canary_sample(self.plan.prompt_cache, self.plan.pending, size)
         if not sample.height:
+            return
+        if self.plan.committed_rows and sample.height < size:
+            # A rerun's top-up smaller than the canary: the canary would be all of it, judged
+            # alone on a few rows. It is generated as is and judged with the rest of the
+            # dataset by the final audit. Canary rows a cut-short run stored are still used.
+            self.canary = read_canary(self.storage, self.plan.fingerprint)
+            self._log.info(
+                "canary: none, the %d prompts to generate are fewer than its %d; judged with "
+                "the dataset's %d committed rows", sample.height, size, self.plan.committed_rows,
+            )  # fmt: skip
+            return
+        pending = send_canary(self.dispatcher, self.storage, self.plan.fingerprint, sample)
+        verdict: futures.Future[Verdict] = futures.Future()
+        self._held = HeldForCanary(self.dispatcher, sample, verdict, ahead)
+        self._judging = threading.Thread(
+            target=self._judge_canary, args=(pending, verdict), name="regen-canary", daemon=True
+        )
+        self._judging.start()
+
+    def canary_verdict(self) -> Decision | None:
+        """Wait for the canary's verdict (None when there was no canary); raise what failed
+        it (a dead fleet, storage)."""
+        if self._judging is None:
             return None
-        rows = run_canary(self.dispatcher, self.storage, self.plan.fingerprint, sample)
-        summary = audit_rows(rows, self.settings)
-        decision = gate_decision(summary, self.settings, min_rows=0)
-        self._quarantine(decision)
+        self._judging.join()
+        assert self._held is not None
+        error = self._held.verdict.exception()
+        if error is not None and not isinstance(error, CanaryStopped):
+            raise error
+        return self._decision
+
+    def _judge_canary(self, pending: PendingCanary, verdict: futures.Future[Verdict]) -> None:
+        try:
+            rows = pending.collect()
+            summary = audit_rows(rows, self.settings)
+            decision = gate_decision(summary, self.settings, min_rows=0)
+            self._quarantine(decision)
+        except BaseException as err:
+            verdict.set_exception(err)
+            return
         # Rows of a quarantined server stay in the store for inspection, not in the dataset.
         dropped = list(self.gate.quarantined)
         self.canary = rows.filter(~pl.col("server").is_in(dropped)) if dropped else rows
+        self._decision = decision
         self._log.info(
             "canary: %d prompts over %d shards, %s", rows.height, len(self.plan.pending),
             decision.reason,
         )  # fmt: skip
-        if decision.action == "stop":
-            self._stop("canary", decision, summary.rows, canary=canary_key(self.plan.fingerprint))
-        return decision
+        if decision.action != "stop":
+            verdict.set_result(Verdict(self.canary, frozenset(self.gate.quarantined)))
+            return
+        # Cancel what the held shards have in flight first, so the record counts what the
+        # servers were sent, then tell the shards: none of them commits.
+        stop = CanaryStopped(f"the live gate stopped the run at the canary: {decision.reason}")
+        self.dispatcher.abort(stop)
+        self._stop("canary", decision, summary.rows, canary=canary_key(self.plan.fingerprint))
+        verdict.set_exception(stop)
 
     def on_commit(self, commit: Commit) -> None:
         """A shard just committed: store its summary, merge it and judge the running figures.
@@ -138,7 +207,7 @@ class LiveAudit:
             fingerprint=self.plan.fingerprint,
             stage="canary" if stage == "canary" else "rolling",
             rows_audited=rows,
-            prompts_sent=stats.submitted,
+            prompts_sent=stats.sent,
             prompts_planned=self.plan.num_rows,
             checks=decision.failing,
             canary=canary,

@@ -92,7 +92,7 @@ def run_all(
             return result
         for future in futures.wait(running, return_when=futures.FIRST_COMPLETED).done:
             outcome = result.settle(running.pop(future), future)
-            if outcome is not None:
+            if outcome is not None and outcome.committed:
                 result.outcomes.append(outcome)
                 if on_outcome is not None:
                     on_outcome(outcome)

@@ -81,14 +81,19 @@ def plan_run(config: RegenConfig, storage: Storage, hf_token: str | None = None)
     fresh = plan_shards(prompts, config.shard_size)
     info = new_run_info(config, prompts, fresh)
     # Before anything is written: an unchanged rerun of a stopped run would stop again.
-    check_not_stopped(storage, info.fingerprint, new_output=config.generation.new_output)
+    check_not_stopped(
+        storage, info.fingerprint, new_output=config.generation.new_output,
+        live=config.audit.live, canary=config.generation.canary_prompts > 0,
+    )  # fmt: skip
     run = open_run(storage, info, fresh, new_output=config.generation.new_output)
     plan, changes = fresh, ""
     committed = committed_shards(storage, run.fingerprint)
     if run is not info:  # resumed: compare this input with what the root planned before
         old = read_plan(storage, full=True)
         assert old is not None  # open_run writes a plan beside every run.json
-        latest = max(len(run.revisions), int(old.get_column("revision").max() or 1))  # type: ignore[arg-type]
+        # Revisions start at 1; an empty plan's max is None (never `or`: 0 would be falsy).
+        planned = old.get_column("revision").max()
+        latest = max(len(run.revisions), 1 if planned is None else int(planned))  # type: ignore[arg-type]
         plan = revise_plan(old, prompts, config.shard_size, latest + 1, committed)
         if plan.changes.any():
             changes = plan.changes.line()

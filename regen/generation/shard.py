@@ -16,6 +16,7 @@ from typing import Protocol
 
 import polars as pl
 
+from regen.canary import CanaryStopped
 from regen.dataset import (
     Manifest,
     commit_shard,
@@ -76,6 +77,28 @@ def generate_shard(
     place. With a `lease`, the rows are committed only while the lease holds (otherwise
     another node owns the shard)."""
     start = time.monotonic()
+    try:
+        return _generate_shard(
+            shard, plan, dispatcher, storage, start, retry_errors=retry_errors, lease=lease,
+            on_commit=on_commit, log=log,
+        )  # fmt: skip
+    except CanaryStopped as stop:
+        log.warning("shard %06d: not committed: %s", shard, stop)
+        return ShardOutcome.lost(shard, time.monotonic() - start)
+
+
+def _generate_shard(
+    shard: int,
+    plan: RunPlan,
+    dispatcher: RowSource,
+    storage: Storage,
+    start: float,
+    *,
+    retry_errors: bool,
+    lease: Lease | None,
+    on_commit: OnCommit | None,
+    log: Log,
+) -> ShardOutcome:
     prompts = prompts_for_shard(plan.prompt_cache, shard)
     # This shard's manifest only: listing every manifest per shard grows with the run squared.
     committed = read_manifest(storage, shard)

@@ -1,5 +1,5 @@
-"""Stage 4 whole, free of Prefect: the canary, then the shards (every pending one, or those a
-node claims), each commit judged by the live gate, until done or stopped.
+"""Stage 4 whole, free of Prefect: the canary, with the shards behind it (every pending one,
+or those a node claims), each commit judged by the live gate, until done or stopped.
 
 How a shard is started is the caller's (`start`: a Prefect task's submit in a flow, a thread
 pool in a test); everything decided between the shards is here.
@@ -50,7 +50,11 @@ def generate_plan(
     )  # fmt: skip
     # One canary per run: the nodes of a multi-node run rely on the rolling audit.
     if node is None and config.audit.live != "off":
-        live.run_canary(config.generation.canary_prompts)
+        # Judged while the shards start: their rows fill the slots the canary's tail frees,
+        # up to a fleet's worth, and never more than 4 % of the work, which bounds what a
+        # stop throws away (the incident's 5,000 prompts: a 256-row canary and 200 more).
+        todo = plan.num_rows - plan.committed_rows
+        live.start_canary(config.generation.canary_prompts, ahead=min(feed.slots, todo // 25))
     window = shards_in_flight(feed.slots, config.shard_size)
 
     def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
@@ -66,5 +70,6 @@ def generate_plan(
             on_outcome=feed.committed, stop=live.stopped,
         )  # fmt: skip
         log.info(result.headline(node.name))
+    live.canary_verdict()  # in by now (every shard waited for it); raises what failed it
     stopped = live.record.gate_line() if live.record else None
     return summarize(result.outcomes, result.failures, began, stopped)

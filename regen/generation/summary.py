@@ -10,7 +10,8 @@ from regen.errors import UserError
 
 
 class ShardOutcome(BaseModel):
-    """`committed` is False when the lease was lost: another node generates the shard."""
+    """`committed` is False when the lease was lost (another node generates the shard) or
+    the canary stopped the run while the shard waited for its verdict."""
 
     shard: int
     rows: int
