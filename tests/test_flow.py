@@ -206,17 +206,16 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run
     from flows.regenerate import regenerate_completions
 
     out = tmp_path / "out"
-    exports = tmp_path / "out-export"  # a rehearsal's exports go beside its output
+    exports = tmp_path / "exports"
     config = _config(
         tmp_path,
         str(out),
         engine={"emulator": {"faults": ["empty-answer=0.87"]}},
-        export={"dest": str(tmp_path / "exports"), "formats": ["specforge"]},
+        export={"dest": str(exports), "formats": ["specforge"]},
         # The final gate's own verdict; the live gate stops this run at its canary
         # (tests/test_live_gate.py).
         audit={"live": "off"},
     )
-    assert config.export is not None and Path(config.export.dest) == exports
     state = regenerate_completions(config, return_state=True)
     assert state.is_failed()
     assert (state.message or "").startswith("FAIL: final gate: ")

@@ -236,8 +236,7 @@ def test_top_ups_smaller_than_the_canary_complete_and_pass(tmp_path: Path) -> No
 
 
 def _exported(tmp_path: Path) -> int:
-    # A rehearsal writes its exports beside its own output, never to the config's dest.
-    record = json.loads((tmp_path / "out-export" / "specforge" / EXPORT_KEY).read_text())
+    record = json.loads((tmp_path / "exports" / "specforge" / EXPORT_KEY).read_text())
     return int(record["counts"]["rows_exported"])
 
 
