@@ -58,7 +58,8 @@ def plan_rehearsal(
     emulator and the model the bundled emulated one (same served name), so the rehearsal
     tests the config the GPU run will use without copying real weights. What the file leaves
     out that a run needs (model, prompts, output) is the rehearsal's: a partial file is a
-    rehearsal's settings, not a mistake. Raises ConfigError (exit 2) for a mistake in the file.
+    rehearsal's settings, not a mistake, and its `export.dest` is the rehearsal's too.
+    Raises ConfigError (exit 2) for a mistake in the file.
     """
     name = str(config_path or "rehearsal")
     data: dict[str, Any] = read_config_data(config_path) if config_path else {}
@@ -85,7 +86,9 @@ def plan_rehearsal(
         # (which would pass with nothing generated) nor a stopped one's.
         output = f"{output}-{slugify('-'.join(faults))[:40].strip('-')}"
     data["output"] = output
-    if isinstance(data.get("export"), dict):
+    if real_output is not None and isinstance(data.get("export"), dict):
+        # The GPU run's export destination is its output's sibling: a config that names an
+        # output names a real run, and neither is the rehearsal's to write.
         data["export"]["dest"] = f"{output.rstrip('/')}-export"
 
     work_dir = source.work_dir
