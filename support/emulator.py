@@ -6,11 +6,13 @@ does not reach it first. Ready means the READY_LINE in its log, the line sglang 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -19,7 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from aiohttp import web
+
+from regen.emulator.args import parse_args
 from regen.emulator.cli import READY_LINE
+from regen.emulator.routes import EmulatorServer
 from support import REPO
 from support.ports import free_port
 
@@ -83,18 +89,22 @@ class Emulator:
             time.sleep(0.02)
 
     def metric(self, name: str) -> float:
-        """One sample of `name` from /metrics (which sglang serves without the API key)."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
-        if found is None:
-            raise AssertionError(f"{name} not in /metrics of {self.url}")
-        return float(found.group(1))
+        return _metric(self.url, name)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+def _metric(url: str, name: str) -> float:
+    """One sample of `name` from /metrics (which sglang serves without the API key)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+    if found is None:
+        raise AssertionError(f"{name} not in /metrics of {url}")
+    return float(found.group(1))
 
 
 @contextmanager
@@ -122,3 +132,70 @@ def emulators(
     finally:
         for emu in started:
             emu.stop()
+
+
+@dataclass
+class InProcessEmulator:
+    """One emulator app served by this process on 127.0.0.1 (real HTTP, an OS-chosen port):
+    no interpreter to start, so a test's fleet is up in milliseconds. Faults that end the
+    process (crash-after) need `Emulator`; `stop()` here is the closest: the port closes and
+    every open connection drops, as when a server dies."""
+
+    server: EmulatorServer
+    runner: web.AppRunner
+    port: int
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def running(self) -> int:
+        """Requests the scheduler runs now (sglang:num_running_reqs without the HTTP)."""
+        return self.server.scheduler.slots.running
+
+    def metric(self, name: str) -> float:
+        return _metric(self.url, name)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result()
+
+
+@contextmanager
+def in_process(
+    flags: Sequence[Sequence[str]], *, served_name: str = "emu-model", api_key: str | None = None
+) -> Iterator[list[InProcessEmulator]]:
+    """One in-process emulator per entry of `flags`, on one event loop in its own thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="emulators", daemon=True)
+    thread.start()
+
+    async def up(extra: Sequence[str]) -> InProcessEmulator:
+        args = parse_args(
+            [
+                "--model-path", str(MODEL_DIR), "--served-model-name", served_name,
+                "--host", HOST, "--port", "0",
+                *(["--api-key", api_key] if api_key else []), *extra,
+            ]
+        )  # fmt: skip
+        server = EmulatorServer(args)
+        # A hung request must not hold the stop for aiohttp's default minute.
+        runner = web.AppRunner(
+            server.make_app(), access_log=None, handle_signals=False, shutdown_timeout=0.1
+        )
+        await runner.setup()
+        await web.TCPSite(runner, HOST, 0).start()
+        server.ready = True
+        return InProcessEmulator(server, runner, runner.addresses[0][1], loop)
+
+    started: list[InProcessEmulator] = []
+    try:
+        for extra in flags:
+            started.append(asyncio.run_coroutine_threadsafe(up(extra), loop).result())
+        yield started
+    finally:
+        for emu in started:
+            emu.stop()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
