@@ -24,7 +24,7 @@ import pytest
 from regen.errors import UserError
 from regen.staging import MARKER_NAME, StageMarker, StageResult, check_space, stage_model
 from regen.staging.layout import HUB_DOWNLOAD
-from support.s3 import MotoS3, moto_server
+from support.s3 import MotoS3
 
 MODEL_FILES = {
     "config.json": b'{"architectures": ["Qwen3ForCausalLM"]}',
@@ -42,12 +42,6 @@ MODEL_FILES = {
     ).encode(),
     "original/params.json": b"{}",
 }
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoS3]:
-    with moto_server() as server:
-        yield server
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import io
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -15,13 +14,7 @@ import pytest
 from regen.errors import UserError
 from regen.s3 import RetryPolicy, S3Storage
 from regen.storage import LocalStorage, Storage, open_storage, probe
-from support.s3 import MotoS3, moto_server
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoS3]:
-    with moto_server() as server:
-        yield server
+from support.s3 import MotoS3
 
 
 @pytest.fixture
