@@ -369,7 +369,7 @@ def test_lease_keeper_keeps_a_claim_and_notices_a_takeover(tmp_path: Path) -> No
         assert len(claim_keys(storage, 8)) <= 3
         renewed = read_heartbeat(storage, "a")
         assert renewed is not None and renewed["held"] == [7, 8]
-        assert float(renewed["at"]) > float(beat["at"]), "the heartbeat beat with the renewals"
+        assert renewed["at"] != beat["at"], "the heartbeat beat with the renewals"
         age = heartbeat_age(storage, "a", time.time())
         assert age is not None and age >= 0
 
