@@ -7,11 +7,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from support.s3 import MotoS3, moto_server
 from tests.support.cli import regen_env as _regen_env
+
+if TYPE_CHECKING:
+    from support.s3 import MotoS3
 
 # A test that runs Prefect (a harness, a `prefect server`, or `regen` in a subprocess with its
 # own ephemeral server) is end to end: `make test-fast` leaves those out, `make test` runs all.
@@ -51,6 +54,8 @@ def regen_env(prefect_home: Path) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[MotoS3]:
     """One moto S3 server per test worker; each test makes its own bucket (`create_bucket`)."""
+    from support.s3 import moto_server  # moto costs a second to import: only where used
+
     with moto_server() as server:
         yield server
 
