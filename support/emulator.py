@@ -1,4 +1,5 @@
-"""The emulator launched one way: `python -m regen.emulator` on loopback, in its own session.
+"""The emulator on loopback, two ways: `python -m regen.emulator` in its own session
+(`emulators`), or its app served by this process (`in_process`) where no process is needed.
 
 Its own session so that one killpg stops it with anything it started, and a test's Ctrl-C
 does not reach it first. Ready means the READY_LINE in its log, the line sglang prints.
@@ -89,22 +90,18 @@ class Emulator:
             time.sleep(0.02)
 
     def metric(self, name: str) -> float:
-        return _metric(self.url, name)
+        """One sample of `name` from /metrics (which sglang serves without the API key)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+        if found is None:
+            raise AssertionError(f"{name} not in /metrics of {self.url}")
+        return float(found.group(1))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-
-
-def _metric(url: str, name: str) -> float:
-    """One sample of `name` from /metrics (which sglang serves without the API key)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
-    if found is None:
-        raise AssertionError(f"{name} not in /metrics of {url}")
-    return float(found.group(1))
 
 
 @contextmanager
@@ -149,13 +146,6 @@ class InProcessEmulator:
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
-
-    def running(self) -> int:
-        """Requests the scheduler runs now (sglang:num_running_reqs without the HTTP)."""
-        return self.server.scheduler.slots.running
-
-    def metric(self, name: str) -> float:
-        return _metric(self.url, name)
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result()
