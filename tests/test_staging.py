@@ -82,7 +82,7 @@ def test_stage_local_then_restage_is_a_no_op(model_dir: Path, tmp_path: Path) ->
     assert not first.skipped and first.copied_files == len(MODEL_FILES)
     assert first.bytes == total and max(seen) == (total, total)
     second = stage_model(str(model_dir), target)
-    assert second.skipped and second.copied_bytes == 0 and second.seconds < 1
+    assert second.skipped and second.copied_bytes == 0
 
 
 def test_stage_from_s3_checks_etags_and_repairs(
