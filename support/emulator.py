@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Self
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from regen.emulator.args import parse_args
 from regen.emulator.cli import READY_LINE
@@ -153,9 +154,14 @@ class InProcessEmulator:
 
 @contextmanager
 def in_process(
-    flags: Sequence[Sequence[str]], *, served_name: str = "emu-model", api_key: str | None = None
+    flags: Sequence[Sequence[str]],
+    *,
+    served_name: str = "emu-model",
+    api_key: str | None = None,
+    middlewares: Sequence[Middleware] = (),
 ) -> Iterator[list[InProcessEmulator]]:
-    """One in-process emulator per entry of `flags`, on one event loop in its own thread."""
+    """One in-process emulator per entry of `flags`, on one event loop in its own thread;
+    `middlewares` run after its own (a test's hook: hold requests, count them)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="emulators", daemon=True)
     thread.start()
@@ -169,10 +175,10 @@ def in_process(
             ]
         )  # fmt: skip
         server = EmulatorServer(args)
+        app = server.make_app()
+        app.middlewares.extend(middlewares)
         # A hung request must not hold the stop for aiohttp's default minute.
-        runner = web.AppRunner(
-            server.make_app(), access_log=None, handle_signals=False, shutdown_timeout=0.1
-        )
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
         await runner.setup()
         await web.TCPSite(runner, HOST, 0).start()
         server.ready = True

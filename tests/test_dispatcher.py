@@ -6,6 +6,7 @@ Scheduling, retries and quarantine run against emulators served in this process 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -19,6 +20,8 @@ from typing import Any
 import aiohttp
 import polars as pl
 import pytest
+from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import SecretStr
 
 from regen.client import Dispatcher, DispatchTuning, ServerState
@@ -206,39 +209,58 @@ def counted_session(starts: list[int]) -> SessionFactory:
     return session
 
 
-def _sample_running(fleet: list[Emulator], stop: threading.Event, out: list[float]) -> None:
-    # A sampler, not a synchronisation: what the servers run, every 10 ms.
-    while not stop.is_set():
-        out.append(sum(e.metric("sglang:num_running_reqs") for e in fleet))
-        time.sleep(0.01)
+class Gate:
+    """An emulator middleware that holds every chat request at the server until the test
+    releases it by rid: what the servers hold is then state to wait on, not a sample."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.held: dict[str, asyncio.Event] = {}
+        self.open = False
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/v1/chat/completions" and not self.open:
+            release = asyncio.Event()
+            self.held[(await request.json())["rid"]] = release
+            await release.wait()
+        return await handler(request)
+
+    def release(self, rid: str) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self.held.pop(rid).set)
+
+    def release_all(self) -> None:
+        self.open = True
+        for rid in list(self.held):
+            self.release(rid)
 
 
-def test_slots_stay_busy_across_shard_borders(tmp_path: Path) -> None:
-    # 3 shards x 24 rows on 8 slots: a client that waited for each shard would drain the
-    # servers to 0-4 running requests for a whole request length at two borders. Processes:
-    # what the servers see must not share this process's GIL with the client.
-    with emulators(tmp_path, 2, answer_tokens="40:80", time_scale=1.0) as fleet:
-        samples: list[float] = []
-        stop = threading.Event()
-        sampler = threading.Thread(target=_sample_running, args=(fleet, stop, samples))
+def test_a_freed_slot_takes_the_next_shards_row_at_once() -> None:
+    # Two shards of 10 rows on 8 slots. Once shard 0 is all sent, a slot it frees must take
+    # shard 1's first row while its other 7 rows still run: a client that waited for each
+    # shard would leave that slot idle (and the GPUs drained) until shard 0 was done.
+    gate = Gate()
+    with in_process(
+        flags(2, time_scale=0.01), served_name=MODEL, api_key=KEY, middlewares=[gate.middleware]
+    ) as fleet:
+        gate.loop = fleet[0].loop
         with dispatcher(fleet) as d:
-            shards = [prompts(24, f"s{k}") for k in range(3)]
-            sampler.start()
+            shards = [prompts(10, "a"), prompts(10, "b")]
             futures = [d.submit_shard(k, rows) for k, rows in enumerate(shards)]
+            _wait("8 requests held", lambda: len(gate.held) == 8)
+            assert sorted(gate.held) == [f"a-{i:05d}" for i in range(8)]
+            gate.release("a-00000")
+            gate.release("a-00001")
+            _wait("shard 0's last rows held", lambda: {"a-00008", "a-00009"} <= set(gate.held))
+            gate.release("a-00002")
+            _wait("a freed slot refilled", lambda: len(gate.held) == 8)
+            assert sorted(gate.held) == [*(f"a-{i:05d}" for i in range(3, 10)), "b-00000"]
+            gate.release_all()
             for k, future in enumerate(futures):
-                assert_complete(future.result(timeout=30), shards[k], k)
-            stop.set()
-            sampler.join()
-    full = [i for i, n in enumerate(samples) if n == 8]
-    assert full, f"the fleet was never full: {samples}"
-    busy = samples[full[0] : full[-1] + 1]
-    assert len(busy) >= 10, samples
-    # Between filling up and the final drain the slots stayed (nearly) all busy: a single
-    # low sample is a scheduling hiccup of this shared machine, a drain lasts a whole
-    # request (~20 samples).
-    low_runs = "".join("L" if n < 6 else "." for n in busy).split(".")
-    assert max(len(run) for run in low_runs) < 3, busy
-    assert sum(busy) / len(busy) >= 7.5, busy
+                out = future.result(timeout=30)
+                assert_complete(out, shards[k], k)
+                assert out["error"].null_count() == out.height
 
 
 def test_crashed_server_loses_no_row(tmp_path: Path) -> None:
