@@ -1,4 +1,5 @@
-"""The emulator launched one way: `python -m regen.emulator` on loopback, in its own session.
+"""The emulator on loopback, two ways: `python -m regen.emulator` in its own session
+(`emulators`), or its app served by this process (`in_process`) where no process is needed.
 
 Its own session so that one killpg stops it with anything it started, and a test's Ctrl-C
 does not reach it first. Ready means the READY_LINE in its log, the line sglang prints.
@@ -6,11 +7,13 @@ does not reach it first. Ready means the READY_LINE in its log, the line sglang 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -19,7 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from regen.emulator.args import parse_args
 from regen.emulator.cli import READY_LINE
+from regen.emulator.routes import EmulatorServer
 from support import REPO
 from support.ports import free_port
 
@@ -122,3 +130,68 @@ def emulators(
     finally:
         for emu in started:
             emu.stop()
+
+
+@dataclass
+class InProcessEmulator:
+    """One emulator app served by this process on 127.0.0.1 (real HTTP, an OS-chosen port):
+    no interpreter to start, so a test's fleet is up in milliseconds. Faults that end the
+    process (crash-after) need `Emulator`; `stop()` here is the closest: the port closes and
+    every open connection drops, as when a server dies."""
+
+    server: EmulatorServer
+    runner: web.AppRunner
+    port: int
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result()
+
+
+@contextmanager
+def in_process(
+    flags: Sequence[Sequence[str]],
+    *,
+    served_name: str = "emu-model",
+    api_key: str | None = None,
+    middlewares: Sequence[Middleware] = (),
+) -> Iterator[list[InProcessEmulator]]:
+    """One in-process emulator per entry of `flags`, on one event loop in its own thread;
+    `middlewares` run after its own (a test's hook: hold requests, count them)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="emulators", daemon=True)
+    thread.start()
+
+    async def up(extra: Sequence[str]) -> InProcessEmulator:
+        args = parse_args(
+            [
+                "--model-path", str(MODEL_DIR), "--served-model-name", served_name,
+                "--host", HOST, "--port", "0",
+                *(["--api-key", api_key] if api_key else []), *extra,
+            ]
+        )  # fmt: skip
+        server = EmulatorServer(args)
+        app = server.make_app()
+        app.middlewares.extend(middlewares)
+        # A hung request must not hold the stop for aiohttp's default minute.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
+        await runner.setup()
+        await web.TCPSite(runner, HOST, 0).start()
+        server.ready = True
+        return InProcessEmulator(server, runner, runner.addresses[0][1], loop)
+
+    started: list[InProcessEmulator] = []
+    try:
+        for extra in flags:
+            started.append(asyncio.run_coroutine_threadsafe(up(extra), loop).result())
+        yield started
+    finally:
+        for emu in started:
+            emu.stop()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()

@@ -1,15 +1,20 @@
-"""Shared fixtures (a Prefect home per test worker, the env of a `regen` subprocess) and the one
-place that marks tests: e2e by the fixtures that start Prefect, bench by module."""
+"""Shared fixtures (a Prefect home per test worker, the env of a `regen` subprocess, the moto S3
+server) and the one place that marks tests: e2e by the fixtures that start Prefect, bench by
+module."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.support.cli import regen_env as _regen_env
+
+if TYPE_CHECKING:
+    from support.s3 import MotoS3
 
 # A test that runs Prefect (a harness, a `prefect server`, or `regen` in a subprocess with its
 # own ephemeral server) is end to end: `make test-fast` leaves those out, `make test` runs all.
@@ -44,6 +49,24 @@ def prefect_server_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def regen_env(prefect_home: Path) -> dict[str, str]:
     """The environment of a `regen` subprocess: ephemeral Prefect, no telemetry, no server URL."""
     return _regen_env(prefect_home)
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoS3]:
+    """One moto S3 server per test worker; each test makes its own bucket (`create_bucket`)."""
+    from support.s3 import moto_server  # moto costs a second to import: only where used
+
+    with moto_server() as server:
+        yield server
+
+
+@pytest.fixture
+def moto(moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> MotoS3:
+    """The worker's moto server, its credentials and endpoint in this test's environment (for
+    code on the default credential chain); a test that stops it for an outage restarts it."""
+    for key, value in moto_s3.env.items():
+        monkeypatch.setenv(key, value)
+    return moto_s3
 
 
 @pytest.fixture(scope="session")

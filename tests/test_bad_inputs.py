@@ -3,7 +3,7 @@ key, a non-zero exit and no traceback; nothing already written is damaged.
 
 Three layers answer, and each case goes through the cheapest one that is the real path:
 config mistakes through `flows.cli.main` in this process (the very code the console script
-runs; two cases also as real subprocesses), provisioning mistakes through `run_checks` (the
+runs; two cases also as real subprocesses, exit 2), provisioning mistakes through `run_checks` (the
 table `regen check` prints, exit 1 when a row fails), row mistakes through `load_prompts`
 (the row is rejected with its line and reason, the run goes on). Two real rehearsals prove
 the end-to-end cases: rejected rows do not stop a run, and an output made by another run is
@@ -40,6 +40,7 @@ from tests.support.bad_input import (
     tree_digest,
     write_yaml,
 )
+from tests.support.cli import regen_env as cli_env
 from tests.support.cli import run_regen
 
 pytestmark = pytest.mark.timeout(300)
@@ -178,8 +179,10 @@ def test_missing_config_file(
     tally.judge("missing config file", verdict, "nope.yaml: config file not found")
 
 
-def test_as_real_subprocesses(tmp_path: Path, regen_env: dict[str, str], tally: Tally) -> None:
-    """Two config cases as a user's shell runs them: the same line, from a fresh interpreter."""
+def test_as_real_subprocesses(tmp_path: Path, tally: Tally) -> None:
+    """Two config cases as a user's shell runs them: the same line and exit 2, from a fresh
+    interpreter. Not e2e: a config error stops before Prefect starts (its home stays empty)."""
+    regen_env = cli_env(tmp_path / "prefect-home")
     listed = tmp_path / "list.yaml"
     listed.write_text("- a\n- b\n")
     proc = run_regen(["check", "--config", str(listed)], regen_env, cwd=tmp_path, timeout=60)
@@ -188,6 +191,7 @@ def test_as_real_subprocesses(tmp_path: Path, regen_env: dict[str, str], tally: 
         Verdict(proc.returncode, proc.stderr, proc.stdout + proc.stderr),
         "list.yaml: expected a mapping",
     )
+    assert proc.returncode == 2
     open_host = write_yaml(tmp_path / "open.yaml", {"engine": {"host": "0.0.0.0"}})
     proc = run_regen(
         ["rehearse", "--config", str(open_host), "--out", "out"],
@@ -200,7 +204,9 @@ def test_as_real_subprocesses(tmp_path: Path, regen_env: dict[str, str], tally: 
         Verdict(proc.returncode, proc.stderr, proc.stdout + proc.stderr),
         "open.yaml: engine: engine.host 0.0.0.0 is not loopback",
     )
+    assert proc.returncode == 2
     assert not (tmp_path / "out").exists() and not (tmp_path / ".regen").exists()
+    assert not (tmp_path / "prefect-home").exists(), "Prefect started for a config error"
 
 
 # --- the prompts file as a whole: the provisioning row fails naming the file ------------------

@@ -18,9 +18,10 @@ from regen.config import (
     SpeculativeConfig,
     parse_config,
 )
-from support.s3 import moto_server
+from support.s3 import MotoS3
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+# Saving and loading a block talks to a Prefect API; validation and repr are plain pydantic.
+needs_prefect = pytest.mark.usefixtures("prefect_harness")
 
 TOKEN = "hf_secret_token_do_not_print"
 API_KEY = "sk-server-key-do-not-print"
@@ -43,6 +44,7 @@ def _config(tmp_path: Path) -> RegenConfig:
     )
 
 
+@needs_prefect
 def test_register_blocks_lists_regen_and_aws_types() -> None:
     names = register_blocks()
     assert {"regen-fleet-config", "regen-model-source", "s3-bucket", "aws-credentials"} <= set(
@@ -50,6 +52,7 @@ def test_register_blocks_lists_regen_and_aws_types() -> None:
     )
 
 
+@needs_prefect
 def test_fleet_config_saves_loads_and_validates_to_engine() -> None:
     name = _name("node")
     FleetConfig(
@@ -94,6 +97,7 @@ def test_fleet_config_names_its_python() -> None:
         FleetConfig.model_validate({"engine": {"gpus": [0]}})
 
 
+@needs_prefect
 def test_model_source_saves_and_loads_with_its_token() -> None:
     name = _name("model")
     token = SecretStr(TOKEN)
@@ -118,6 +122,7 @@ def test_secrets_are_not_shown(block: FleetConfig | ModelSource) -> None:
         assert TOKEN not in shown
 
 
+@needs_prefect
 def test_resolve_config_applies_every_named_block(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -170,8 +175,9 @@ def test_resolve_config_without_blocks_is_the_config(tmp_path: Path) -> None:
     assert run.config == config and run.hf_token is None and run.storage is None
 
 
+@needs_prefect
 def test_storage_block_credentials_reach_the_run_storage(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, moto: MotoS3
 ) -> None:
     """The S3Bucket block's keys and endpoint, not the worker's environment, open the output."""
     from prefect_aws import AwsClientParameters, AwsCredentials, S3Bucket
@@ -185,23 +191,22 @@ def test_storage_block_credentials_reach_the_run_storage(
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-    with moto_server() as moto:
-        bucket, name = moto.create_bucket(), _name("bucket")
-        credentials = AwsCredentials(
-            aws_access_key_id="AKIDBLOCK",
-            aws_secret_access_key=SecretStr(AWS_SECRET),
-            region_name="us-east-1",
-            aws_client_parameters=AwsClientParameters(endpoint_url=moto.endpoint_url),
-        )
-        S3Bucket(bucket_name=bucket, bucket_folder="runs/r1", credentials=credentials).save(name)
+    bucket, name = moto.create_bucket(), _name("bucket")
+    credentials = AwsCredentials(
+        aws_access_key_id="AKIDBLOCK",
+        aws_secret_access_key=SecretStr(AWS_SECRET),
+        region_name="us-east-1",
+        aws_client_parameters=AwsClientParameters(endpoint_url=moto.endpoint_url),
+    )
+    S3Bucket(bucket_name=bucket, bucket_folder="runs/r1", credentials=credentials).save(name)
 
-        with caplog.at_level(logging.DEBUG):
-            run = resolve_config(_config(tmp_path), storage_block=name)
-            assert run.storage is not None
-            run.storage.write_bytes("run.json", b"{}")
+    with caplog.at_level(logging.DEBUG):
+        run = resolve_config(_config(tmp_path), storage_block=name)
+        assert run.storage is not None
+        run.storage.write_bytes("run.json", b"{}")
 
-        assert moto.storage(bucket, "runs/r1").read_bytes("run.json") == b"{}"
-        assert run.config.output == run.storage.uri == f"s3://{bucket}/runs/r1"
-        options = run.storage.polars_options()  # what polars reads the shards with
-        assert options is not None and options["aws_access_key_id"] == "AKIDBLOCK"
+    assert moto.storage(bucket, "runs/r1").read_bytes("run.json") == b"{}"
+    assert run.config.output == run.storage.uri == f"s3://{bucket}/runs/r1"
+    options = run.storage.polars_options()  # what polars reads the shards with
+    assert options is not None and options["aws_access_key_id"] == "AKIDBLOCK"
     assert AWS_SECRET not in caplog.text + f"resolved {run} / {run!r}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,7 +11,7 @@ import pytest
 
 from regen.claims import ClaimLost, ShardClaims
 from regen.storage import LocalStorage, Storage
-from support.s3 import MotoS3, moto_server
+from support.s3 import MotoS3
 
 
 class FakeClock:
@@ -22,12 +22,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoS3]:
-    with moto_server() as server:
-        yield server
 
 
 @pytest.fixture(params=["local", "s3"])

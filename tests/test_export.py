@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from regen.dataset import commit_shard, read_manifest, replace_shard
 from regen.export import FORMATS, ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset
 from regen.storage import LocalStorage, Storage
-from support.s3 import MotoS3, moto_server
+from support.s3 import MotoS3
 from tests.support.export import FINGERPRINT, make_export_dataset, synthetic_shard, user_text
 
 datasets = pytest.importorskip("datasets")
@@ -226,14 +225,6 @@ def test_rerun_rewrites_only_what_changed(tmp_path: Path, fmt: str) -> None:
         export_dataset(src, LocalStorage(dest), options.model_copy(update={"turns": "last"})).reused
         == []
     )
-
-
-@pytest.fixture
-def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoS3]:
-    with moto_server() as server:
-        for key, value in server.env.items():
-            monkeypatch.setenv(key, value)
-        yield server
 
 
 def _etags(moto: MotoS3, bucket: str, prefix: str) -> dict[str, tuple[str, object]]:

@@ -115,7 +115,9 @@ def test_fail_startup_names_the_server_with_its_log_tail_at_once(tmp_path: Path)
     assert secret not in message and "'api_key': '***'" in message
     assert "server-0 (" not in message.split("\n", 1)[0]
     exited = (config.work_dir / "logs" / "server-1.log").stat().st_mtime
-    assert raised - exited < 2.0
+    # At once: well inside the 30 s startup deadline, which a launch that waited it out
+    # would have used up (a bound a loaded machine cannot reach, unlike the 2 s it was).
+    assert raised - exited < config.engine.startup_timeout_s / 2
     assert port_is_free("127.0.0.1", config.engine.base_port)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ from regen.export.run import EXPORT_KEY
 from regen.naming import dataset_slug, node_name
 from regen.rehearsal import bundled, rehearsal_config
 from regen.storage import LocalStorage, open_storage
-from support.s3 import MotoS3, moto_server
+from support.s3 import MotoS3
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import Artifact, FlowRun
@@ -166,14 +165,6 @@ def test_a_run_is_named_and_tagged_for_what_it_does(good_run: Run) -> None:
     assert set(artifacts) == {f"{kind}-{slug}" for kind in ARTIFACT_KINDS}
     audit = artifacts[f"audit-report-{slug}"].description or ""
     assert audit == "out: audit PASS 240 rows" or audit.startswith("out: audit WARN "), audit
-
-
-@pytest.fixture
-def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoS3]:
-    with moto_server() as server:
-        for key, value in server.env.items():
-            monkeypatch.setenv(key, value)
-        yield server
 
 
 def test_rehearsal_reads_and_writes_s3(tmp_path: Path, moto: MotoS3) -> None:

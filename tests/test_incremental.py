@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from regen.dataset import RUN_KEY, read_committed, read_plan
 from regen.export.run import EXPORT_KEY
 from regen.rehearsal import rehearsal_config
 from regen.storage import LocalStorage
-from support.s3 import MotoS3, moto_server
+from support.s3 import MotoS3
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("prefect_harness")]
 
@@ -253,14 +252,6 @@ def _plan_message(state: Any) -> str:
             log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
         )
     return "\n".join(log.message for log in logs)
-
-
-@pytest.fixture
-def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoS3]:
-    with moto_server() as server:
-        for key, value in server.env.items():
-            monkeypatch.setenv(key, value)
-        yield server
 
 
 def test_a_file_dropped_into_an_s3_prefix_is_all_the_next_run_generates(

@@ -24,7 +24,7 @@ import pytest
 from regen.errors import UserError
 from regen.staging import MARKER_NAME, StageMarker, StageResult, check_space, stage_model
 from regen.staging.layout import HUB_DOWNLOAD
-from support.s3 import MotoS3, moto_server
+from support.s3 import MotoS3
 
 MODEL_FILES = {
     "config.json": b'{"architectures": ["Qwen3ForCausalLM"]}',
@@ -42,12 +42,6 @@ MODEL_FILES = {
     ).encode(),
     "original/params.json": b"{}",
 }
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoS3]:
-    with moto_server() as server:
-        yield server
 
 
 @pytest.fixture
@@ -88,7 +82,7 @@ def test_stage_local_then_restage_is_a_no_op(model_dir: Path, tmp_path: Path) ->
     assert not first.skipped and first.copied_files == len(MODEL_FILES)
     assert first.bytes == total and max(seen) == (total, total)
     second = stage_model(str(model_dir), target)
-    assert second.skipped and second.copied_bytes == 0 and second.seconds < 1
+    assert second.skipped and second.copied_bytes == 0
 
 
 def test_stage_from_s3_checks_etags_and_repairs(

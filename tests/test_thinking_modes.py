@@ -1,5 +1,6 @@
-"""`regeneration.thinking` through the whole flow on emulators: what is sent, what is stored,
-and what the audit makes of it."""
+"""`regeneration.thinking`: what is sent and what is stored, decided by the dispatcher (checked
+here for every mode against emulators served in this process), and one whole flow for what
+the run records and what the audit makes of it."""
 
 from __future__ import annotations
 
@@ -8,17 +9,54 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import SecretStr
 
 from regen.audit import AuditConfig, run_audit
+from regen.client import Dispatcher
+from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.dataset import read_committed
 from regen.rehearsal import rehearsal_config
+from regen.sglang_api.endpoint import Endpoint
 from regen.storage import open_storage
+from support.emulator import in_process
+from tests.test_dispatcher import prompts
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("prefect_harness")]
+MODEL = "emu-model"
 
 
 @pytest.mark.parametrize("thinking", ["save", "drop", "off"])
-def test_thinking_mode_decides_what_is_stored(tmp_path: Path, thinking: str) -> None:
+def test_thinking_mode_decides_what_is_sent_and_stored(thinking: str) -> None:
+    flags = [
+        "--reasoning-parser", "qwen3", "--emu-load-s", "0", "--emu-time-scale", "0.01",
+        "--emu-reasoning-tokens", "5:20", "--emu-answer-tokens", "5:20",
+    ]  # fmt: skip
+    rows = prompts(12)
+    with (
+        in_process([flags], served_name=MODEL) as fleet,
+        Dispatcher(
+            [Endpoint(0, fleet[0].url)],
+            api_key=SecretStr("unused"),
+            model=MODEL,
+            sampling=SamplingConfig(max_tokens=256),
+            generation=GenerationConfig(),
+            concurrency_per_server=4,
+            regeneration=RegenerationConfig(thinking=thinking),
+        ) as dispatcher,
+    ):
+        out = dispatcher.submit_shard(0, rows).result(timeout=30)
+    assert out["error"].null_count() == rows.height
+    stored = out["reasoning_content"].drop_nulls().str.len_bytes().gt(0).sum()
+    # The emulator thinks only when enable_thinking is true; off also spends no reasoning
+    # tokens, drop spends them and keeps no text.
+    assert stored == (rows.height if thinking == "save" else 0)
+    assert (out["reasoning_tokens"] > 0).all() == (thinking != "off")
+    assert (out["reasoning_tokens"] == 0).all() == (thinking == "off")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("prefect_harness")
+def test_dropped_thinking_through_the_flow(tmp_path: Path) -> None:
+    """drop: thought but not stored; run.json records it and the audit skips its check."""
     from flows.regenerate import regenerate_completions
 
     path = tmp_path / "rehearsal.yaml"
@@ -27,7 +65,7 @@ def test_thinking_mode_decides_what_is_stored(tmp_path: Path, thinking: str) -> 
             {
                 "work_dir": str(tmp_path / "work"),
                 "shard_size": 120,
-                "regeneration": {"thinking": thinking},
+                "regeneration": {"thinking": "drop"},
             }
         )
     )
@@ -36,13 +74,9 @@ def test_thinking_mode_decides_what_is_stored(tmp_path: Path, thinking: str) -> 
     state = regenerate_completions(config, return_state=True)
     assert state.is_completed(), state.message
     storage = open_storage(out)
-    assert json.loads(storage.read_bytes("run.json"))["regeneration"]["thinking"] == thinking
+    assert json.loads(storage.read_bytes("run.json"))["regeneration"]["thinking"] == "drop"
     rows = read_committed(storage).collect()
     assert rows.height == 240 and rows["error"].null_count() == 240
-    stored = rows["reasoning_content"].drop_nulls().str.len_bytes().gt(0).sum()
-    # The emulator thinks only when enable_thinking is true; off also spends no reasoning tokens.
-    assert stored == (240 if thinking == "save" else 0)
-    thought = int(rows["reasoning_tokens"].sum())
-    assert (thought > 0) == (thinking != "off")
-    check = run_audit(storage, AuditConfig()).check("empty_thinking")
-    assert check.status == ("pass" if thinking == "save" else "skipped")
+    assert rows["reasoning_content"].drop_nulls().str.len_bytes().gt(0).sum() == 0
+    assert int(rows["reasoning_tokens"].sum()) > 0
+    assert run_audit(storage, AuditConfig()).check("empty_thinking").status == "skipped"

@@ -73,6 +73,17 @@ from regen.sglang_api.response import ResponseKind, error_message, parse_complet
 log = logging.getLogger(__name__)
 
 Reprobe = Callable[[Endpoint], Awaitable[bool]]
+# The transport: given the connection limit and the headers every request carries, a session
+# for the dispatcher's loop (called there, closed by the dispatcher). Tests pass one that adds
+# trace hooks; the default is `keepalive_session`.
+SessionFactory = Callable[[int, dict[str, str]], aiohttp.ClientSession]
+
+
+def keepalive_session(limit: int, headers: dict[str, str]) -> aiohttp.ClientSession:
+    """One keep-alive connector of `limit` connections over every server."""
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0)
+    # Headers set once on the session: merging them per request costs CPU.
+    return aiohttp.ClientSession(connector=connector, headers=headers)
 
 
 class _Work:
@@ -142,6 +153,7 @@ class Dispatcher:
         regeneration: RegenerationConfig | None = None,
         reprobe: Reprobe | None = None,
         tuning: DispatchTuning | None = None,
+        session: SessionFactory = keepalive_session,
     ) -> None:
         if not endpoints:
             raise ValueError("Dispatcher needs at least one endpoint")
@@ -154,6 +166,7 @@ class Dispatcher:
         self._generation = generation
         self._tuning = tuning or DispatchTuning()
         self._reprobe = reprobe
+        self._make_session = session
         self._api_key = api_key
         self._headers = {
             "Content-Type": "application/json",
@@ -322,9 +335,7 @@ class Dispatcher:
 
     async def _open(self) -> None:
         slots = sum(s.slots for s in self._servers)
-        connector = aiohttp.TCPConnector(limit=slots + len(self._servers), limit_per_host=0)
-        # Headers set once on the session: merging them per request costs CPU.
-        self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
+        self._session = self._make_session(slots + len(self._servers), self._headers)
 
     async def _shutdown(self) -> None:
         self._abort_all(FleetError("dispatcher closed before the shard finished"))
