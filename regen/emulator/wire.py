@@ -66,6 +66,24 @@ def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
+def template_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The tools the chat template is given: serving_chat passes each request tool's
+    `Tool.model_dump()` (type, the function as sent, defer_loading) unless tool_choice is
+    "none"."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
+        return None
+    return [
+        {
+            "type": t.get("type", "function"),
+            "function": t.get("function"),
+            "defer_loading": t.get("defer_loading"),
+        }
+        for t in tools
+        if isinstance(t, dict)
+    ] or None
+
+
 def check_effort(effort: Any) -> None:
     """0.5.23's ReasoningEffortType: a named tier, or a float in [0, 0.99]; never a bool."""
     if effort is None or effort in EFFORT_TIERS:
