@@ -143,7 +143,7 @@ class EmulatorServer:
                 or self.args.model_path,
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "weight_version": "default",
+                "weight_version": wire.WEIGHT_VERSION,
                 "load_format": "auto",
                 "reasoning_parser": self.args.reasoning_parser,
                 "tool_call_parser": self.args.server_args.get("tool_call_parser"),
