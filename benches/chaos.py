@@ -46,12 +46,12 @@ from regen.storage import LocalStorage
 from support.chaos import (
     ChaosRun,
     ProcessMark,
+    Reaper,
     descendants,
     input_ids,
-    kill_leftovers,
-    kill_servers,
     leftovers,
     local_marks,
+    reaping,
     rewritten,
     server_records,
     start_rehearsal,
@@ -118,24 +118,25 @@ def trial(
         prompts=prompts,
     )
     expected = input_ids(prompts)
-    proc = start_rehearsal(run, env, base, base / "killed.log")
-    moment = _kill_moment(phase, rng, proc, run, -(-len(expected) // SHARD_SIZE))
-    killed_procs = descendants(proc.pid)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    records = server_records(work)
-    marks = local_marks(Path(run.out)) if Path(run.out, "shards").is_dir() else {}
+    # Whatever goes wrong below (a wait that raises, a Ctrl-C, a rerun that hangs), every
+    # process and server of both runs is killed on the way out.
+    with reaping(work) as reaper:
+        proc = reaper.started(start_rehearsal(run, env, base, base / "killed.log"))
+        moment = _kill_moment(phase, rng, proc, run, -(-len(expected) // SHARD_SIZE))
+        killed_procs = reaper.note(descendants(proc.pid))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        records = reaper.servers()
+        marks = local_marks(Path(run.out)) if Path(run.out, "shards").is_dir() else {}
 
-    started = time.monotonic()
-    rc, rerun_procs = _run_watching(run, env, base, base / "rerun.log")
-    resume_s = time.monotonic() - started
-    orphans = surviving_servers(records, timeout_s=5.0)
-    left = leftovers(killed_procs + rerun_procs, timeout_s=5.0)
-    log = (base / "rerun.log").read_text()
-    reaped = re.search(r"stopped (\d+) orphan server", log)
-    reaped_prefect = re.search(r"stopped (\d+) orphan Prefect server", log)
-    kill_servers(records + server_records(work))
-    kill_leftovers(left)
+        started = time.monotonic()
+        rc, rerun_procs = _run_watching(run, env, base, base / "rerun.log", reaper)
+        resume_s = time.monotonic() - started
+        orphans = surviving_servers(records, timeout_s=5.0)
+        left = leftovers(killed_procs + rerun_procs, timeout_s=5.0)
+        log = (base / "rerun.log").read_text()
+        reaped = re.search(r"stopped (\d+) orphan server", log)
+        reaped_prefect = re.search(r"stopped (\d+) orphan Prefect server", log)
     ids = dataset_ids(LocalStorage(Path(run.out)))
     lost, doubled = ids.lost(expected), ids.doubled()
     changed = rewritten(marks, local_marks(Path(run.out)))
@@ -172,14 +173,15 @@ def _by_kind(marks: list[ProcessMark]) -> dict[str, int]:
 
 
 def _run_watching(
-    run: ChaosRun, env: dict[str, str], cwd: Path, log: Path
+    run: ChaosRun, env: dict[str, str], cwd: Path, log: Path, reaper: Reaper
 ) -> tuple[int, list[ProcessMark]]:
     """Run to the end, noting every process it starts, so what it leaves can be counted."""
-    proc = start_rehearsal(run, env, cwd, log)
+    proc = reaper.started(start_rehearsal(run, env, cwd, log))
     seen: dict[tuple[int, float], ProcessMark] = {}
     deadline = time.monotonic() + 400
     while proc.poll() is None and time.monotonic() < deadline:
-        seen.update({(m.pid, m.started): m for m in descendants(proc.pid)})
+        seen.update({(m.pid, m.started): m for m in reaper.note(descendants(proc.pid))})
+        reaper.servers()
         time.sleep(0.25)
     if proc.poll() is None:
         proc.kill()

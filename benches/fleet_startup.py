@@ -56,12 +56,13 @@ def run(servers: int, load_s: float, work_dir: Path) -> dict[str, float]:
     key = generate_api_key()
     commands = build_server_commands(config, config.model.staged_path(), key, work_dir)
     start = time.monotonic()
-    fleet = launch_fleet(config, commands, key)
-    all_ready = time.monotonic() - start
-    startups = [r.startup_s or 0.0 for r in fleet.report]
-    start = time.monotonic()
-    fleet.teardown()
-    teardown = time.monotonic() - start
+    # The fleet as a context: whatever fails before the timed teardown, the servers stop.
+    with launch_fleet(config, commands, key) as fleet:
+        all_ready = time.monotonic() - start
+        startups = [r.startup_s or 0.0 for r in fleet.report]
+        start = time.monotonic()
+        fleet.teardown()
+        teardown = time.monotonic() - start
     assert all(port_is_free(c.host, c.port) for c in commands)
     return {
         "load_s": load_s,

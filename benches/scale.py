@@ -320,13 +320,22 @@ def exactly_once(prompts: Path, out: Path) -> dict[str, Any]:
     return {"rows": rows, "lost": lost, "doubled": doubled, "unknown": extra}
 
 
-def _child(mode: str, args: list[str], env: dict[str, str], log: Path) -> None:
+def _child(mode: str, args: list[str], env: dict[str, str], log: Path, work_dir: Path) -> None:
+    """One measured child; it, its descendants and the servers it recorded under `work_dir`
+    are killed on any exit (an interrupted bench must not leave a fleet running)."""
+    from support.chaos import reaping
+
     cmd = [sys.executable, __file__, f"--{mode}", *args]
-    with log.open("ab") as fh:
-        done = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False)
-    if done.returncode != 0:
+    with reaping(work_dir) as reaper, log.open("ab") as fh:
+        proc = reaper.started(
+            subprocess.Popen(
+                cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
+        returncode = proc.wait()
+    if returncode != 0:
         tail = log.read_text(errors="replace")[-4000:]
-        raise SystemExit(f"scale: the {mode} child exited {done.returncode}:\n{tail}")
+        raise SystemExit(f"scale: the {mode} child exited {returncode}:\n{tail}")
 
 
 def _size_mb(path: Path) -> float:
@@ -357,13 +366,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flow_json, plain_json = root / "flow.json", root / "plain.json"
         common = [str(config), str(prompts)]
         _child("flow", [*common, str(root / "out"), str(args.servers), str(flow_json)], env,
-               root / "flow.log")  # fmt: skip
+               root / "flow.log", root / "work")  # fmt: skip
         flow = json.loads(flow_json.read_text())
         once = exactly_once(prompts, root / "out")
         plain: dict[str, Any] = {}
         if not args.no_baseline:
             _child("plain", [*common, str(root / "plain-out"), str(args.servers), str(plain_json)],
-                   env, root / "plain.log")  # fmt: skip
+                   env, root / "plain.log", root / "work")  # fmt: skip
             plain = json.loads(plain_json.read_text())
         db = sum(_size_mb(p) for p in home.glob("prefect.db*"))
         if args.keep:

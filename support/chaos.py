@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,3 +242,53 @@ def s3_marks(client: Any, bucket: str, prefix: str) -> dict[str, ManifestMark]:
 def rewritten(before: dict[str, ManifestMark], after: dict[str, ManifestMark]) -> list[str]:
     """Manifests committed before that are now gone or differ in bytes or stamp."""
     return sorted(k for k, mark in before.items() if after.get(k) != mark)
+
+
+class Reaper:
+    """Everything one bench trial or test started, killed when it ends, however it ends.
+
+    Servers are found through the PID files under `work_dir` (read at every `servers()` and
+    once more at the end, since a run removes them when it stops its fleet), processes through
+    the marks noted and the descendants of every run `started`: a trial that raises midway
+    leaves nothing running (an emulator has its own session, so killing the run is not enough).
+    """
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+        self._runs: list[subprocess.Popen] = []
+        self._servers: dict[int, dict[str, Any]] = {}
+        self._marks: dict[tuple[int, float], ProcessMark] = {}
+
+    def started(self, proc: subprocess.Popen) -> subprocess.Popen:
+        self._runs.append(proc)
+        return proc
+
+    def note(self, marks: list[ProcessMark]) -> list[ProcessMark]:
+        self._marks.update({(m.pid, m.started): m for m in marks})
+        return marks
+
+    def servers(self) -> list[dict[str, Any]]:
+        """The run's server records now, remembered for the end."""
+        records = server_records(self.work_dir)
+        self._servers.update({int(r["pid"]): r for r in records})
+        return records
+
+    def reap(self) -> None:
+        for proc in self._runs:
+            if proc.poll() is None:
+                self.note(descendants(proc.pid))
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # its own session: pgid == pid
+            proc.wait()
+        self.servers()
+        kill_servers(list(self._servers.values()))
+        kill_leftovers(list(self._marks.values()))
+
+
+@contextlib.contextmanager
+def reaping(work_dir: Path) -> Iterator[Reaper]:
+    reaper = Reaper(work_dir)
+    try:
+        yield reaper
+    finally:
+        reaper.reap()

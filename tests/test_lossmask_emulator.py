@@ -102,3 +102,67 @@ def test_planted_template_mismatch_fails_parity(endpoint: Endpoint, tmp_path: Pa
     same = run_audit(storage, AuditConfig(), tokenizer_path=MODEL_DIR).check("template_parity")
     assert same.status == "pass" and same.figure == 0.0
     assert same.detail.startswith("0 of 18 stored prompts differ")
+
+
+# transformers' extras, each used: strftime_now, {% generation %}, tools, a special token.
+_EXTRAS_TEMPLATE = """\
+{%- if tools is not none %}<|im_start|>system
+tools {{ tools | tojson }} today {{ strftime_now('%Y') }}<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' %}<|im_start|>assistant
+{% generation %}{{ m.content }}{{ eos_token }}{% endgeneration %}
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}{{ eos_token }}
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if reasoning_effort is defined %}effort {{ reasoning_effort }}
+{% endif %}{% endif %}"""
+
+
+def test_emulator_and_audit_render_one_template_alike(tmp_path: Path) -> None:
+    """One renderer: a template using strftime_now, {% generation %}, tools and eos_token is
+    served by the emulator and rendered by the audit's check 11 to the same prompt ids."""
+    import httpx
+
+    from regen.lossmask.conversation import TurnInput
+    from regen.lossmask.parity import prompt_differences
+    from support.emulator import Emulator
+
+    model = tmp_path / "model"
+    shutil.copytree(MODEL_DIR, model)
+    (model / "chat_template.jinja").write_text(_EXTRAS_TEMPLATE)
+    template, why = load_template(model)
+    assert template is not None, why
+    messages = [
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "the answer"},
+        {"role": "user", "content": "and again"},
+    ]
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    emu = Emulator.launch(tmp_path, model_dir=model)
+    try:
+        emu.wait_ready()
+
+        def prompt_ids(**extra: object) -> list[int]:
+            body = {"model": "emu-model", "messages": messages, "return_token_ids": True}
+            answer = httpx.post(f"{emu.url}/v1/chat/completions", json=body | extra, timeout=30)
+            assert answer.status_code == 200, answer.text
+            return list(answer.json()["choices"][0]["prompt_token_ids"])
+
+        plain = prompt_ids(reasoning_effort="high")
+        with_tools = prompt_ids(tools=tools, chat_template_kwargs={"enable_thinking": True})
+        ignored = prompt_ids(tools=tools, tool_choice="none")
+    finally:
+        emu.stop()
+    # What the audit's template parity runs on a stored turn: no difference.
+    turn = TurnInput("r", 2, messages, {}, "stop", "high", plain, None)
+    assert prompt_differences(template, [turn], enable_thinking=True) == []
+    assert template.encode([template.render(messages, add_generation_prompt=True)]) == [ignored]
+    # SGLang hands the template each tool's Tool.model_dump().
+    dumped = [{**tools[0], "defer_loading": None}]
+    text = template.render(messages, add_generation_prompt=True, tools=dumped)
+    assert '"name": "lookup"' in text and "today 2" in text
+    assert template.encode([text]) == [with_tools]
+    assert plain != ignored != with_tools

@@ -67,7 +67,7 @@ from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.errors import FleetError, FleetUnauthorized
 from regen.sglang_api.endpoint import Endpoint
 from regen.sglang_api.probe import ProbeSettings, ProbeTarget, reprobe
-from regen.sglang_api.request import chat_request_body
+from regen.sglang_api.request import auth_headers, chat_request_body, turn_request_id
 from regen.sglang_api.response import ResponseKind, error_message, parse_completion, response_kind
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,6 @@ class _Server:
     """Loop-thread state of one endpoint; `running` maps each request task to its row."""
 
     __slots__ = (
-        "chat_url",
         "completed",
         "consecutive_failures",
         "endpoint",
@@ -120,7 +119,6 @@ class _Server:
 
     def __init__(self, endpoint: Endpoint, slots: int) -> None:
         self.endpoint = endpoint
-        self.chat_url = f"{endpoint.url.rstrip('/')}/v1/chat/completions"
         self.slots = slots
         self.state = ServerState.HEALTHY
         self.running: dict[asyncio.Task[None], _Work] = {}
@@ -168,10 +166,7 @@ class Dispatcher:
         self._reprobe = reprobe
         self._make_session = session
         self._api_key = api_key
-        self._headers = {
-            "Content-Type": "application/json",
-            "Authorization": f"Bearer {api_key.get_secret_value()}",
-        }
+        self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
         self._timeout = RequestTimeout(
             sampling.max_tokens, self._tuning, generation.request_timeout_s
         )
@@ -428,11 +423,7 @@ class Dispatcher:
 
     async def _attempt(self, work: _Work, server: _Server) -> None:
         job, pos = work.job, work.pos
-        # A retry gets its own rid: the first try may still be running somewhere.
-        turn = job.turn_of(pos)
-        rid = job.ids[pos] if turn == 1 else f"{job.ids[pos]}:t{turn}"
-        if work.attempts > 1:
-            rid = f"{rid}:retry{work.attempts - 1}"
+        rid = turn_request_id(job.ids[pos], job.turn_of(pos), work.attempts)
         body = json.dumps(
             chat_request_body(
                 self._model,
@@ -453,7 +444,9 @@ class Dispatcher:
         failure = ""
         unexpected = ""
         try:
-            async with self._session.post(server.chat_url, data=body, timeout=timeout) as resp:
+            async with self._session.post(
+                server.endpoint.chat_url, data=body, timeout=timeout
+            ) as resp:
                 status = resp.status
                 raw = await resp.read()
         except TimeoutError:

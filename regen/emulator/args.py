@@ -1,7 +1,7 @@
 """Launch flags: SGLang 0.5.23's own set, parsed the way `sglang serve` parses them, plus `--emu-*`.
 
-The flag set is vendored from the real parser (`sglang_flags.json`, written by
-`regen/fleet/argcheck.py flags`; tests/contract checks it still equals sglang's), so an unknown
+The flag set is vendored from the real parser (regen.sglang_api.flags, the owner of SGLang's
+wire facts; tests/contract checks it still equals sglang's), so an unknown
 flag, a removed one or a value of the wrong type exits 2 here exactly as it kills a real server
 at launch: a rehearsal fails the way the GPU fleet would. argparse abbreviations stay on, like
 SGLang, so `--cuda-graph-max-bs` is "ambiguous ... could match --cuda-graph-max-bs-decode,
@@ -17,18 +17,17 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from regen.emulator.faults import Faults, parse_faults
+from regen.sglang_api.flags import sglang_flags
 
 DEFAULT_CONTEXT_LENGTH = 40960
 DEFAULT_MAX_RUNNING = 64
 SPECULATIVE_MAX_RUNNING = 48  # what 0.5.23 forces with speculative decoding and no flag
-FLAGS_FILE = Path(__file__).with_name("sglang_flags.json")
 # SGLang's own defaults of the flags the emulator reads; the vendored list keeps only shapes.
 _DEFAULTS = {"host": "127.0.0.1", "port": 30000, "log_level": "info"}
 _RANGE = re.compile(r"^(\d+):(\d+)$")
@@ -65,13 +64,6 @@ _TYPES: dict[str | None, Any] = {
     "int": int, "float": float, "str": str, "json": json.loads,
     "human_readable_int": human_readable_int, "json_list_type": json_list_type,
 }  # fmt: skip
-
-
-@cache
-def sglang_flags() -> list[dict[str, Any]]:
-    """The vendored option list of `sglang serve` 0.5.23."""
-    flags: list[dict[str, Any]] = json.loads(FLAGS_FILE.read_text())
-    return flags
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import orjson
 from aiohttp import web
 
@@ -27,6 +26,7 @@ from regen.emulator.model import EmulatedModel, Generation, message_text, parse_
 from regen.emulator.runtime import FaultRuntime, Scheduler
 from regen.emulator.tokenizer import BUNDLED, ChatTokenizer
 from regen.emulator.wire import INVALID, VALUE_ERROR, RequestError, error_response
+from regen.errors import UserError
 
 log = logging.getLogger("regen.emulator")
 
@@ -143,7 +143,7 @@ class EmulatorServer:
                 or self.args.model_path,
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "weight_version": "default",
+                "weight_version": wire.WEIGHT_VERSION,
                 "load_format": "auto",
                 "reasoning_parser": self.args.reasoning_parser,
                 "tool_call_parser": self.args.server_args.get("tool_call_parser"),
@@ -221,7 +221,7 @@ class EmulatorServer:
             if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False:
                 thinking = False
             separate = body.get("separate_reasoning", True) is not False
-            prompt_ids = self._prompt_ids(messages, kwargs)
+            prompt_ids = self._prompt_ids(messages, body)
             prompt = len(prompt_ids)
             max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
             budget = wire.token_budget(prompt, max_tokens, self.context_length)
@@ -272,13 +272,20 @@ class EmulatorServer:
         self.faults.after_answer()
         return response
 
-    def _prompt_ids(self, messages: list[dict[str, Any]], kwargs: Any) -> list[int]:
-        """The prompt as the server's chat template renders it, tokenized."""
+    def _prompt_ids(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> list[int]:
+        """The prompt as the server's chat template renders it, tokenized: the template is
+        given what serving_chat.py gives it (tools unless tool_choice is "none",
+        reasoning_effort, then chat_template_kwargs)."""
         if any(not isinstance(m.get("content"), str) for m in messages):
             messages = [{**m, "content": message_text(m.get("content"))} for m in messages]
+        kwargs: dict[str, Any] = {}
+        if body.get("reasoning_effort") is not None:
+            kwargs["reasoning_effort"] = body["reasoning_effort"]
+        if isinstance(body.get("chat_template_kwargs"), dict):
+            kwargs.update(body["chat_template_kwargs"])
         try:
-            text = self.tokenizer.render(messages, kwargs if isinstance(kwargs, dict) else {})
-        except jinja2.TemplateError as err:
+            text = self.tokenizer.render(messages, kwargs, wire.template_tools(body))
+        except UserError as err:
             raise RequestError(f"chat template: {err}", kind=VALUE_ERROR) from None
         return self.tokenizer.encode(text)
 

@@ -15,6 +15,7 @@ from aiohttp import web
 from regen.emulator.model import Generation
 
 VERSION = "0.5.23"
+WEIGHT_VERSION = "default"  # --weight-version's default
 # 0.5.23's error `type` strings: a request the pydantic model refuses (FastAPI's validation
 # handler: HTTPStatus.BAD_REQUEST.phrase), a ValueError while serving it (context length,
 # duplicate rid), and a check of the serving layer itself (empty messages).
@@ -55,15 +56,111 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 
 def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
+    """The messages, refused as ChatCompletionRequest's validation refuses them."""
+    if "messages" not in body:
+        raise ValidationFailed([_error("missing", ("messages",), "Field required", _seen(body))])
+    messages = body["messages"]
     if not isinstance(messages, list):
-        raise RequestError("messages: Field required (a list of messages)", kind=INVALID)
+        msg = "Input should be a valid list"
+        raise ValidationFailed([_error("list_type", ("messages",), msg, messages)])
+    errors = [e for i, m in enumerate(messages) for e in _message_errors(i, m)]
+    if errors:
+        raise ValidationFailed(errors)
     if not messages:
         raise RequestError("Messages cannot be empty.")  # serving_chat's own check
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(f"messages[{i}]: each message needs a string 'role'", kind=INVALID)
     return messages
+
+
+# -- validation errors, as sglang's http_server renders a RequestValidationError ------------
+
+# A message is one of these two models (protocol.py); pydantic reports each member's error.
+_MEMBERS = tuple(
+    f"function-after[validate_thinking_parts_role(), {name}]"
+    for name in ("ChatCompletionMessageGenericParam", "ChatCompletionMessageUserParam")
+)
+_GENERIC_ROLES = ("system", "assistant", "tool", "function", "developer", "latest_reminder", "root")
+# FastAPI names the endpoint: the route's decorator line in 0.5.23's http_server.py.
+_ENDPOINT = (
+    '  File "sglang/srt/entrypoints/http_server.py", line 1870, in openai_v1_chat_completions\n'
+    "    POST /v1/chat/completions"
+)
+
+
+class ValidationFailed(RequestError):
+    """A body ChatCompletionRequest refuses: 400 "Bad Request" with FastAPI's own text."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        n = len(errors)
+        lines = "".join(f"  {e}\n" for e in errors)
+        # http_server's handler: str(exc) (FastAPI's), a space, then repr of exc.errors().
+        text = f"{n} validation error{'s' if n != 1 else ''}:\n{lines}\n{_ENDPOINT}"
+        super().__init__(f"{text} {errors}", kind=INVALID)
+
+
+def _error(kind: str, loc: tuple[Any, ...], msg: str, value: Any, **ctx: Any) -> dict[str, Any]:
+    """One error as pydantic's `errors()` lists it (FastAPI prefixes the loc with body)."""
+    error = {"type": kind, "loc": ("body", *loc), "msg": msg, "input": value}
+    if ctx:
+        error["ctx"] = ctx
+    return error
+
+
+def _message_errors(i: int, message: Any) -> list[dict[str, Any]]:
+    if not isinstance(message, dict):
+        msg = "Input should be a valid dictionary or object to extract fields from"
+        return [_error("model_attributes_type", ("messages", i, m), msg, message) for m in _MEMBERS]
+    if "role" not in message:
+        return [
+            _error("missing", ("messages", i, m, "role"), "Field required", message)
+            for m in _MEMBERS
+        ]
+    role = message["role"]
+    if role == "user" or (isinstance(role, str) and role.lower() in _GENERIC_ROLES):
+        return []
+    if isinstance(role, str):
+        allowed = ", ".join(repr(r) for r in _GENERIC_ROLES)
+        why = ValueError(f"'role' must be one of {allowed} (case-insensitive).")
+    else:
+        why = ValueError("'role' must be a string")
+    generic, user = (("messages", i, m, "role") for m in _MEMBERS)
+    return [
+        _error("value_error", generic, f"Value error, {why}", role, error=why),
+        _error("literal_error", user, "Input should be 'user'", role, expected="'user'"),
+    ]
+
+
+def _seen(body: dict[str, Any]) -> dict[str, Any]:
+    """The body as the model's before-validators leave it, which pydantic reports as the
+    input: reasoning_effort mirrored into chat_template_kwargs, then tool_choice defaulted."""
+    seen = dict(body)
+    effort = seen.get("reasoning_effort")
+    if effort is not None:
+        kwargs = seen.get("chat_template_kwargs")
+        kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
+        kwargs.setdefault("thinking", effort != "none")
+        kwargs.setdefault("enable_thinking", effort != "none")
+        seen["chat_template_kwargs"] = kwargs
+    if seen.get("tool_choice") is None:
+        seen["tool_choice"] = "none" if seen.get("tools") is None else "auto"
+    return seen
+
+
+def template_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The tools the chat template is given: serving_chat passes each request tool's
+    `Tool.model_dump()` (type, the function as sent, defer_loading) unless tool_choice is
+    "none"."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
+        return None
+    return [
+        {
+            "type": t.get("type", "function"),
+            "function": t.get("function"),
+            "defer_loading": t.get("defer_loading"),
+        }
+        for t in tools
+        if isinstance(t, dict)
+    ] or None
 
 
 def check_effort(effort: Any) -> None:
@@ -150,11 +247,19 @@ def meta_info(
         "id": rid,
         "finish_reason": finish,
         "prompt_tokens": prompt,
+        "weight_version": WEIGHT_VERSION,
         "completion_tokens": out.completion_tokens,
         "cached_tokens": 0,
+        "weight_versions": weight_versions(out.completion_tokens),
         "spec_accept_length": accept_length,
         "e2e_latency": latency,
     }
+
+
+def weight_versions(completion_tokens: int) -> list[dict[str, Any]]:
+    """Which weights made which output tokens (utils/weight_versions.py): never updated
+    here, so one span over the whole output."""
+    return [{"version": WEIGHT_VERSION, "start": 0, "end": completion_tokens}]
 
 
 def completion(
@@ -194,7 +299,11 @@ def completion(
         "model": model,
         "choices": [choice],
         "usage": {"prompt_tokens_details": None, **usage(len(prompt_ids), out)},
-        "metadata": {"weight_version": "default"},
+        # build_endpoint_weight_version_metadata: the version and its spans.
+        "metadata": {
+            "weight_version": WEIGHT_VERSION,
+            "weight_versions": weight_versions(out.completion_tokens),
+        },
     }
 
 

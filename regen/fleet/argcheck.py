@@ -4,7 +4,7 @@
 the parsed values or the parser's own error, exactly as `sglang serve` would have exited at
 launch; nothing is launched (0.5.23's `prepare_server_args` parses and merges `--config`;
 resolution against the model and the GPUs happens later, in `resolve_once`).
-`python argcheck.py flags` prints every flag of the parser, the list the emulator vendors.
+`python argcheck.py flags` prints every flag of the parser: regen/sglang_api/sglang_flags.json.
 
 Standard library only, no `regen` import: the engine's interpreter has sglang, not regen.
 """

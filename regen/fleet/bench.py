@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import aiohttp
 
@@ -18,7 +17,7 @@ from regen.fleet.handle import Fleet
 from regen.fleet.report import FleetRow, flag_slow
 from regen.sglang_api.endpoint import Endpoint
 from regen.sglang_api.probe import ProbeTarget
-from regen.sglang_api.request import chat_request_body
+from regen.sglang_api.request import chat_request_body, request_id
 
 BENCH_MESSAGES = [{"role": "user", "content": "Explain how a hash map works, step by step."}]
 
@@ -30,12 +29,10 @@ async def _one(
         target.served_name,
         BENCH_MESSAGES,
         target.sampling,
-        rid=f"regen-bench-{uuid.uuid4().hex}",
+        rid=request_id("bench"),
         max_tokens=max_tokens,
     )
-    async with session.post(
-        f"{endpoint.url}/v1/chat/completions", json=body, headers=target.headers
-    ) as resp:
+    async with session.post(endpoint.chat_url, json=body, headers=target.headers) as resp:
         resp.raise_for_status()
         answer = await resp.json(content_type=None)
     return int(answer["usage"]["completion_tokens"])
@@ -46,7 +43,7 @@ async def _accept_length(
 ) -> float | None:
     try:
         async with session.get(
-            f"{endpoint.url}/server_info",
+            endpoint.url_of("/server_info"),
             headers=target.headers,
             timeout=aiohttp.ClientTimeout(total=10),
         ) as resp:

@@ -125,7 +125,7 @@ def _emulator_flags(emu: EmulatorConfig, index: int) -> list[str]:
 
 
 def _all_flags() -> set[str]:
-    from regen.emulator.args import sglang_flags
+    from regen.sglang_api.flags import sglang_flags
 
     return {option for flag in sglang_flags() for option in flag["options"]}
 

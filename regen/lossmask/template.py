@@ -89,13 +89,19 @@ class ChatTemplate:
     """Tokens that end a generated turn (eos_token, generation_config's eos_token_id)."""
 
     def render(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, **kwargs: Any
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
     ) -> str:
-        """The conversation as text; `kwargs` are chat_template_kwargs (enable_thinking...)."""
+        """The conversation as text; `kwargs` are chat_template_kwargs (enable_thinking...),
+        `tools` the request's tool definitions (the emulator's; stored rows hold none)."""
         try:
             return self.template.render(
                 messages=messages,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,

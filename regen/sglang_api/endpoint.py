@@ -1,8 +1,10 @@
-"""A server the dispatcher can send requests to, whoever launched it."""
+"""A server the dispatcher can send requests to, whoever launched it, and its URLs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+CHAT_PATH = "/v1/chat/completions"
 
 
 @dataclass(frozen=True)
@@ -16,3 +18,11 @@ class Endpoint:
     @property
     def name(self) -> str:
         return f"server-{self.index}"
+
+    def url_of(self, path: str) -> str:
+        """The server's URL for `path` (/health, /v1/models, /server_info, /metrics...)."""
+        return f"{self.url.rstrip('/')}{path}"
+
+    @property
+    def chat_url(self) -> str:
+        return self.url_of(CHAT_PATH)

@@ -10,7 +10,6 @@ never has probes piling up on it (sglang#35884).
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from regen.config import SamplingConfig
 from regen.errors import FleetUnauthorized
-from regen.sglang_api.endpoint import Endpoint
-from regen.sglang_api.request import chat_request_body
+from regen.sglang_api.endpoint import CHAT_PATH, Endpoint
+from regen.sglang_api.request import auth_headers, chat_request_body, request_id
 
 PROBE_MESSAGES = [{"role": "user", "content": "Reply with one word: ready."}]
 
@@ -47,7 +46,7 @@ class ProbeTarget:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"}
+        return auth_headers(self.api_key)
 
 
 @dataclass(frozen=True)
@@ -86,19 +85,19 @@ async def _generation(
         target.served_name,
         PROBE_MESSAGES,
         target.sampling,
-        rid=f"regen-probe-{uuid.uuid4().hex}",
+        rid=request_id("probe"),
         max_tokens=settings.max_tokens,
     )
     start = time.monotonic()
     try:
         async with session.post(
-            f"{endpoint.url}/v1/chat/completions",
+            endpoint.chat_url,
             json=body,
             headers=target.headers,
             timeout=aiohttp.ClientTimeout(total=settings.generation_timeout_s),
         ) as resp:
             if resp.status == 401:
-                raise _unauthorized(endpoint, "/v1/chat/completions")
+                raise _unauthorized(endpoint, CHAT_PATH)
             if resp.status != 200:
                 return ProbeResult(False, f"generation probe got HTTP {resp.status}", True)
             try:
@@ -130,11 +129,11 @@ async def probe_server(
 ) -> ProbeResult:
     """One full probe: health, model name, one generation. Raises FleetUnauthorized on 401."""
     try:
-        status, _ = await _get(session, f"{endpoint.url}/health", settings.health_timeout_s, {})
+        status, _ = await _get(session, endpoint.url_of("/health"), settings.health_timeout_s, {})
         if status != 200:
             return ProbeResult(False, f"/health answered {status}", True)
         status, models = await _get(
-            session, f"{endpoint.url}/v1/models", settings.models_timeout_s, target.headers
+            session, endpoint.url_of("/v1/models"), settings.models_timeout_s, target.headers
         )
         if status == 401:
             raise _unauthorized(endpoint, "/v1/models")

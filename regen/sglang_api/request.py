@@ -1,10 +1,30 @@
-"""The JSON body of one chat completion, exactly as SGLang 0.5.23 takes it."""
+"""One chat completion as SGLang 0.5.23 takes it: the JSON body, the headers, the request id."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+from pydantic import SecretStr
+
 from regen.config import RegenerationConfig, SamplingConfig
+
+
+def auth_headers(api_key: SecretStr) -> dict[str, str]:
+    """What `--api-key` asks of every request but /health and /metrics."""
+    return {"Authorization": f"Bearer {api_key.get_secret_value()}"}
+
+
+def request_id(purpose: str) -> str:
+    """A fresh rid for a request of regen's own (probe, bench): unique, and named in logs."""
+    return f"regen-{purpose}-{uuid.uuid4().hex}"
+
+
+def turn_request_id(sample_id: str, turn: int, attempt: int) -> str:
+    """A row's rid: the sample id, `:t<turn>` after the first turn, `:retry<n>` on a retry
+    (the first try may still be running on some server, and sglang refuses a rid in flight)."""
+    rid = sample_id if turn == 1 else f"{sample_id}:t{turn}"
+    return rid if attempt <= 1 else f"{rid}:retry{attempt - 1}"
 
 
 def chat_request_body(

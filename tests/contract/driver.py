@@ -6,16 +6,24 @@ sglang costs are paid once per test session. Ops:
 - flags: the parser's option list, as the emulator vendors it;
 - request {body}: ChatCompletionRequest; fields it does not declare are reported as unknown;
 - response {kind: chat|stream|error, body}: the response models, unknown fields reported;
-- reasoning {text, force}: the qwen3 reasoning parser on a raw generation.
+- reasoning {text, force}: the qwen3 reasoning parser on a raw generation;
+- weight_metadata {completion_tokens, meta_info}: the response `metadata` and meta_info
+  fields tokenizer_manager and serving_chat build for an output no weight update touched;
+- http {body}: POST /v1/chat/completions to an app of sglang's route signature and its own
+  RequestValidationError handler (http_server.py's source: the module itself needs uvicorn
+  and the whole server), so an invalid body gets the status and text the server answers.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import io
 import json
 import sys
+from functools import cache
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +81,45 @@ def _validate(model: type[BaseModel], body: Any) -> dict[str, Any]:
     return {"ok": True, "unknown": _unknown(model, body), "parsed": parsed.model_dump(mode="json")}
 
 
+@cache
+def _chat_app() -> Any:
+    """sglang's own route, validation handler and JSON check, executed from http_server.py's
+    source into an app of their own: a valid body would run the real handler, which needs
+    the whole server, so the op is for bodies the server refuses."""
+    import sglang
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from fastapi.testclient import TestClient
+
+    source = Path(sglang.__file__).parent / "srt" / "entrypoints" / "http_server.py"
+    tree = ast.parse(source.read_text())
+    names = {"validation_exception_handler", "validate_json_request", "openai_v1_chat_completions"}
+    found: list[ast.stmt] = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.AsyncFunctionDef)
+        and node.name in names
+        # two handlers share the name; the other one is for HTTPException
+        and "HTTPException" not in ast.unparse(node.args)
+    ]
+    assert len(found) == 3, [ast.unparse(n)[:60] for n in found]
+    app = FastAPI()
+    space: dict[str, Any] = {
+        "app": app,
+        "Depends": Depends,
+        "Request": Request,
+        "RequestValidationError": RequestValidationError,
+        "HTTPStatus": HTTPStatus,
+        "ErrorResponse": protocol.ErrorResponse,
+        "ChatCompletionRequest": protocol.ChatCompletionRequest,
+        "ORJSONResponse": JSONResponse,  # the same content; orjson is not in this env
+    }
+    # The real file name and line numbers: FastAPI names the endpoint's file and line.
+    exec(compile(ast.Module(found, []), str(source), "exec"), space)
+    return TestClient(app, raise_server_exceptions=False)
+
+
 def handle(req: dict[str, Any]) -> Any:
     op = req["op"]
     if op == "argv":
@@ -87,6 +134,24 @@ def handle(req: dict[str, Any]) -> Any:
         parser = ReasoningParser("qwen3", stream_reasoning=False, force_reasoning=req["force"])
         reasoning, content = parser.parse_non_stream(req["text"])
         return {"reasoning": reasoning, "content": content}
+    if op == "weight_metadata":
+        from sglang.srt.utils import weight_versions as wv
+
+        n = req["completion_tokens"]
+        meta: dict[str, Any] = {"weight_version": "default"}  # --weight-version's default
+        spans = wv.compute_weight_version_spans([], "default", n)
+        wv.add_weight_versions_to_meta_info(meta, spans, num_output_tokens=n)
+        return {"meta_info": meta, "metadata": wv.build_endpoint_weight_version_metadata(meta)}
+    if op == "http":
+        resp = _chat_app().post(
+            "/v1/chat/completions",
+            content=req["body"].encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            return {"status": resp.status_code, "body": resp.json()}
+        except ValueError:  # a valid body reached the real handler, which has no server
+            return {"status": resp.status_code, "body": resp.text}
     raise ValueError(f"unknown op {op!r}")
 
 

@@ -12,10 +12,10 @@ import pytest
 from pydantic import SecretStr
 
 from regen.config import RegenConfig
-from regen.emulator.args import FLAGS_FILE
 from regen.fleet import build_server_commands
 from regen.fleet.commands import ServerCommand, program
 from regen.preflight import check_flags
+from regen.sglang_api.flags import FLAGS_FILE
 from tests.contract._sglang import SGLANG_PYTHON, Sglang
 from tests.support.fleet import MODEL_DIR, SERVED, fleet_config
 

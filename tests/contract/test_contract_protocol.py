@@ -9,6 +9,7 @@ sglang's qwen3 reasoning parser splits the raw text it would have generated.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -213,6 +214,61 @@ def test_errors_are_error_responses(
     assert resp.status_code == status, resp.text
     parsed = _check(sglang, "error", resp.json())
     assert parsed["type"] == kind and parsed["code"] == status
+
+
+def _refusals() -> dict[str, Any]:
+    base = _body(reasoning_effort="high")
+    no_messages = {k: v for k, v in base.items() if k != "messages"}
+    return {
+        "unknown role": base | {"messages": [{"role": "wizard", "content": "hi"}]},
+        "role of another case": base | {"messages": [{"role": "User", "content": "hi"}]},
+        "role not a string": base | {"messages": [{"role": 5, "content": "hi"}]},
+        "role missing": base | {"messages": [*USER, {"content": "hi"}]},
+        "message not an object": base | {"messages": ["hi"]},
+        "messages not a list": base | {"messages": "hi"},
+        "no messages key": no_messages,
+        "no messages key, no effort": {"model": SERVED, "tools": None, "max_tokens": 8},
+    }
+
+
+REFUSALS = _refusals()
+
+
+def _server_path_dropped(message: str) -> str:
+    """FastAPI names the route's file; the server's install path is not the emulator's."""
+    return re.sub(r'File "[^"]*(sglang/srt/entrypoints/http_server\.py)"', r'File "\1"', message)
+
+
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_invalid_body_is_refused_in_sglangs_words(
+    sglang: Sglang, emus: dict[str, Emu], name: str
+) -> None:
+    """sglang's own route, request model and validation handler answer the same bytes: the
+    emulator gives the same status and body, pydantic's text included."""
+    raw = json.dumps(REFUSALS[name])
+    real = sglang.ask("http", body=raw)
+    resp = emus["plain"].post(raw.encode())
+    assert (resp.status_code, real["status"]) == (400, 400), (resp.text, real)
+    mine = resp.json()
+    theirs = real["body"] | {"message": _server_path_dropped(real["body"]["message"])}
+    assert mine == theirs
+    _check(sglang, "error", mine)
+
+
+def test_any_case_of_a_known_role_is_accepted(emus: dict[str, Emu]) -> None:
+    messages = [{"role": "SYSTEM", "content": "Be brief."}, *USER]
+    assert emus["plain"].post(_body(messages=messages)).status_code == 200
+
+
+def test_weight_versions_are_sglangs(sglang: Sglang, emus: dict[str, Emu]) -> None:
+    """metadata carries weight_versions beside weight_version, as serving_chat builds it."""
+    answer = emus["plain"].post(_body(return_meta_info=True)).json()
+    n = answer["usage"]["completion_tokens"]
+    real = sglang.ask("weight_metadata", completion_tokens=n)
+    assert answer["metadata"] == real["metadata"]
+    meta = answer["choices"][0]["meta_info"]
+    assert {k: meta[k] for k in real["meta_info"]} == real["meta_info"]
+    _check(sglang, "chat", answer)
 
 
 def test_every_0523_effort_is_accepted(emus: dict[str, Emu]) -> None:
