@@ -44,7 +44,13 @@ from regen.dataset.plan import (
     revise_plan,
 )
 from regen.dataset.prompt_cache import cache_prompts, prompts_for_shard
-from regen.dataset.reader import Committed, read_committed, require_dataset, scan_data
+from regen.dataset.reader import (
+    Committed,
+    read_committed,
+    require_dataset,
+    scan_data,
+    view_plan,
+)
 from regen.dataset.runinfo import (
     RunInfo,
     config_fingerprint,
@@ -110,4 +116,5 @@ __all__ = [
     "supersede",
     "take_census",
     "thinking_mode",
+    "view_plan",
 ]

@@ -281,12 +281,11 @@ def _write_single(
 
 
 def _manifests(committed: Committed) -> dict[int, dict[str, Any]]:
-    """The identity of each committed shard's data: its key and checksum from the manifest,
-    and how many ids the view drops (`input.removed: drop`), so a changed view is exported
-    again."""
-    view = {"dropped": len(committed.dropped)} if committed.dropped else {}
+    """What each committed shard's export file is made from: its data key and the view's
+    identity of the shard (`Committed.identity`: the data's checksum and the ids the view
+    drops from it), so a shard whose view changed, and only that shard, is exported again."""
     return {
-        shard: {"data": m.data, "sha256": m.sha256, "rows": m.rows, **view}
+        shard: {"data": m.data, "rows": m.rows, "identity": committed.identity(shard)}
         for shard, m in committed.manifests.items()
     }
 
