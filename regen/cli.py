@@ -147,6 +147,7 @@ def _audit(args: argparse.Namespace) -> int:
     from regen.audit.thresholds import AuditConfig
     from regen.canary import stopped_run
     from regen.config import load_config
+    from regen.dataset.keys import AUDIT_MARKDOWN_KEY
     from regen.storage import open_storage
 
     config = load_config(args.config) if args.config else None
@@ -170,7 +171,7 @@ def _audit(args: argparse.Namespace) -> int:
     # may only read still gets its verdict and exit code; the report's absence is said.
     try:
         write_report(storage, result)
-        print(f"report: {storage.uri.rstrip('/')}/report/audit.md")
+        print(f"report: {storage.uri.rstrip('/')}/{AUDIT_MARKDOWN_KEY}")
     except (OSError, UserError) as err:
         print(f"regen: warning: report/ not rewritten: {err}", file=sys.stderr)
     print(f"verdict: {result.verdict}")

@@ -84,9 +84,7 @@ def run_audit(
     # Duplicate and missing ids span shards: the one check that reads ids across the dataset.
     # It runs first and its frames are gone before the summaries are merged, so the two peaks
     # (some 200 MB each at a million rows) do not add up.
-    completeness = completeness_check(
-        view.scan().select("id", "shard").collect(), view, config
-    )
+    completeness = completeness_check(view.scan().select("id", "shard").collect(), view, config)
     # Folded as they come, so memory holds one running merge, not every shard's summary.
     running: list[Summary] = []
     for summary in iter_shard_summaries(storage, view, settings, computed=[]):

@@ -6,6 +6,8 @@ Nothing outside this package builds or parses a key of the layout or lists data 
 
 from regen.dataset.commit import commit_shard, error_rows, replace_shard
 from regen.dataset.keys import (
+    AUDIT_MARKDOWN_KEY,
+    AUDIT_REPORT_KEY,
     CLAIMS_PREFIX,
     NODES_PREFIX,
     PLAN_KEY,
@@ -65,6 +67,8 @@ from regen.dataset.runinfo import (
 )
 
 __all__ = [
+    "AUDIT_MARKDOWN_KEY",
+    "AUDIT_REPORT_KEY",
     "CLAIMS_PREFIX",
     "NODES_PREFIX",
     "PLAN_KEY",
