@@ -148,14 +148,15 @@ def _audit(args: argparse.Namespace) -> int:
     from regen.canary import stopped_run
     from regen.config import load_config
     from regen.dataset.keys import AUDIT_MARKDOWN_KEY
+    from regen.run import OpenedRun
     from regen.storage import open_storage
 
     config = load_config(args.config) if args.config else None
     audit_config = config.audit if config else AuditConfig()
     tokenizer = args.tokenizer
     if tokenizer is None and config is not None:
-        staged = config.model.staged_path()
-        tokenizer = config.model.tokenizer_path or (staged if staged.is_dir() else None)
+        # The run's own answer (regen.run.resolve_tokenizer), a remote model's files fetched.
+        tokenizer = OpenedRun(config).tokenizer
     storage = open_storage(args.dataset)
     try:
         result = run_audit(
