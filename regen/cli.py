@@ -153,12 +153,12 @@ def _audit(args: argparse.Namespace) -> int:
 
     config = load_config(args.config) if args.config else None
     audit_config = config.audit if config else AuditConfig()
-    tokenizer = args.tokenizer
-    if tokenizer is None and config is not None:
-        # The run's own answer (regen.run.resolve_tokenizer), a remote model's files fetched.
-        tokenizer = OpenedRun(config).tokenizer
     storage = open_storage(args.dataset)
     try:
+        tokenizer = args.tokenizer
+        if tokenizer is None and config is not None:
+            # The run's own answer (regen.run.resolve_tokenizer): a remote model's files fetched.
+            tokenizer = OpenedRun(config).tokenizer
         result = run_audit(
             storage, audit_config, tokenizer_path=tokenizer, stopped=stopped_run(storage)
         )
