@@ -13,8 +13,8 @@ from prefect.states import State
 
 from flows.params import resolve_config
 from regen.config import parse_config
-from regen.dataset import progress_key
 from regen.fleet import reap_orphans
+from regen.progress import mark_state
 from regen.storage import open_storage
 
 
@@ -38,10 +38,8 @@ def reap_fleet_on_exit(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any
     logger.warning("run %s: %s; stopped %d server(s)", flow_run.name, state.name, len(stopped))
     storage = resolved.storage or open_storage(config.output)
     node = flow_run.parameters.get("node")
-    key = progress_key(node.get("name") if isinstance(node, dict) else None)
-    try:
-        progress = json.loads(storage.read_bytes(key))
-    except (FileNotFoundError, ValueError):
-        progress = {}
-    progress["state"] = state.name
-    storage.write_bytes(key, json.dumps(progress, indent=2).encode())
+    mark_state(
+        storage,
+        state.name or state.type.value,
+        node.get("name") if isinstance(node, dict) else None,
+    )

@@ -8,8 +8,6 @@ one's unstarted shards, and a dead node's after its lease.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow, get_run_logger
 from prefect.context import get_run_context
 from prefect.states import Failed, State
@@ -64,6 +62,9 @@ def regenerate_multinode(
     hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
     run = OpenedRun(shared, hf_token=hf_token)
     plan = plan_run(run)
+    # This machine stages no model: a remote model's tokenizer files are fetched now, so an
+    # unreadable source fails before any node starts, and the audit runs checks 10-11.
+    tokenizer = run.tokenizer
     weights = node_weights(nodes, node_configs)
     ranges = split_ranges(plan.pending, weights)
     for name, shards in ranges.items():
@@ -96,15 +97,7 @@ def regenerate_multinode(
         outcomes, failed = report.nodes, report.failed
     else:
         outcomes, failed = [], []
-    tokenizer = shared.model.tokenizer_path or (
-        shared.model.source if Path(shared.model.source).is_dir() else None
-    )
-    result = audit(
-        shared.output,
-        shared.audit,
-        tokenizer_path=str(tokenizer) if tokenizer else None,
-        storage=run.storage,
-    )
+    result = audit(shared.output, shared.audit, tokenizer_path=tokenizer, storage=run.storage)
     if failed:
         logger.error(
             "dataset complete, but node(s) %s failed: see the multinode-nodes artifact",

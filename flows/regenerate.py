@@ -82,7 +82,8 @@ def regenerate_completions(
     model_path = stage_model(config, hf_token=hf_token)
     plan = plan_run(run)
     api_key = config.engine.api_key or generate_api_key()
-    tokenizer = str(config.model.tokenizer_path or model_path)
+    # Resolved after staging: the staged model's own tokenizer (see `OpenedRun.tokenizer`).
+    tokenizer = run.tokenizer
     generation = GenerationSummary.empty()
     # A plan the live gate stopped on its input's rejects launches no fleet.
     if plan.pending and not plan.stopped:

@@ -10,6 +10,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 from regen.config import RegenConfig
+from regen.dataset.keys import AUDIT_MARKDOWN_KEY, key_url
 from regen.errors import UserError
 from regen.owned import reap_owned, tag_children
 
@@ -84,7 +85,7 @@ def run_regenerate(config: RegenConfig) -> int:
             f"rows: {summary.rows_ok} ok, {summary.rows_failed} failed; "
             f"{summary.completion_tokens} tokens at {summary.tokens_per_s:.0f} tok/s"
         )
-        print(f"audit: {summary.verdict} (report: {summary.output}/report/audit.md)")
+        print(f"audit: {summary.verdict} (report: {key_url(summary.output, AUDIT_MARKDOWN_KEY)})")
         return 0
     ended = (state.name or state.type.value).lower()
     print(f"regen: run {ended}: {failure_reason(state)}", file=sys.stderr)

@@ -147,16 +147,18 @@ def _audit(args: argparse.Namespace) -> int:
     from regen.audit.thresholds import AuditConfig
     from regen.canary import stopped_run
     from regen.config import load_config
+    from regen.dataset.keys import AUDIT_MARKDOWN_KEY
+    from regen.run import OpenedRun
     from regen.storage import open_storage
 
     config = load_config(args.config) if args.config else None
     audit_config = config.audit if config else AuditConfig()
-    tokenizer = args.tokenizer
-    if tokenizer is None and config is not None:
-        staged = config.model.staged_path()
-        tokenizer = config.model.tokenizer_path or (staged if staged.is_dir() else None)
     storage = open_storage(args.dataset)
     try:
+        tokenizer = args.tokenizer
+        if tokenizer is None and config is not None:
+            # The run's own answer (regen.run.resolve_tokenizer): a remote model's files fetched.
+            tokenizer = OpenedRun(config).tokenizer
         result = run_audit(
             storage, audit_config, tokenizer_path=tokenizer, stopped=stopped_run(storage)
         )
@@ -170,7 +172,7 @@ def _audit(args: argparse.Namespace) -> int:
     # may only read still gets its verdict and exit code; the report's absence is said.
     try:
         write_report(storage, result)
-        print(f"report: {storage.uri.rstrip('/')}/report/audit.md")
+        print(f"report: {storage.uri.rstrip('/')}/{AUDIT_MARKDOWN_KEY}")
     except (OSError, UserError) as err:
         print(f"regen: warning: report/ not rewritten: {err}", file=sys.stderr)
     print(f"verdict: {result.verdict}")

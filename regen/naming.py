@@ -13,6 +13,14 @@ from pathlib import PurePosixPath
 from urllib.parse import quote
 
 from regen.config import RegenConfig
+from regen.dataset.keys import (
+    CANARY_PREFIX,
+    REPORT_PREFIX,
+    RUN_KEY,
+    STOP_KEY,
+    key_url,
+    progress_key,
+)
 
 _NOT_KEY = re.compile(r"[^a-z0-9]+")
 _MAX_SLUG = 48
@@ -97,14 +105,15 @@ def dataset_markdown(uri: str, summary: str, *, stopped: bool = False) -> str:
         f"**Dataset `{dataset_name(uri)}`**: {summary}",
         "",
         f"- output: `{root}`",
-        f"- report folder: `{root}/report/` (audit.md, audit.json, fleet.json, plots)",
-        f"- run description: `{root}/run.json`",
-        f"- progress: `{root}/progress.json`",
+        f"- report folder: `{key_url(root, REPORT_PREFIX)}` (audit.md, audit.json, fleet.json, "
+        "plots)",
+        f"- run description: `{key_url(root, RUN_KEY)}`",
+        f"- progress: `{key_url(root, progress_key())}`",
     ]
     if stopped:
         lines += [
-            f"- why the live gate stopped the run: `{root}/report/stopped.json`",
-            f"- the canary's rows (generated, not committed): `{root}/canary/`",
+            f"- why the live gate stopped the run: `{key_url(root, STOP_KEY)}`",
+            f"- the canary's rows (generated, not committed): `{key_url(root, CANARY_PREFIX)}`",
         ]
     console = s3_console_url(root)
     if console:

@@ -309,3 +309,18 @@ class ProgressWriter:
         if self._bar_task is None:
             self._bar_task = bar.add_task(text, total=snap.total)
         bar.update(self._bar_task, completed=snap.done, total=snap.total, description=text)
+
+
+def mark_state(storage: Storage, state: str, node: str | None = None) -> str:
+    """Add how the run's process ended (`Cancelled`, `Crashed`) to its last progress, or to
+    an empty one: a watcher of the root sees that no snapshot will follow. The key written."""
+    key = progress_key(node)
+    try:
+        progress = json.loads(storage.read_bytes(key))
+    except (FileNotFoundError, ValueError):
+        progress = {}
+    if not isinstance(progress, dict):
+        progress = {}
+    progress["state"] = state
+    storage.write_bytes(key, json.dumps(progress, indent=2).encode())
+    return key

@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from regen.dataset import manifest_key, manifested_shards, read_committed
+from regen.dataset import manifest_key, manifested_shards, progress_key, read_committed
 from regen.storage import Storage
 
 
@@ -43,6 +43,6 @@ def dataset_ids(storage: Storage) -> DatasetIds:
 
 def read_progress(storage: Storage) -> dict[str, Any]:
     """progress.json as a dict; raises when it is missing or not JSON."""
-    progress = json.loads(storage.read_bytes("progress.json"))
+    progress = json.loads(storage.read_bytes(progress_key()))
     assert isinstance(progress, dict), progress
     return progress

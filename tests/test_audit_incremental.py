@@ -22,7 +22,7 @@ from regen.audit import (
     run_audit,
     settings_for,
 )
-from regen.audit.dataset import open_dataset, scan_rows
+from regen.audit.dataset import open_dataset
 from regen.audit.gate import shown_over
 from regen.audit.lengths import quantile
 from regen.audit.run import row_checks, shard_summaries
@@ -44,7 +44,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def _rows(storage: LocalStorage) -> pl.DataFrame:
-    return scan_rows(storage, open_dataset(storage)).collect()
+    return open_dataset(storage).scan().collect()
 
 
 def _settings(storage: LocalStorage, config: AuditConfig, tok: Path | None = None) -> AuditSettings:

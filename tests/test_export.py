@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +11,17 @@ import polars as pl
 import pytest
 
 from flows.cli import main
-from regen.audit.dataset import open_dataset, scan_rows
 from regen.cli import FORMATS_CHOICES
-from regen.dataset import commit_shard, read_manifest, replace_shard
+from regen.dataset import (
+    PLAN_KEY,
+    PLAN_SCHEMA,
+    RUN_KEY,
+    commit_shard,
+    read_committed,
+    read_manifest,
+    read_plan,
+    replace_shard,
+)
 from regen.export import FORMATS, ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset
 from regen.storage import LocalStorage, Storage
@@ -109,7 +116,7 @@ def test_each_format_reads_back_with_its_consumers_reader(
     record = json.loads((dest / EXPORT_KEY).read_text())
     assert record["counts"] == summary.counts
     assert record["source"]["fingerprint"] == FINGERPRINT
-    assert [e["manifest"]["sha256"] for e in record["shards"]] == [
+    assert [e["manifest"]["identity"] for e in record["shards"]] == [
         read_manifest(source, k).sha256  # type: ignore[union-attr]
         for k in range(3)
     ]
@@ -227,6 +234,55 @@ def test_rerun_rewrites_only_what_changed(tmp_path: Path, fmt: str) -> None:
     )
 
 
+def _drop_ids(storage: Storage, ids: list[str]) -> None:
+    """What a rerun with `input.removed: drop` leaves: the ids flagged removed in the plan
+    and run.json saying `drop`."""
+    plan = read_plan(storage)
+    assert plan is not None
+    full = plan.with_columns(
+        content=pl.lit("h"), revision=pl.lit(1), removed=pl.col("id").is_in(ids)
+    ).cast(PLAN_SCHEMA)
+    storage.write_bytes(PLAN_KEY, _parquet_bytes(full))
+    run = json.loads(storage.read_bytes(RUN_KEY))
+    storage.write_bytes(RUN_KEY, json.dumps(run | {"removed": "drop"}).encode())
+
+
+def _parquet_bytes(frame: pl.DataFrame) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer)
+    return buffer.getvalue()
+
+
+def test_dropping_one_id_exports_its_shard_again_and_no_other(tmp_path: Path) -> None:
+    src = make_export_dataset(tmp_path / "ds", rows=ROWS, shard_size=SHARD)
+    dest = tmp_path / "out"
+    options = ExportOptions(format="messages")
+    assert export_dataset(src, LocalStorage(dest), options).written == [0, 1, 2]
+    ok = _source_rows(src).filter(pl.col("error").is_null())
+    gone = ok.filter(pl.col("shard") == 1)["id"][0]
+    _drop_ids(src, [gone])
+
+    again = export_dataset(src, LocalStorage(dest), options)
+    assert (again.written, again.reused) == ([1], [0, 2]), "the view changed in shard 1 only"
+    ids = list(_read(dest, "messages")["id"])
+    assert gone not in ids and len(ids) == ok.height - 1
+    # The audit reads the same view: its summary of shard 1 is remade, the others reused.
+    from regen.audit import run_audit
+    from regen.audit.dataset import open_dataset
+    from regen.audit.run import shard_summaries
+    from regen.audit.summary import settings_for
+    from regen.audit.thresholds import AuditConfig
+
+    config = AuditConfig()
+    settings = settings_for(src, open_dataset(src), config)
+    _drop_ids(src, [])
+    run_audit(src, config)
+    _drop_ids(src, [gone])
+    assert shard_summaries(src, open_dataset(src), settings).computed == [1]
+
+
 def _etags(moto: MotoS3, bucket: str, prefix: str) -> dict[str, tuple[str, object]]:
     listed = moto.client().list_objects_v2(Bucket=bucket, Prefix=prefix)
     return {o["Key"]: (o["ETag"], o["LastModified"]) for o in listed.get("Contents", [])}
@@ -298,11 +354,7 @@ def test_hf_shard_file_is_what_save_to_disk_writes(source: Storage) -> None:
     from regen.export.formats import shard_export
     from regen.export.run import _arrow_bytes, _save_to_disk
 
-    view = open_dataset(source)
-    part = shard_export(
-        scan_rows(source, replace(view, committed={0: view.committed[0]})),
-        ExportOptions(format="hf-dataset"),
-    )
+    part = shard_export(read_committed(source).scan([0]), ExportOptions(format="hf-dataset"))
     assert part.frame.height > 0
     assert _arrow_bytes(part.frame) == _save_to_disk(part.frame)["data-00000-of-00001.arrow"]
 

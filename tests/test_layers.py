@@ -111,3 +111,94 @@ def test_regen_has_no_import_cycle() -> None:
         if name not in state:
             visit(name, [name])
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles[:10])
+
+
+ROOT = REGEN.parent
+# The shipped packages: every key of a dataset root they use comes from regen/dataset/keys.py.
+SHIPPED = ("regen", "flows", "tasks", "blocks")
+
+
+def _layout_names() -> tuple[set[str], tuple[str, ...]]:
+    """The top of the layout as keys.py spells it: the root's files (run.json...) and its
+    directories (shards/...), from every string that module holds (f-strings' leading text
+    too), so a key added there is guarded here without a word changed."""
+    tree = ast.parse((REGEN / "dataset" / "keys.py").read_text())
+    texts = [
+        part.value
+        for node in ast.walk(tree)
+        for part in (node.values if isinstance(node, ast.JoinedStr) else [node])
+        if isinstance(part, ast.Constant) and isinstance(part.value, str)
+    ]
+    keys = [t for t in texts if t and not any(c.isspace() for c in t) and "(" not in t]
+    whole = [t for t in keys if t in _whole_strings(tree)]
+    files = {t for t in whole if "/" not in t and t.endswith((".json", ".parquet"))}
+    dirs = {t.split("/")[0] + "/" for t in keys if "/" in t and t[0].isalpha()}
+    return files, tuple(sorted(dirs))
+
+
+def _whole_strings(tree: ast.AST) -> set[str]:
+    """Strings that are whole constants, not the text between an f-string's fields."""
+    parts = {
+        id(part)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.JoinedStr)
+        for part in node.values
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in parts
+    }
+
+
+def layout_keys_built(source: str, filename: str) -> list[str]:
+    """`line: text` of each string in `source` that spells a key of the layout: a root file
+    (`"run.json"`) or a path under a root directory (`"report/x.json"`, `f"{uri}/shards/"`).
+    Docstrings and other prose (a string with spaces) are words about keys, not keys."""
+    files, dirs = _layout_names()
+    tree = ast.parse(source, filename)
+    prose = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+            continue
+        text = node.value
+        if id(node) in prose or not text or any(c.isspace() for c in text):
+            continue
+        # A key quoted in a message: `{root}/run.json` in backticks, (report: .../audit.md).
+        path = text.lstrip("/").rstrip("`)'\",.;:")
+        if path in files or path.startswith(dirs):
+            found.append(f"{node.lineno}: {text!r}")
+    return found
+
+
+def test_no_module_outside_regen_dataset_builds_a_dataset_key() -> None:
+    built = [
+        f"{path.relative_to(ROOT)}:{hit}"
+        for package in SHIPPED
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if not path.is_relative_to(REGEN / "dataset")
+        for hit in layout_keys_built(path.read_text(), str(path))
+    ]
+    assert not built, "build these keys in regen/dataset/keys.py:\n" + "\n".join(built)
+
+
+def test_the_key_rule_catches_keys_and_passes_prose() -> None:
+    keys = """
+AUDIT = "report/audit.json"
+def where(uri, node):
+    return f"{uri}/shards/shard-{node:06d}.json", "progress.json", f"{uri}/run.json"
+"""
+    assert len(layout_keys_built(keys, "keys.py")) == 4
+    prose = '''
+"""Writes report/audit.json and progress.json."""
+HELP = "the report/ directory holds report/audit.md and run.json"
+def f():
+    """shards/ is read through manifests."""
+    return {"shards": 3, "report": "audit"}
+'''
+    assert layout_keys_built(prose, "prose.py") == []

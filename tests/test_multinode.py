@@ -238,6 +238,33 @@ def test_a_twice_slower_node_gets_fewer_shards_and_the_wall_stays_near_ideal(
     assert ratio <= 1.15, f"wall time {ratio:.2f} x the ideal split"
 
 
+def test_the_parent_audits_an_s3_model_with_its_tokenizer(cluster: Cluster) -> None:
+    # The parent stages no model: it once audited an s3:// or hf:// model without its chat
+    # template, so checks 10-11 were skipped there. It now fetches the tokenizer files alone.
+    params, bucket = _params(cluster, "s3-model", rows=20, shard_size=10)
+    client = cluster.s3.client()
+    for path in (REPO / "regen" / "data" / "emulator-model").iterdir():
+        client.put_object(Bucket=bucket, Key=f"models/emu/{path.name}", Body=path.read_bytes())
+    root = cluster.root / "s3-model"
+    params["config"]["model"] = {
+        "source": f"s3://{bucket}/models/emu",
+        "served_name": "emu",
+        "stage_dir": str(root / "parent-stage"),  # never written: the parent stages nothing
+    }
+    for node in params["nodes"]:
+        node["stage_dir"] = str(root / f"{node['name']}-stage")
+    run = _wait_final(cluster, start_parent(cluster.server, params), timeout=300)
+    assert run.state.is_completed(), f"{run.state_name}: {run.state.message}\n{_logs(cluster)}"
+
+    report = json.loads(cluster.s3.storage(bucket, "run").read_bytes("report/audit.json"))
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["template_parity"]["status"] == "pass", checks["template_parity"]
+    assert checks["loss_mask"]["status"] != "skipped", checks["loss_mask"]
+    fetched = root / "parent" / "tokenizer"
+    assert (fetched / "tokenizer.json").is_file() and not (fetched / "model.safetensors").exists()
+    assert not (root / "parent-stage").exists()
+
+
 def _kill_node(cluster: Cluster, node: str, work_dir: Path) -> None:
     """The node's machine is gone: its worker, the flow run under it and its servers."""
     worker = cluster.workers[node]

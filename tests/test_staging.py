@@ -377,3 +377,23 @@ def test_interrupted_hub_download_resumes_with_what_is_missing(
     assert shard in hub.sent and not kept & set(hub.sent), (kept, hub.sent)
     assert resumed.copied_files == len(MODEL_FILES)
     _assert_staged(target)
+
+
+def test_a_remote_models_tokenizer_is_fetched_alone_where_nothing_is_staged(
+    s3_model: str, tmp_path: Path, moto: MotoS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from regen.config import ModelConfig
+    from regen.run import resolve_tokenizer
+
+    for key, value in moto.env.items():
+        monkeypatch.setenv(key, value)
+    model = ModelConfig(source=s3_model, served_name="m", stage_dir=tmp_path / "never-staged")
+    found = resolve_tokenizer(model, tmp_path / "tok")
+    assert found == tmp_path / "tok"
+    names = {p.name for p in found.iterdir() if p.name != MARKER_NAME}
+    assert names == {"tokenizer.json", "tokenizer_config.json"}, "the weights stay remote"
+    # Once the model is staged on this machine, its directory is the answer.
+    (tmp_path / "never-staged").mkdir()
+    assert resolve_tokenizer(model, tmp_path / "tok") == tmp_path / "never-staged"
+    pinned = model.model_copy(update={"tokenizer_path": tmp_path / "mine"})
+    assert resolve_tokenizer(pinned, None) == tmp_path / "mine"

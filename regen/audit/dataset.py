@@ -2,22 +2,23 @@
 
 All of it comes from `regen.dataset`, the layout's one owner: shards through their manifests
 (`read_committed`), so data without a manifest, a replaced shard's old generation and another
-run's manifest are never read as rows.
+run's manifest are never read as rows, and the view's dropped ids and each shard's identity
+are the ones the export uses too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import polars as pl
 
 from regen.dataset import (
+    Committed,
     read_committed,
-    read_plan,
     read_run,
     require_dataset,
-    scan_data,
     thinking_mode,
+    view_plan,
 )
 from regen.schema import row_schema
 from regen.storage import Storage
@@ -25,46 +26,48 @@ from regen.storage import Storage
 
 @dataclass(frozen=True)
 class DatasetView:
-    """Where the committed rows are and what was planned."""
+    """Where the committed rows are and what was planned: `regen.dataset`'s view (its run's
+    shards, less the ids `input.removed: drop` leaves out), as the checks read it."""
 
-    committed: dict[int, str]
-    """Shard number -> data key, for every shard whose manifest and data both exist."""
-    manifest_without_data: list[int]
-    unusable_manifests: list[int]
-    """Unreadable, naming another shard, or written by a run with another fingerprint."""
+    found: Committed
     plan: pl.DataFrame | None
-    """Columns id, shard: every valid input id; None when the root has no plan.parquet."""
-    digests: dict[int, str] = field(default_factory=dict)
-    """Shard -> its manifest's sha256 of the data: what a stored audit summary was made from."""
-    dropped: frozenset[str] = frozenset()
-    """Ids out of the view (gone from the input, `input.removed: drop`): not audited."""
+    """Columns id, shard: every valid input id in the view; None when the root has no
+    plan.parquet."""
+
+    @property
+    def committed(self) -> dict[int, str]:
+        """Shard number -> data key, for every shard whose manifest and data both exist."""
+        return {shard: m.data for shard, m in self.found.manifests.items()}
+
+    @property
+    def manifest_without_data(self) -> list[int]:
+        return self.found.census.without_data
+
+    @property
+    def unusable_manifests(self) -> list[int]:
+        """Unreadable, naming another shard, or written by a run with another fingerprint."""
+        return self.found.census.unusable
+
+    @property
+    def dropped(self) -> frozenset[str]:
+        """Ids out of the view (gone from the input, `input.removed: drop`): not audited."""
+        return self.found.dropped
+
+    def source(self, shard: int) -> str:
+        """What a shard's stored audit summary must have been made from (`Committed.identity`)."""
+        return self.found.identity(shard)
+
+    def scan(self, shards: list[int] | None = None) -> pl.LazyFrame:
+        """The committed rows of the view (of `shards`), lazily, in shard order; an empty
+        frame when nothing is committed."""
+        return self.found.scan(shards)
 
 
 def open_dataset(storage: Storage, *, workers: int = 16) -> DatasetView:
     """Read every manifest (in parallel: on S3 each is a GET) and the plan."""
     found = read_committed(storage, workers=workers)
     require_dataset(storage, found)
-    census = found.census
-    committed = {shard: m.data for shard, m in found.manifests.items()}
-    digests = {shard: m.sha256 for shard, m in found.manifests.items()}
-    plan = read_plan(storage)
-    if found.dropped and plan is not None:
-        hidden = plan.filter(pl.col("id").is_in(list(found.dropped)))
-        plan = plan.join(hidden, on="id", how="anti")
-        # A summary made before the drop counted those rows: it is made again.
-        for shard, count in hidden.group_by("shard").len().iter_rows():
-            if shard in digests:
-                digests[shard] += f"-{count}dropped"
-    return DatasetView(
-        committed, census.without_data, census.unusable, plan, digests, found.dropped
-    )
-
-
-def scan_rows(storage: Storage, view: DatasetView) -> pl.LazyFrame:
-    """All committed rows of the view, lazily, in shard order; an empty frame when nothing is
-    committed."""
-    rows = scan_data(storage, list(view.committed.values()))
-    return rows.filter(~pl.col("id").is_in(list(view.dropped))) if view.dropped else rows
+    return DatasetView(found, view_plan(storage, found))
 
 
 def per_turn(rows: pl.LazyFrame) -> pl.LazyFrame:

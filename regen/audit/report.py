@@ -6,6 +6,7 @@ import io
 from typing import TYPE_CHECKING
 
 from regen.audit.result import AuditResult
+from regen.dataset.keys import AUDIT_MARKDOWN_KEY, AUDIT_REPORT_KEY, report_figure_key
 from regen.storage import Storage
 
 if TYPE_CHECKING:
@@ -15,11 +16,11 @@ if TYPE_CHECKING:
 def write_report(storage: Storage, result: AuditResult) -> list[str]:
     """Write report/audit.json, report/audit.md and report/*.png; the keys written."""
     files = {
-        "report/audit.json": result.to_json().encode(),
-        "report/audit.md": result.to_markdown().encode(),
+        AUDIT_REPORT_KEY: result.to_json().encode(),
+        AUDIT_MARKDOWN_KEY: result.to_markdown().encode(),
     }
     for name, figure in _figures(result).items():
-        files[f"report/{name}.png"] = _png(figure)
+        files[report_figure_key(name)] = _png(figure)
     for key, data in files.items():
         storage.write_bytes(key, data)
     return sorted(files)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from regen.audit.thresholds import Threshold
+from regen.dataset.keys import AUDIT_MARKDOWN_KEY, CANARY_PREFIX, key_url
 from regen.figures import pct, sig
 from regen.status import Status
 
@@ -118,8 +119,9 @@ class AuditResult(BaseModel):
         root = self.dataset.rstrip("/")
         kept = f"{self.rows - self.uncommitted:,} committed rows at {root}"
         if self.uncommitted:
-            kept += f", {self.uncommitted:,} canary rows under {root}/canary/"
-        return f"FAIL: {verdict}. The data was kept: {kept}, report at {root}/report/audit.md"
+            kept += f", {self.uncommitted:,} canary rows under {key_url(root, CANARY_PREFIX)}"
+        report = key_url(root, AUDIT_MARKDOWN_KEY)
+        return f"FAIL: {verdict}. The data was kept: {kept}, report at {report}"
 
     def to_markdown(self) -> str:
         """Verdict first, then a narrow table with failures on top, then the details and

@@ -16,7 +16,7 @@ import polars as pl
 from pydantic import ValidationError
 
 from regen.audit.completeness import completeness_check, error_rows_check
-from regen.audit.dataset import DatasetView, open_dataset, scan_rows
+from regen.audit.dataset import DatasetView, open_dataset
 from regen.audit.lengths import histograms, length_columns, quantiles, tiny_length_check
 from regen.audit.loss_mask import loss_mask_check
 from regen.audit.quality import (
@@ -84,9 +84,7 @@ def run_audit(
     # Duplicate and missing ids span shards: the one check that reads ids across the dataset.
     # It runs first and its frames are gone before the summaries are merged, so the two peaks
     # (some 200 MB each at a million rows) do not add up.
-    completeness = completeness_check(
-        scan_rows(storage, view).select("id", "shard").collect(), view, config
-    )
+    completeness = completeness_check(view.scan().select("id", "shard").collect(), view, config)
     # Folded as they come, so memory holds one running merge, not every shard's summary.
     running: list[Summary] = []
     for summary in iter_shard_summaries(storage, view, settings, computed=[]):
@@ -147,12 +145,11 @@ def iter_shard_summaries(
     missing, made with other settings, or made from another generation of the shard's data,
     appending their shard numbers to `computed`."""
     key = settings.key
-    for shard, data in view.committed.items():
-        source = view.digests.get(shard, data)
+    for shard in view.committed:
+        source = view.source(shard)
         summary = read_summary(storage, shard, key)
         if summary is None or summary.sources != {shard: source}:
-            one = DatasetView({shard: data}, [], [], None, dropped=view.dropped)
-            rows = scan_rows(storage, one).collect()
+            rows = view.scan([shard]).collect()
             summary = audit_rows(rows, settings, sources={shard: source})
             storage.write_bytes(summary_key(shard, key), summary.to_json())
             computed.append(shard)

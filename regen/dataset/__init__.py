@@ -6,6 +6,8 @@ Nothing outside this package builds or parses a key of the layout or lists data 
 
 from regen.dataset.commit import commit_shard, error_rows, replace_shard
 from regen.dataset.keys import (
+    AUDIT_MARKDOWN_KEY,
+    AUDIT_REPORT_KEY,
     CLAIMS_PREFIX,
     NODES_PREFIX,
     PLAN_KEY,
@@ -44,7 +46,13 @@ from regen.dataset.plan import (
     revise_plan,
 )
 from regen.dataset.prompt_cache import cache_prompts, prompts_for_shard
-from regen.dataset.reader import Committed, read_committed, require_dataset, scan_data
+from regen.dataset.reader import (
+    Committed,
+    read_committed,
+    require_dataset,
+    scan_data,
+    view_plan,
+)
 from regen.dataset.runinfo import (
     RunInfo,
     config_fingerprint,
@@ -59,6 +67,8 @@ from regen.dataset.runinfo import (
 )
 
 __all__ = [
+    "AUDIT_MARKDOWN_KEY",
+    "AUDIT_REPORT_KEY",
     "CLAIMS_PREFIX",
     "NODES_PREFIX",
     "PLAN_KEY",
@@ -110,4 +120,5 @@ __all__ = [
     "supersede",
     "take_census",
     "thinking_mode",
+    "view_plan",
 ]

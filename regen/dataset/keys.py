@@ -22,12 +22,25 @@ SUPERSEDED_PREFIX = "superseded/"
 CLAIMS_PREFIX = "claims/"
 NODES_PREFIX = "nodes/"
 CANARY_PREFIX = "canary/"
+AUDIT_PREFIX = "audit/"
+REPORT_PREFIX = "report/"
+AUDIT_REPORT_KEY = f"{REPORT_PREFIX}audit.json"
+"""The last audit's result: what the gate read and the export checks before it writes."""
+AUDIT_MARKDOWN_KEY = f"{REPORT_PREFIX}audit.md"
+FLEET_KEY = f"{REPORT_PREFIX}fleet.json"
+"""The fleet that made the dataset, beside the audit's report."""
 # Beside report/audit.json: the first file a person opens after a run stopped.
-STOP_KEY = "report/stopped.json"
+STOP_KEY = f"{REPORT_PREFIX}stopped.json"
+_PROGRESS = "progress.json"
 
 _MANIFEST = re.compile(r"^shards/shard-(\d{6,})\.json$")
 _DATA = re.compile(r"^shards/shard-(\d{6,})(?:\.g(\d+))?\.parquet$")
 _CLAIM = re.compile(r"^claims/shard-(\d{6,})\.(\d{9,})\.json$")
+
+
+def key_url(root: str, key: str) -> str:
+    """Where a key of the root at `root` (a path or URL) is, for a person to open."""
+    return f"{root.rstrip('/')}/{key}"
 
 
 def manifest_key(shard: int) -> str:
@@ -77,7 +90,7 @@ def heartbeat_key(node: str) -> str:
 
 def progress_key(node: str | None = None) -> str:
     """Where a run's progress is written; each node of a multi-node run has its own."""
-    return f"{NODES_PREFIX}{node}.progress.json" if node else "progress.json"
+    return f"{NODES_PREFIX}{node}.{_PROGRESS}" if node else _PROGRESS
 
 
 def superseded_prefix(fingerprint: str) -> str:
@@ -87,7 +100,12 @@ def superseded_prefix(fingerprint: str) -> str:
 def summary_key(shard: int, settings: str) -> str:
     """`audit/shard-000042.<settings>.json`: a shard's audit summary, keyed by the settings
     that made it; outside `shards/`, where every `.json` is a manifest."""
-    return f"audit/shard-{shard:06d}.{settings}.json"
+    return f"{AUDIT_PREFIX}shard-{shard:06d}.{settings}.json"
+
+
+def report_figure_key(name: str) -> str:
+    """One of the audit's plots: `report/lengths.png`."""
+    return f"{REPORT_PREFIX}{name}.png"
 
 
 def canary_key(fingerprint: str) -> str:

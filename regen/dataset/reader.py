@@ -9,8 +9,9 @@ collects and no more.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -30,9 +31,14 @@ class Committed:
 
     storage: Storage
     census: Census
-    dropped: frozenset[str] = frozenset()
-    """Ids left out of the view: gone from the input, with `input.removed: drop`. Their rows
-    stay stored (and in `rows`, which counts what the manifests say)."""
+    dropped_by_shard: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    """Shard -> the ids the view leaves out of it: gone from the input, with `input.removed:
+    drop`. Their rows stay stored (and in `rows`, which counts what the manifests say)."""
+
+    @property
+    def dropped(self) -> frozenset[str]:
+        """Every id the view leaves out."""
+        return frozenset().union(*self.dropped_by_shard.values())
 
     @property
     def manifests(self) -> dict[int, Manifest]:
@@ -53,6 +59,18 @@ class Committed:
         chosen = self.shards if shards is None else sorted(shards)
         rows = scan_data(self.storage, [self.census.committed[s].data for s in chosen])
         return rows.filter(~pl.col("id").is_in(list(self.dropped))) if self.dropped else rows
+
+    def identity(self, shard: int) -> str:
+        """What the view of one committed shard is made from, for whatever is made from it in
+        turn (its audit summary, its export file): the manifest's sha256 of the data and the
+        ids the view drops from that shard. A product whose recorded identity differs is made
+        again, so dropping one id remakes one shard's products, not every shard's."""
+        sha256 = self.census.committed[shard].sha256
+        ids = self.dropped_by_shard.get(shard)
+        if not ids:
+            return sha256
+        drop = hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:16]
+        return f"{sha256}-drop{drop}"
 
     def frames(self) -> Iterator[tuple[int, pl.DataFrame]]:
         """(shard, rows) one shard at a time."""
@@ -76,7 +94,7 @@ def read_committed(
     leaves out (a root without run.json takes every readable manifest). A caller that names
     the fingerprint (a run polling its own commits) reads no run.json and drops nothing. See
     `take_census` for `verify` and `known`."""
-    dropped: frozenset[str] = frozenset()
+    dropped: dict[int, frozenset[str]] = {}
     if fingerprint is None:
         run = read_run(storage)
         fingerprint, dropped = run_fingerprint_of(run), dropped_ids(storage, run)
@@ -84,14 +102,25 @@ def read_committed(
     return Committed(storage, census, dropped)
 
 
-def dropped_ids(storage: Storage, run: dict[str, Any]) -> frozenset[str]:
-    """Ids the dataset view leaves out: the plan's removed ids when run.json says `drop`."""
+def dropped_ids(storage: Storage, run: dict[str, Any]) -> dict[int, frozenset[str]]:
+    """Ids the dataset view leaves out, by the shard the plan put them in: the plan's removed
+    ids when run.json says `drop`."""
     if removed_policy(run) != "drop":
-        return frozenset()
+        return {}
     plan = read_plan(storage, full=True)
     if plan is None:
-        return frozenset()
-    return frozenset(plan.filter("removed").get_column("id").to_list())
+        return {}
+    removed = plan.filter("removed").group_by("shard").agg("id")
+    return {shard: frozenset(ids) for shard, ids in removed.iter_rows()}
+
+
+def view_plan(storage: Storage, committed: Committed) -> pl.DataFrame | None:
+    """plan.parquet's id and shard of every id in the view (the dropped ones left out), or
+    None when the root has no plan."""
+    plan = read_plan(storage)
+    if plan is None or not committed.dropped:
+        return plan
+    return plan.filter(~pl.col("id").is_in(list(committed.dropped)))
 
 
 def require_dataset(storage: Storage, committed: Committed) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 import polars as pl
 
 from regen.dataset import (
+    AUDIT_REPORT_KEY,
     Committed,
     read_committed,
     read_run,
@@ -52,7 +53,6 @@ LEGACY_EXPORT_KEY = "export.json"
 VERSION = 2
 """Bumped when a format's bytes change, so a rerun rewrites files made by older code."""
 TOKEN_FREQ = "token_freq.pt"
-AUDIT_KEY = "report/audit.json"
 EXACT_PATH = (
     "SpecForge reproduces the server's tokens exactly only through the pre-tokenized path: "
     "the tokenized export as data.prompts_path"
@@ -221,10 +221,10 @@ def export_dataset(
 def _require_passed_audit(source: Storage) -> None:
     """Refuse a dataset whose last audit (report/audit.json) failed; one never audited passes
     (the run's own export follows its passing audit, and a standalone one is the user's)."""
-    report = _read_json(source, AUDIT_KEY)
+    report = _read_json(source, AUDIT_REPORT_KEY)
     if report is not None and report.get("verdict") == "fail":
         raise UserError(
-            f"{source.uri}: its last audit failed ({AUDIT_KEY}); export it anyway with "
+            f"{source.uri}: its last audit failed ({AUDIT_REPORT_KEY}); export it anyway with "
             "--allow-failed"
         )
 
@@ -281,12 +281,11 @@ def _write_single(
 
 
 def _manifests(committed: Committed) -> dict[int, dict[str, Any]]:
-    """The identity of each committed shard's data: its key and checksum from the manifest,
-    and how many ids the view drops (`input.removed: drop`), so a changed view is exported
-    again."""
-    view = {"dropped": len(committed.dropped)} if committed.dropped else {}
+    """What each committed shard's export file is made from: its data key and the view's
+    identity of the shard (`Committed.identity`: the data's checksum and the ids the view
+    drops from it), so a shard whose view changed, and only that shard, is exported again."""
     return {
-        shard: {"data": m.data, "sha256": m.sha256, "rows": m.rows, **view}
+        shard: {"data": m.data, "rows": m.rows, "identity": committed.identity(shard)}
         for shard, m in committed.manifests.items()
     }
 

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from regen.dataset.keys import FLEET_KEY
 from regen.figures import NONE, sig
 from regen.storage import Storage
 
@@ -64,9 +65,6 @@ def flag_slow(rows: list[FleetRow], min_relative_speed: float) -> list[FleetRow]
             reason = f"{row.tok_s:.0f} tok/s is below {min_relative_speed:g} x median {median:.0f}"
         out.append(row.model_copy(update={"flagged": slow, "reason": reason}))
     return out
-
-
-FLEET_KEY = "report/fleet.json"
 
 
 def write_fleet_report(storage: Storage, rows: list[FleetRow]) -> None:

@@ -38,6 +38,21 @@ class StageMarker(BaseModel):
     finished_at: datetime
 
 
+TOKENIZER_FILES = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "chat_template.json",
+        "generation_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+    }
+)
+"""What the audit and the export read of a model (its tokenizer and chat template): all a
+machine that runs no server needs (a multi-node run's parent), a few MB of a model's GBs."""
+
+
 def part_path(dest: Path) -> Path:
     """Where a file is written before it is verified and renamed to `dest`."""
     return dest.with_name(f".{dest.name}{PART_SUFFIX}")

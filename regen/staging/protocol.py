@@ -23,6 +23,7 @@ from regen.errors import UserError
 from regen.staging.layout import (
     MARKER_NAME,
     PART_SUFFIX,
+    TOKENIZER_FILES,
     SourceFile,
     StageMarker,
     check_index,
@@ -65,17 +66,24 @@ def stage_model(
     workers: int = 8,
     progress: Callable[[int, int], None] | None = None,
     s3_client_factory: Callable[[], S3Client] | None = None,
+    tokenizer_only: bool = False,
 ) -> StageResult:
     """Copy the model at `source` to `target` unless a valid marker says it is already there.
 
     `progress(done_bytes, total_bytes)` is called from worker threads as bytes arrive.
+    `tokenizer_only`: the tokenizer and chat template files alone (`TOKENIZER_FILES`), to a
+    target of their own (the marker names what was copied).
     """
     started = time.monotonic()
     model = open_source(source, revision, hf_token, s3_client_factory)
     files = model.list_files()
+    if tokenizer_only:
+        files = [f for f in files if f.name in TOKENIZER_FILES]
+        if not any(f.name == "tokenizer.json" for f in files):
+            raise UserError(f"{source}: no tokenizer.json to read the model's tokenizer from")
     if not files:
         raise UserError(f"{source}: no files to stage")
-    missing = missing_model_files(f.name for f in files)
+    missing = [] if tokenizer_only else missing_model_files(f.name for f in files)
     if missing:
         raise UserError(f"{source}: not a model SGLang can load, missing {', '.join(missing)}")
     target = target.expanduser().absolute()
