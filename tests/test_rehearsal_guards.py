@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from flows.cli import main
 from regen.errors import ConfigError
 from regen.rehearsal import bundled, plan_rehearsal
 from support.ports import free_port
-from support.s3 import MotoS3, moto_server
+from support.s3 import MotoS3
 from tests.support.audit import make_dataset
 from tests.support.cli import regen_env as _regen_env
 from tests.support.cli import run_regen
@@ -49,17 +48,12 @@ def _prompts(path: Path, n: int = 6) -> None:
 
 
 @pytest.fixture(scope="module")
-def moto() -> Iterator[MotoS3]:
-    with moto_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def s3_rehearsal(
-    tmp_path_factory: pytest.TempPathFactory, prefect_home: Path, moto: MotoS3
+    tmp_path_factory: pytest.TempPathFactory, prefect_home: Path, moto_s3: MotoS3
 ) -> dict[str, Any]:
     """`regen rehearse --config node.yaml` whose output is an S3 prefix, as a user runs it."""
     work = tmp_path_factory.mktemp("s3-rehearsal")
+    moto = moto_s3  # the worker's one server (tests/conftest.py); the bucket is this test's
     bucket = moto.create_bucket()
     _prompts(work / "prompts.jsonl")
     config = _node(work / "node.yaml", f"s3://{bucket}/regen/qwen3.6-27b")
