@@ -190,6 +190,35 @@ def grade(figure: float, threshold: Threshold) -> Status:
     return "pass"
 
 
+def graded(
+    name: str,
+    title: str,
+    rate: float,
+    threshold: Threshold,
+    *,
+    detail: str,
+    examples: list[Example] | None = None,
+    status: Status | None = None,
+) -> Check:
+    """A check whose `rate` is graded against `threshold`, the limits shown beside it; `status`
+    overrides the grade where a check knows better (a "most common" answer seen once)."""
+    return Check(
+        name=name,
+        title=title,
+        status=grade(rate, threshold) if status is None else status,
+        figure=rate,
+        warn=threshold.warn,
+        fail=threshold.fail,
+        examples=examples or [],
+        detail=detail,
+    )
+
+
+def skipped(name: str, title: str, detail: str) -> Check:
+    """A check with nothing to measure: neither passes nor fails, and says why."""
+    return Check(name=name, title=title, status="skipped", figure=None, detail=detail)
+
+
 # Bold capitals, not emoji: a UI or terminal without an emoji font shows them all the same.
 _MARK: dict[Status, str] = {
     "fail": "**FAIL**",
