@@ -7,7 +7,6 @@ the dispatcher, and only a log line and an artifact show them.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from types import TracebackType
 from regen.figures import NONE, pct, sig
 from regen.fleet.metrics import FleetScraper, ServerFigures
 from regen.progress import ProgressSnapshot, ProgressWriter
+from regen.ticker import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -134,17 +134,14 @@ class LiveWatch:
     ) -> None:
         self._progress = progress
         self._scraper = scraper
-        self._interval_s = interval_s
         self._on_update = on_update
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("regen-live", interval_s, self.tick)
         self._history: list[Interval] = []
 
     def __enter__(self) -> LiveWatch:
         # The counters at the start: every report's tok/s is then a rate over its interval.
         self._scraper.prime()
-        self._thread = threading.Thread(target=self._run, name="regen-live", daemon=True)
-        self._thread.start()
+        self._ticker.start()
         return self
 
     def __exit__(
@@ -153,15 +150,8 @@ class LiveWatch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._ticker.stop()
         if exc_type is None:
-            self.tick()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
             self.tick()
 
     def tick(self) -> LiveReport:
