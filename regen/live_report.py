@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from regen.figures import NONE, pct, sig
+from regen.figures import NONE, markdown_table, pct, sig
 from regen.fleet.metrics import FleetScraper, ServerFigures
 from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.ticker import Ticker
@@ -93,22 +93,25 @@ class LiveReport:
             "",
             f"Updated {stamp}; per-server figures from each server's `/metrics`.",
             "",
-            "| server | tok/s | running | queued | KV cache | accept length |",
-            "|---|--:|--:|--:|--:|--:|",
         ]
-        missing = []
-        for s in self.servers:
-            m = s.metrics
-            if m is None:
-                missing.append(s)
-                lines.append(
-                    f"| {s.name} | **metrics missing** | {NONE} | {NONE} | {NONE} | {NONE} |"
+        missing = [s for s in self.servers if s.metrics is None]
+        lines += markdown_table(
+            ["server", "tok/s", "running", "queued", "KV cache", "accept length"],
+            (
+                (s.name, "**metrics missing**", NONE, NONE, NONE, NONE)
+                if (m := s.metrics) is None
+                else (
+                    s.name,
+                    sig(s.tokens_per_s),
+                    _count(m.running),
+                    _count(m.queued),
+                    pct(m.token_usage),
+                    sig(m.accept_length),
                 )
-                continue
-            lines.append(
-                f"| {s.name} | {sig(s.tokens_per_s)} | {_count(m.running)} | {_count(m.queued)} | "
-                f"{pct(m.token_usage)} | {sig(m.accept_length)} |"
-            )
+                for s in self.servers
+            ),
+            numeric={"tok/s", "running", "queued", "KV cache", "accept length"},
+        )
         if missing:
             lines += ["", "No `/metrics` answer (not counted as zero):", ""]
             lines += [f"- {s.name}: `{s.url}/metrics`" for s in missing]

@@ -23,7 +23,7 @@ from rich.progress import Progress, TaskID
 
 from regen.client.stats import DispatchStats
 from regen.dataset.keys import progress_key
-from regen.figures import duration, pct, sig
+from regen.figures import duration, markdown_table, pct, sig
 from regen.storage import Storage
 from regen.ticker import Ticker
 
@@ -107,12 +107,14 @@ class ProgressSnapshot:
             "",
             self.audit_line(),
             "",
-            "| server | state | in flight | tok/s |",
-            "|---|---|---|---|",
-        ]
-        lines += [
-            f"| {s.name} | {s.state} | {s.in_flight}/{s.slots} | {sig(s.tokens_per_s)} |"
-            for s in self.servers
+            *markdown_table(
+                ["server", "state", "in flight", "tok/s"],
+                (
+                    (s.name, s.state, f"{s.in_flight}/{s.slots}", sig(s.tokens_per_s))
+                    for s in self.servers
+                ),
+                numeric={"in flight", "tok/s"},
+            ),
         ]
         return "\n".join(lines)
 
