@@ -282,12 +282,13 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
     ):
 
         def start(
-            shard: int, lease: Lease | None, rows: RowSource, on_commit: OnCommit
+            shard: int, lease: Lease | None, rows: RowSource, on_commit: OnCommit, retry: bool
         ) -> Future[ShardOutcome]:
             first_start.append(time.time())
             return pool.submit(
-                generate_shard, shard, plan, rows, run.storage, lease=lease, on_commit=on_commit
-            )
+                generate_shard, shard, plan, rows, run.storage, retry_errors=retry, lease=lease,
+                on_commit=on_commit,
+            )  # fmt: skip
 
         sampler.start()
         summary = generate_plan(run, plan, feed, start, tokenizer_path=tokenizer)
