@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from regen.balance import ShardPicker
 from regen.claims import LeaseKeeper, ShardClaims
 from regen.generation.lease import Lease
-from regen.generation.summary import ShardOutcome
+from regen.generation.outcome import ShardOutcome
 from regen.nodes import NodeAssignment
 from regen.storage import Storage
 

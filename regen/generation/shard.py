@@ -26,8 +26,8 @@ from regen.dataset import (
 )
 from regen.errors import FleetError
 from regen.generation.lease import Lease
+from regen.generation.outcome import ShardOutcome
 from regen.generation.plan import RunPlan, rows_to_redo
-from regen.generation.summary import ShardOutcome
 from regen.storage import Storage
 
 _log = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from regen.generation.feed import Feed
 from regen.generation.lease import Lease, shards_in_flight
 from regen.generation.live import LiveAudit
 from regen.generation.loop import run_all, run_claimed
+from regen.generation.outcome import GenerationSummary, ShardOutcome, summarize
 from regen.generation.plan import RunPlan
 from regen.generation.shard import Log, OnCommit, RowSource
-from regen.generation.summary import GenerationSummary, ShardOutcome, summarize
 from regen.nodes import NodeAssignment
 from regen.run import OpenedRun
 
