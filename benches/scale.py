@@ -258,7 +258,7 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
     from regen.generation.feed import feeding
     from regen.generation.lease import Lease
     from regen.generation.outcome import ShardOutcome
-    from regen.generation.plan import plan_run
+    from regen.generation.run_plan import plan_run
     from regen.generation.shard import OnCommit, RowSource, generate_shard
     from regen.generation.stage import generate_plan
     from regen.rehearsal import rehearsal_config

@@ -25,12 +25,12 @@ from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
 from regen.fleet import Fleet
+from regen.generation import run_plan
 from regen.generation import shard as shards
 from regen.generation.feed import Feed, feeding
 from regen.generation.lease import Lease
 from regen.generation.outcome import GenerationSummary, ShardOutcome
-from regen.generation.plan import RunPlan
-from regen.generation.plan import plan_run as plan_generation
+from regen.generation.run_plan import RunPlan
 from regen.generation.shard import OnCommit, RowSource
 from regen.generation.stage import generate_plan
 from regen.live_report import LiveReport
@@ -44,7 +44,7 @@ from regen.storage import Storage
 @task(name="plan-shards", persist_result=False, cache_policy=NONE)
 def plan_run(run: OpenedRun) -> RunPlan:
     """Read and validate every prompt, write run.json + plan, and find what is left to do."""
-    plan = plan_generation(run.config, run.storage, hf_token=run.hf_token)
+    plan = run_plan.plan_run(run.config, run.storage, hf_token=run.hf_token)
     logger = get_run_logger()
     logger.info(plan.headline())
     if plan.stopped:

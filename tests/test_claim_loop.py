@@ -26,7 +26,7 @@ from regen.errors import UserError
 from regen.generation.lease import Lease
 from regen.generation.loop import NodeResult, run_all, run_claimed
 from regen.generation.outcome import ShardOutcome, summarize
-from regen.generation.plan import RunPlan, plan_run
+from regen.generation.run_plan import RunPlan, plan_run
 from regen.generation.shard import Commit, generate_shard
 from regen.nodes import NodeAssignment, split_ranges
 from regen.rehearsal import bundled

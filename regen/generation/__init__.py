@@ -1,6 +1,6 @@
 """Stage 4's decisions, free of Prefect, so they are tested without a server.
 
-`plan`: what a run must generate (planning and resume). `shard`: generate-and-commit of one
+`run_plan`: what a run must generate (planning and resume). `shard`: generate-and-commit of one
 shard, with the lease fence, an `on_commit` hook and `generate_rows` for any subset of rows.
 `loop`: which shard runs when (all at once, or claimed one by one by a node of several).
 `lease`: a node's hold on its shards. `feed`: the one dispatcher and its progress.

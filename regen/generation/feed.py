@@ -19,7 +19,7 @@ from regen.dataset.keys import progress_key
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
 from regen.generation.outcome import ShardOutcome
-from regen.generation.plan import RunPlan
+from regen.generation.run_plan import RunPlan
 from regen.live_report import LiveReport, LiveWatch
 from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.storage import Storage

@@ -27,7 +27,7 @@ from regen.dataset import (
 from regen.errors import FleetError
 from regen.generation.lease import Lease
 from regen.generation.outcome import ShardOutcome
-from regen.generation.plan import RunPlan, rows_to_redo
+from regen.generation.run_plan import RunPlan, rows_to_redo
 from regen.storage import Storage
 
 _log = logging.getLogger(__name__)

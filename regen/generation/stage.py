@@ -18,7 +18,7 @@ from regen.generation.lease import Lease, shards_in_flight
 from regen.generation.live import LiveAudit
 from regen.generation.loop import run_all, run_claimed
 from regen.generation.outcome import GenerationSummary, ShardOutcome, summarize
-from regen.generation.plan import RunPlan
+from regen.generation.run_plan import RunPlan
 from regen.generation.shard import Log, OnCommit, RowSource
 from regen.nodes import NodeAssignment
 from regen.run import OpenedRun
