@@ -28,11 +28,11 @@ from regen.fleet import Fleet
 from regen.generation import run_plan
 from regen.generation import shard as shards
 from regen.generation.feed import Feed, feeding
+from regen.generation.generate import generate_plan
 from regen.generation.lease import Lease
 from regen.generation.outcome import GenerationSummary, ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.generation.shard import OnCommit, RowSource
-from regen.generation.stage import generate_plan
 from regen.live_report import LiveReport
 from regen.naming import artifact, dataset_markdown, dataset_name
 from regen.nodes import NodeAssignment
