@@ -3,7 +3,7 @@ ids), by reason, with the first line numbers.
 
 A rejected row is data the user meant to train on and will not get: half a file of broken
 lines must fail the gate as loudly as half the answers empty. The figure is known when the
-plan is made, before any GPU work, so the live gate judges it first (`regen.generation.live`)
+plan is made, before any GPU work, so the live gate judges it first (`regen.generation.live_gate`)
 and the final audit again from `rejects/`.
 """
 

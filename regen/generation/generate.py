@@ -15,7 +15,7 @@ from pathlib import Path
 
 from regen.generation.feed import Feed
 from regen.generation.lease import Lease, shards_in_flight
-from regen.generation.live import LiveAudit
+from regen.generation.live_gate import LiveAudit
 from regen.generation.loop import run_all, run_claimed
 from regen.generation.outcome import GenerationSummary, ShardOutcome, summarize
 from regen.generation.run_plan import RunPlan
