@@ -25,6 +25,7 @@ from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
 from regen.fleet import Fleet
+from regen.fleet_live import LiveReport
 from regen.generation import run_plan
 from regen.generation import shard as shards
 from regen.generation.feed import Feed, feeding
@@ -33,7 +34,6 @@ from regen.generation.lease import Lease
 from regen.generation.outcome import GenerationSummary, ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.generation.shard import OnCommit, RowSource
-from regen.live_report import LiveReport
 from regen.naming import artifact, dataset_markdown, dataset_name
 from regen.nodes import NodeAssignment
 from regen.progress import ProgressSnapshot

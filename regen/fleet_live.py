@@ -1,4 +1,4 @@
-"""The run's live figures: progress beside each server's own `/metrics`, every few seconds.
+"""The fleet's live figures: progress beside each server's own `/metrics`, every few seconds.
 
 Apart from `regen.progress` (what `progress.json` holds): these are read from the servers, not
 the dispatcher, and only a log line and an artifact show them.
