@@ -17,7 +17,8 @@ from regen.generation.outcome import GenerationSummary
 from regen.naming import run_name, run_tags
 from regen.nodes import NodeAssignment
 from regen.run import OpenedRun
-from tasks.gate import audit, export
+from tasks.audit import audit
+from tasks.export import export
 from tasks.generate import generate, plan_run
 from tasks.setup import provision, reap_orphans, stage_model, start_fleet
 
