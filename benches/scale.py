@@ -13,7 +13,7 @@ It records:
 - peak RSS of the flow process (VmHWM; also sampled every 50 ms) and its peak while the
   plan stage ran, beside its RSS when the plan started;
 - Prefect's share: a second child runs the same library stage on the same prompts
-  (`regen.generation.stage.generate_plan`: canary, shards, commits, per-shard audit
+  (`regen.generation.generate.generate_plan`: canary, shards, commits, per-shard audit
   summaries, live gate) with each shard on a thread of a 32-wide pool (the flow's task
   runner) instead of a Prefect task; the difference of the two generation walls per shard
   is what a shard task costs;
@@ -251,16 +251,16 @@ def flow_child(config_path: Path, prompts: Path, out: Path, servers: int, result
 
 def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, result: Path) -> None:
     """The same rows through the same library stage with no Prefect at all: plan, then
-    `regen.generation.stage.generate_plan` (canary, shards, commits, each shard's audit
+    `regen.generation.generate.generate_plan` (canary, shards, commits, each shard's audit
     summary and the live gate), each shard started on a thread of a pool as wide as the
     flow's task runner instead of as a Prefect task."""
     from regen.fleet import build_server_commands, generate_api_key, launch_fleet
     from regen.generation.feed import feeding
+    from regen.generation.generate import generate_plan
     from regen.generation.lease import Lease
-    from regen.generation.plan import plan_run
+    from regen.generation.outcome import ShardOutcome
+    from regen.generation.run_plan import plan_run
     from regen.generation.shard import OnCommit, RowSource, generate_shard
-    from regen.generation.stage import generate_plan
-    from regen.generation.summary import ShardOutcome
     from regen.rehearsal import rehearsal_config
     from regen.run import OpenedRun
 
@@ -282,12 +282,13 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
     ):
 
         def start(
-            shard: int, lease: Lease | None, rows: RowSource, on_commit: OnCommit
+            shard: int, lease: Lease | None, rows: RowSource, on_commit: OnCommit, retry: bool
         ) -> Future[ShardOutcome]:
             first_start.append(time.time())
             return pool.submit(
-                generate_shard, shard, plan, rows, run.storage, lease=lease, on_commit=on_commit
-            )
+                generate_shard, shard, plan, rows, run.storage, retry_errors=retry, lease=lease,
+                on_commit=on_commit,
+            )  # fmt: skip
 
         sampler.start()
         summary = generate_plan(run, plan, feed, start, tokenizer_path=tokenizer)

@@ -8,7 +8,7 @@ from prefect.states import Failed, State
 from flows.labels import label_flow_run
 from regen.audit.thresholds import AuditConfig
 from regen.naming import dataset_name, dataset_slug
-from tasks.gate import audit
+from tasks.audit import audit
 
 
 @flow(name="audit", persist_result=False)

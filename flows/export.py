@@ -6,7 +6,7 @@ from prefect import flow
 
 from regen.export import ExportFormat, ExportOptions
 from regen.lossmask import Turns
-from tasks.gate import export
+from tasks.export import export
 
 
 @flow(name="export", persist_result=False)

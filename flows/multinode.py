@@ -21,7 +21,7 @@ from regen.generation.watch import NodeOutcome
 from regen.naming import run_name, run_tags
 from regen.nodes import NodeAssignment, NodeConfig, check_nodes, node_weights, split_ranges
 from regen.run import OpenedRun
-from tasks.gate import audit
+from tasks.audit import audit
 from tasks.generate import plan_run
 from tasks.nodes import start_node, watch_nodes
 

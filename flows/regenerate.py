@@ -13,11 +13,12 @@ from flows.labels import label_flow_run, regenerate_name
 from flows.params import resolve_config
 from regen.config import RegenConfig
 from regen.fleet import generate_api_key
-from regen.generation.summary import GenerationSummary
+from regen.generation.outcome import GenerationSummary
 from regen.naming import run_name, run_tags
 from regen.nodes import NodeAssignment
 from regen.run import OpenedRun
-from tasks.gate import audit, export
+from tasks.audit import audit
+from tasks.export import export
 from tasks.generate import generate, plan_run
 from tasks.setup import provision, reap_orphans, stage_model, start_fleet
 

@@ -36,6 +36,7 @@ from regen.dataset.keys import (
     parse_claim_key,
 )
 from regen.storage import Storage
+from regen.ticker import Ticker
 
 
 class ClaimLost(RuntimeError):
@@ -149,17 +150,16 @@ class LeaseKeeper:
         self._held: set[int] = set()
         self._lost: set[int] = set()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+        # A storage hiccup fails one round; the next retries it, and the fence still holds.
+        self._ticker = Ticker("lease-keeper", claims.lease_s / 3, self.renew_all)
 
     def __enter__(self) -> LeaseKeeper:
         self.beat()
-        self._thread.start()
+        self._ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._ticker.stop()
         self.info["done"] = "true"  # a finished node is not a vanished one: no more beats
         self.beat()
 
@@ -195,13 +195,6 @@ class LeaseKeeper:
                     self._held.discard(shard)
                     self._lost.add(shard)
         self.beat()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.claims.lease_s / 3):
-            try:
-                self.renew_all()
-            except Exception:  # a storage hiccup: the next round retries, the fence still holds
-                continue
 
 
 def read_heartbeat(storage: Storage, node: str) -> dict[str, object] | None:

@@ -7,6 +7,7 @@ the same figure reads the same in a log line, an artifact and report/audit.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterable, Sequence
 
 NONE = "–"
 
@@ -41,3 +42,22 @@ def duration(seconds: float | None) -> str:
 def gb(nbytes: float) -> str:
     """Bytes in decimal gigabytes, one decimal: how disks and GPU memory are quoted."""
     return f"{nbytes / 1e9:.1f} GB"
+
+
+def markdown_table(
+    columns: Sequence[str], rows: Iterable[Sequence[object]], *, numeric: Collection[str] = ()
+) -> list[str]:
+    """A Markdown table's lines, every report's through here: the header, its rule (the
+    `numeric` columns right-aligned, so figures line up), then a line a row. A cell is its
+    `str()`, a `|` in it escaped and a newline made a space, so text from a server or a
+    config cannot break the table."""
+    rule = ("--:" if c in numeric else "---" for c in columns)
+    return [
+        _row(columns),
+        _row(rule),
+        *(_row(str(cell).replace("|", "\\|").replace("\n", " ") for cell in row) for row in rows),
+    ]
+
+
+def _row(cells: Iterable[str]) -> str:
+    return "| " + " | ".join(cells) + " |"

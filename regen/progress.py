@@ -23,8 +23,9 @@ from rich.progress import Progress, TaskID
 
 from regen.client.stats import DispatchStats
 from regen.dataset.keys import progress_key
-from regen.figures import duration, pct, sig
+from regen.figures import duration, markdown_table, pct, sig
 from regen.storage import Storage
+from regen.ticker import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +107,14 @@ class ProgressSnapshot:
             "",
             self.audit_line(),
             "",
-            "| server | state | in flight | tok/s |",
-            "|---|---|---|---|",
-        ]
-        lines += [
-            f"| {s.name} | {s.state} | {s.in_flight}/{s.slots} | {sig(s.tokens_per_s)} |"
-            for s in self.servers
+            *markdown_table(
+                ["server", "state", "in flight", "tok/s"],
+                (
+                    (s.name, s.state, f"{s.in_flight}/{s.slots}", sig(s.tokens_per_s))
+                    for s in self.servers
+                ),
+                numeric={"in flight", "tok/s"},
+            ),
         ]
         return "\n".join(lines)
 
@@ -226,13 +229,11 @@ class ProgressWriter:
         self._storage = storage
         self._dispatcher = dispatcher
         self._meter = ProgressMeter(total, already_done=already_done, window_s=window_s)
-        self._interval_s = interval_s
         self._on_update = on_update
         self._show_bar = sys.stdout.isatty() if show_bar is None else show_bar
         self._key = key
-        self._stop = threading.Event()
         self._write_lock = threading.Lock()  # the final write must not interleave with a tick
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("regen-progress", interval_s, self.write_now)
         self._bar: Progress | None = None
         self._bar_task: TaskID | None = None
         self._audit: dict[str, Any] | None = None
@@ -242,15 +243,11 @@ class ProgressWriter:
         if self._show_bar:
             self._bar = Progress()
             self._bar.start()
-        self._thread = threading.Thread(target=self._run, name="regen-progress", daemon=True)
-        self._thread.start()
+        self._ticker.start()
         return self
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._ticker.stop()
         self.write_now()
         if self._bar is not None:
             self._bar.stop()
@@ -283,10 +280,6 @@ class ProgressWriter:
     def snapshot(self) -> ProgressSnapshot:
         snap = self._meter.snapshot(self._dispatcher.stats())
         return replace(snap, audit=self._audit, ended=self._ended)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self.write_now()
 
     def write_now(self) -> ProgressSnapshot:
         with self._write_lock:

@@ -4,10 +4,10 @@ shard fed through the run's one dispatcher (its own loop in its own thread)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 from prefect import get_client, get_run_logger, task
@@ -24,18 +24,16 @@ from prefect.states import State
 from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
-from regen.errors import FleetError
 from regen.fleet import Fleet
+from regen.fleet_live import LiveReport
+from regen.generation import run_plan
 from regen.generation import shard as shards
 from regen.generation.feed import Feed, feeding
+from regen.generation.generate import generate_plan
 from regen.generation.lease import Lease
-from regen.generation.loop import as_future
-from regen.generation.plan import RunPlan
-from regen.generation.plan import plan_run as plan_generation
+from regen.generation.outcome import GenerationSummary, ShardOutcome
+from regen.generation.run_plan import RunPlan
 from regen.generation.shard import OnCommit, RowSource
-from regen.generation.stage import generate_plan
-from regen.generation.summary import GenerationSummary, ShardOutcome
-from regen.live_report import LiveReport
 from regen.naming import artifact, dataset_markdown, dataset_name
 from regen.nodes import NodeAssignment
 from regen.progress import ProgressSnapshot
@@ -46,7 +44,7 @@ from regen.storage import Storage
 @task(name="plan-shards", persist_result=False, cache_policy=NONE)
 def plan_run(run: OpenedRun) -> RunPlan:
     """Read and validate every prompt, write run.json + plan, and find what is left to do."""
-    plan = plan_generation(run.config, run.storage, hf_token=run.hf_token)
+    plan = run_plan.plan_run(run.config, run.storage, hf_token=run.hf_token)
     logger = get_run_logger()
     logger.info(plan.headline())
     if plan.stopped:
@@ -60,19 +58,42 @@ def plan_run(run: OpenedRun) -> RunPlan:
 
 
 def _worth_retrying(task: object, task_run: object, state: State[Any]) -> bool:
-    """A dead, unauthorised or closed fleet fails every retry alike; a storage hiccup may not."""
+    """Prefect's retry condition: the failed state's error, judged by `regen.generation`."""
     try:
         state.result()
     except Exception as err:
-        return not isinstance(err, FleetError)
+        return shards.worth_retrying(err)
     return True
+
+
+class TaskFuture(Protocol):
+    """A task runner's future (Prefect's): a result, and a callback when it has one."""
+
+    def result(self) -> Any: ...
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
+
+
+def as_future(task_future: TaskFuture) -> futures.Future[ShardOutcome]:
+    """A plain future of a task's outcome, for `futures.wait` (Prefect's own future wraps one
+    that may hold the task's final State rather than its result)."""
+    out: futures.Future[ShardOutcome] = futures.Future()
+
+    def settle(_: object) -> None:
+        try:
+            out.set_result(task_future.result())
+        except Exception as err:
+            out.set_exception(err)
+
+    task_future.add_done_callback(settle)
+    return out
 
 
 @task(
     name="generate-shard",
     task_run_name="generate-shard-{shard:06d}",
     retries=2,
-    retry_delay_seconds=5,
+    retry_delay_seconds=shards.RETRY_DELAY_S,
     retry_condition_fn=_worth_retrying,
     persist_result=False,
     cache_policy=NONE,
@@ -157,10 +178,8 @@ def generate(
     task = generate_shard.with_options(retries=run.config.generation.shard_retries)
 
     def start(
-        shard: int, lease: Lease | None, rows: RowSource, on_commit: OnCommit
+        shard: int, lease: Lease | None, rows: RowSource, on_commit: OnCommit, retry: bool
     ) -> futures.Future[ShardOutcome]:
-        # A node claims only shards without a manifest: it never retries error rows.
-        retry = run.config.generation.retry_errors and lease is None
         # Quoted: Prefect walks every parameter of every task run looking for futures, and a
         # plan of a million prompts (2,000 pending shards) cost 23 ms a task.
         return as_future(

@@ -23,7 +23,7 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelled, Cancelling, Crashed, State
 
 from regen.config import RegenConfig
-from regen.generation.plan import RunPlan
+from regen.generation.run_plan import RunPlan
 from regen.generation.watch import (
     ChildState,
     NodesReport,

@@ -12,15 +12,14 @@ from pydantic import SecretStr
 
 from regen.config import RegenConfig
 from regen.errors import UserError
-from regen.fleet import Fleet, attach_fleet, benchmark_fleet, build_server_commands, launch_fleet
+from regen.fleet import Fleet, ServerCommand
 from regen.fleet import reap_orphans as reap
-from regen.fleet.report import fleet_markdown, write_fleet_report
+from regen.fleet.report import fleet_markdown
+from regen.fleet.up import bring_up_fleet
 from regen.naming import artifact
 from regen.preflight import PreflightReport, run_checks
 from regen.run import OpenedRun
 from regen.staging import stage_model as stage
-
-_LOUD = {"fail": 0, "warn": 1}
 
 
 class ProvisioningFailed(UserError):
@@ -46,11 +45,7 @@ def provision(run: OpenedRun, packages: Sequence[str]) -> PreflightReport:
     )
     verdict = "PASS" if report.ok else f"FAIL {report.summary()}"
     create_table_artifact(
-        # Failures and warnings first, in capitals: they are what the reader came for.
-        table=[
-            {**r.model_dump(), "status": r.status.upper() if r.status in _LOUD else r.status}
-            for r in sorted(report.rows, key=lambda r: _LOUD.get(r.status, len(_LOUD)))
-        ],
+        table=report.table(),
         **artifact("provisioning-checks", run.output, f"provisioning {verdict}"),
     )
     for row in report.rows:
@@ -83,19 +78,15 @@ def stage_model(config: RegenConfig, hf_token: str | None = None) -> Path:
 def start_fleet(run: OpenedRun, model_path: Path, api_key: SecretStr) -> Fleet:
     """Servers that answered a real generation; the caller owns teardown (a `with` block)."""
     logger, config = get_run_logger(), run.config
-    if config.engine.kind == "external":
-        fleet = attach_fleet(config, api_key)
-    else:
-        commands = build_server_commands(config, model_path, api_key, config.work_dir)
+
+    def launching(commands: list[ServerCommand]) -> None:
         logger.info(
             "launching %d %s server(s) on ports %d-%d, logs in %s",
             *(len(commands), config.engine.kind, commands[0].port, commands[-1].port),
             config.work_dir / "logs",
         )
-        fleet = launch_fleet(config, commands, api_key)
-    try:
-        benchmark_fleet(fleet, **config.engine.bench.model_dump())
-        write_fleet_report(run.storage, fleet.report)
+
+    def publish(fleet: Fleet) -> None:
         healthy = f"{sum(r.status == 'healthy' for r in fleet.report)}/{len(fleet.report)}"
         create_markdown_artifact(
             markdown=fleet_markdown(fleet.report),
@@ -103,7 +94,7 @@ def start_fleet(run: OpenedRun, model_path: Path, api_key: SecretStr) -> Fleet:
         )
         for row in fleet.report:
             logger.info("fleet %s", row.summary())
-    except BaseException:
-        fleet.teardown()
-        raise
-    return fleet
+
+    return bring_up_fleet(
+        config, model_path, api_key, run.storage, on_launch=launching, on_ready=publish
+    )

@@ -25,9 +25,9 @@ from regen.dataset import manifested_shards, read_manifest
 from regen.errors import UserError
 from regen.generation.lease import Lease
 from regen.generation.loop import NodeResult, run_all, run_claimed
-from regen.generation.plan import RunPlan, plan_run
+from regen.generation.outcome import ShardOutcome, summarize
+from regen.generation.run_plan import RunPlan, plan_run
 from regen.generation.shard import Commit, generate_shard
-from regen.generation.summary import ShardOutcome, summarize
 from regen.nodes import NodeAssignment, split_ranges
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage, Storage

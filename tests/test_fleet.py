@@ -30,9 +30,11 @@ from regen.fleet import (
     reap_orphans,
 )
 from regen.fleet.process import FLEET_ID_ENV
-from regen.fleet.report import FleetRow, flag_slow
+from regen.fleet.report import FLEET_KEY, FleetRow, flag_slow
+from regen.fleet.up import bring_up_fleet
 from regen.ports import port_is_free
 from regen.sglang_api.probe import ProbeSettings
+from regen.storage import LocalStorage
 from tests.support.fleet import MODEL_DIR, fleet_config
 
 FAST = ProbeSettings(generation_timeout_s=5, interval_s=0.1)
@@ -213,6 +215,7 @@ from pathlib import Path
 from regen.config import parse_config
 from regen.fleet import build_server_commands, generate_api_key, launch_fleet
 from regen.sglang_api.probe import ProbeSettings
+from regen.storage import LocalStorage
 config = parse_config(json.loads(Path(sys.argv[1]).read_text()))
 key = generate_api_key()
 commands = build_server_commands(config, config.model.staged_path(), key, config.work_dir)
@@ -275,3 +278,31 @@ def test_an_unrelated_process_behind_a_stale_pid_file_survives(tmp_path: Path) -
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_bring_up_tears_the_fleet_down_when_publishing_it_fails(tmp_path: Path) -> None:
+    """Attach-or-launch and teardown are regen's (tasks/setup.py only publishes): a fleet
+    whose report cannot be published is stopped before the error goes on."""
+    config = fleet_config(
+        tmp_path, 2, engine={"bench": {"concurrency": 2, "max_tokens": 8, "budget_s": 5}}
+    )
+    launched: list[int] = []
+    seen: list[Fleet] = []
+    pids: list[int] = []
+
+    def publish(fleet: Fleet) -> None:
+        seen.append(fleet)
+        pids.extend(fleet.pids)
+        raise OSError("artifact store down")
+
+    storage = LocalStorage(tmp_path / "out")
+    with pytest.raises(OSError, match="artifact store down"):
+        bring_up_fleet(
+            config, MODEL_DIR, generate_api_key(), storage,
+            on_launch=lambda commands: launched.extend(c.port for c in commands),
+            on_ready=publish,
+        )  # fmt: skip
+    assert len(launched) == 2 and len(seen) == 1
+    assert [r.status for r in seen[0].report] == ["healthy", "healthy"]
+    assert storage.exists(FLEET_KEY)
+    _assert_stopped(config, pids, launched)

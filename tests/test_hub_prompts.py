@@ -426,7 +426,7 @@ def test_a_cache_filled_by_hf_download_serves_an_offline_run(
 def test_the_plan_carries_the_commit_every_node_reads(hub: LoopbackHub, tmp_path: Path) -> None:
     """A multi-node parent hands its nodes `plan.input_path`: the commit it planned from, so
     a node starting after `main` moved on reads the same rows."""
-    from regen.generation.plan import plan_run
+    from regen.generation.run_plan import plan_run
     from regen.rehearsal import rehearsal_config
     from regen.storage import LocalStorage
 

@@ -16,7 +16,7 @@ import pytest
 
 from regen.config import parse_config
 from regen.dataset import commit_shard, prompts_for_shard, read_plan
-from regen.generation.plan import RunPlan, plan_run
+from regen.generation.run_plan import RunPlan, plan_run
 from regen.rehearsal import bundled
 from regen.schema import row_schema
 from regen.storage import LocalStorage

@@ -31,6 +31,7 @@ from regen.preflight import (
     check_storage,
     run_checks,
 )
+from regen.preflight.report import CheckRow, PreflightReport
 from regen.rehearsal import bundled
 from tests.support.cli import run_regen
 
@@ -480,3 +481,23 @@ def test_regen_check_refuses_a_mistyped_flag_naming_it(
     assert "engine.extra_args[0]: --max-runing-requests" in proc.stdout
     assert "unrecognized arguments" in proc.stdout
     assert not (tmp_path / ".regen" / "logs").exists()  # nothing was launched
+
+
+def test_the_table_shows_failures_then_warnings_first_in_capitals() -> None:
+    """The order is the report's (tasks/setup.py only publishes it): the rows a reader came
+    for on top, each group in check order."""
+    rows = [
+        CheckRow(name="config", status="pass"),
+        CheckRow(name="gpus", status="warn", figure="1 of 2 busy"),
+        CheckRow(name="model", status="fail", figure="no config.json"),
+        CheckRow(name="ports", status="skipped"),
+        CheckRow(name="storage", status="fail", figure="denied"),
+    ]
+    table = PreflightReport(rows=rows).table()
+    assert [(r["name"], r["status"]) for r in table] == [
+        ("model", "FAIL"),
+        ("storage", "FAIL"),
+        ("gpus", "WARN"),
+        ("config", "pass"),
+        ("ports", "skipped"),
+    ]

@@ -12,8 +12,9 @@ import polars as pl
 import pytest
 
 from regen.dataset import REJECTS_KEY
+from regen.dataset.rejects import write_rejects
 from regen.errors import UserError
-from regen.prompts import load_prompts, preview, write_rejects
+from regen.prompts import load_prompts, preview
 from regen.storage import LocalStorage
 
 GOOD = {"id": "good", "messages": [{"role": "user", "content": "Hello"}]}
@@ -633,7 +634,7 @@ def test_fingerprint_covers_the_file_bytes(tmp_path: Path) -> None:
 def test_write_rejects_through_storage(tmp_path: Path) -> None:
     ps = load_prompts(str(_jsonl(tmp_path, GOOD, "{oops")))
     storage = LocalStorage(tmp_path / "out")
-    write_rejects(storage, ps)
+    write_rejects(storage, ps.rejects)
     back = pl.read_parquet(storage.polars_path(REJECTS_KEY))
     assert back.schema == pl.Schema({"line": pl.Int64, "id": pl.String, "reason": pl.String})
     assert back.rows() == [(2, None, "not valid JSON")]

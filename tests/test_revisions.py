@@ -19,7 +19,7 @@ from regen.dataset import (
     read_manifest,
     revise_plan,
 )
-from regen.generation.plan import RunPlan, plan_run
+from regen.generation.run_plan import RunPlan, plan_run
 from regen.generation.shard import generate_shard
 from regen.prompts import PromptSet, load_prompts
 from regen.rehearsal import bundled

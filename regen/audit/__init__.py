@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from regen.audit.report import write_report
     from regen.audit.result import AuditResult, Check, Example
     from regen.audit.run import run_audit
-    from regen.audit.summary import AuditSettings, Summary, audit_rows, merge, settings_for
+    from regen.audit.summary import AuditSettings, audit_rows, merge, settings_for
+    from regen.audit.summary_model import Summary
     from regen.audit.table import audit_table
     from regen.audit.thresholds import AuditConfig, Threshold
 
@@ -27,7 +28,7 @@ _HOME = {
     "Decision": "regen.audit.gate",
     "Example": "regen.audit.result",
     "LiveGate": "regen.audit.gate",
-    "Summary": "regen.audit.summary",
+    "Summary": "regen.audit.summary_model",
     "Threshold": "regen.audit.thresholds",
     "audit_rows": "regen.audit.summary",
     "audit_table": "regen.audit.table",

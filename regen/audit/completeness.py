@@ -5,8 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from regen.audit.dataset import DatasetView
-from regen.audit.result import Check, Example, grade
-from regen.audit.summary import Summary
+from regen.audit.result import Check, Example, graded
+from regen.audit.summary_model import Summary
 from regen.audit.thresholds import AuditConfig
 
 
@@ -72,16 +72,11 @@ def error_rows_check(summary: Summary, config: AuditConfig) -> Check:
     """Error rows keep the dataset complete, but each is a sample the trainer never gets."""
     errors = summary.errors
     rate = errors.n / max(summary.rows, 1)
-    return Check(
-        name="error_rows",
-        title="1 error rows",
-        status=grade(rate, config.error_rate),
-        figure=rate,
-        warn=config.error_rate.warn,
-        fail=config.error_rate.fail,
+    return graded(
+        "error_rows", "1 error rows", rate, config.error_rate,
         examples=[e.model_copy() for e in errors.examples],
         detail=f"{errors.n} of {summary.rows} rows are errors",
-    )
+    )  # fmt: skip
 
 
 def _list(shards: list[int], limit: int = 10) -> str:

@@ -17,7 +17,8 @@ from pydantic import BaseModel, Field
 from regen.audit.result import Check, Example
 from regen.audit.run import row_checks
 from regen.audit.servers import server_outliers
-from regen.audit.summary import AuditSettings, Summary, merge, merge_answers
+from regen.audit.summary import AuditSettings, merge, merge_answers
+from regen.audit.summary_model import Summary
 
 GATE_ANSWERS = 10_000
 """Distinct answers the rolling gate keeps: a collapse is one answer on >= 5 % of rows, so it

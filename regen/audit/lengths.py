@@ -7,15 +7,11 @@ kept as value counts of integers, so quantiles stay exact over merged shards.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from regen.audit.result import Check, Histogram, Quantiles, grade
+from regen.audit.result import Check, Histogram, Quantiles, graded, skipped
+from regen.audit.summary_model import Summary
 from regen.audit.thresholds import AuditConfig
-
-if TYPE_CHECKING:
-    from regen.audit.summary import Summary
 
 
 def length_columns(thinking: bool) -> list[str]:
@@ -74,7 +70,7 @@ def tiny_length_check(
     """The worst share of completions at or under `tiny_length_tokens`, over length columns."""
     name, title = "tiny_length", "8 tiny-length mode"
     if summary.completions == 0:
-        return Check(name=name, title=title, status="skipped", figure=None, detail="no completions")
+        return skipped(name, title, "no completions")
     tiny = config.tiny_length_tokens
     shares = {
         c: (summary.tiny[c].n if c in summary.tiny else 0)
@@ -86,13 +82,11 @@ def tiny_length_check(
     rate = float(shares[worst])
     p50 = ", ".join(f"{c} {_g(q.p50)}" for c, q in lengths.items())
     over = [f"{c} {v:.1%}" for c, v in shares.items() if v > 0]
-    return Check(
-        name=name,
-        title=title,
-        status=grade(rate, config.tiny_length),
-        figure=rate,
-        warn=config.tiny_length.warn,
-        fail=config.tiny_length.fail,
+    return graded(
+        name,
+        title,
+        rate,
+        config.tiny_length,
         examples=[e.model_copy() for e in summary.tiny[worst].examples] if rate else [],
         detail=f"share at <= {tiny} tokens: {', '.join(over) or 'none'}; p50: {p50}",
     )

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import polars as pl
 
 from regen.audit.lengths import quantile
-from regen.audit.result import Check, grade
+from regen.audit.result import Check, graded, skipped
+from regen.audit.summary_model import LossFigures
 from regen.audit.thresholds import AuditConfig
 from regen.lossmask import ROW_COLUMNS, ChatTemplate, lacks_ids, load_template, samples
 from regen.lossmask.ids import sample_sizes
-
-if TYPE_CHECKING:
-    from regen.audit.summary import LossFigures
 
 
 @dataclass(frozen=True)
@@ -120,17 +117,15 @@ def loss_mask_check(found: LossFigures, config: AuditConfig, missing: str) -> Ch
             else f"no token ids stored in {found.turns} answers and {missing}: loss mask "
             "not measured"
         )
-        return Check(name=name, title=title, status="skipped", figure=None, detail=detail)
+        return skipped(name, title, detail)
     limit = config.min_loss_tokens
     rate = found.short.n / measured
     p1, p50, p99 = (quantile(found.tokens, p) for p in (0.01, 0.5, 0.99))
-    return Check(
-        name=name,
-        title=title,
-        status=grade(rate, config.loss_mask_short),
-        figure=rate,
-        warn=config.loss_mask_short.warn,
-        fail=config.loss_mask_short.fail,
+    return graded(
+        name,
+        title,
+        rate,
+        config.loss_mask_short,
         examples=[e.model_copy() for e in found.short.examples],
         detail=f"{found.short.n} of {measured} samples learn from <= {limit} tokens; "
         f"p1 {p1:g}, p50 {p50:g}, p99 {p99:g}; {_sources(found, missing)}",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from regen.audit.result import Check, Example, grade
-from regen.audit.summary import Hits, Summary
+from regen.audit.result import Check, Example, graded, skipped
+from regen.audit.summary_model import Hits, Summary
 from regen.audit.thresholds import AuditConfig, Threshold
 
 
@@ -14,16 +14,14 @@ def _flag_check(
 ) -> Check:
     ok = summary.completions
     if ok == 0:
-        return Check(name=name, title=title, status="skipped", figure=None, detail="no completions")
+        return skipped(name, title, "no completions")
     hits = summary.flags.get(name, Hits())
     rate = hits.n / ok
-    return Check(
-        name=name,
-        title=title,
-        status=grade(rate, threshold),
-        figure=rate,
-        warn=threshold.warn,
-        fail=threshold.fail,
+    return graded(
+        name,
+        title,
+        rate,
+        threshold,
         examples=[e.model_copy() for e in hits.examples],
         detail=f"{hits.n} of {ok} completions {detail}",
     )
@@ -50,12 +48,10 @@ def empty_answer_check(summary: Summary, config: AuditConfig) -> Check:
 def empty_thinking_check(summary: Summary, config: AuditConfig, thinking: bool) -> Check:
     """Check 3: thinking was asked for, yet the reasoning is empty."""
     if not thinking:
-        return Check(
-            name="empty_thinking",
-            title="3 empty thinking",
-            status="skipped",
-            figure=None,
-            detail="no reasoning stored by design (regeneration.thinking is drop or off)",
+        return skipped(
+            "empty_thinking",
+            "3 empty thinking",
+            "no reasoning stored by design (regeneration.thinking is drop or off)",
         )
     return _flag_check(
         "empty_thinking",
@@ -115,7 +111,7 @@ def answer_collapse_check(summary: Summary, config: AuditConfig) -> Check:
     name, title = "answer_collapse", "7 answer collapse"
     ok = summary.completions
     if ok == 0:
-        return Check(name=name, title=title, status="skipped", figure=None, detail="no completions")
+        return skipped(name, title, "no completions")
     answers = summary.answers
     top_n, ids, snippet = 0, [], ""
     if answers.counts.height:
@@ -125,14 +121,13 @@ def answer_collapse_check(summary: Summary, config: AuditConfig) -> Check:
     # A "most common" answer seen once is no collapse: nothing to show.
     shown = ids if top_n > 1 else []
     rate = top_n / ok
-    return Check(
-        name=name,
-        title=title,
+    return graded(
+        name,
+        title,
+        rate,
+        config.answer_collapse,
         # Not even among 4 rows: 1 of 4 is 25 %, over the default fail threshold.
-        status=grade(rate, config.answer_collapse) if top_n > 1 else "pass",
-        figure=rate,
-        warn=config.answer_collapse.warn,
-        fail=config.answer_collapse.fail,
+        status=None if top_n > 1 else "pass",
         examples=[Example(id=i, reason=f"answer {snippet!r}") for i in shown],
         # The answer itself is shown only in the report's examples: model output can echo
         # the prompt, and the detail goes to logs.

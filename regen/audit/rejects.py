@@ -3,7 +3,7 @@ ids), by reason, with the first line numbers.
 
 A rejected row is data the user meant to train on and will not get: half a file of broken
 lines must fail the gate as loudly as half the answers empty. The figure is known when the
-plan is made, before any GPU work, so the live gate judges it first (`regen.generation.live`)
+plan is made, before any GPU work, so the live gate judges it first (`regen.generation.live_gate`)
 and the final audit again from `rejects/`.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from regen.audit.result import Check, Example, grade
+from regen.audit.result import Check, Example, graded, skipped
 from regen.audit.thresholds import AuditConfig
 
 _LINES_SHOWN = 3
@@ -22,12 +22,8 @@ def rejects_check(rejects: pl.DataFrame | None, usable: int, config: AuditConfig
     skipped when the root recorded none (made before rejects were written)."""
     name, title = "rejects", "0 rejected input rows"
     if rejects is None:
-        return Check(
-            name=name,
-            title=title,
-            status="skipped",
-            figure=None,
-            detail="no rejects/rejects.parquet (a dataset made before rejects were recorded)",
+        return skipped(
+            name, title, "no rejects/rejects.parquet (a dataset made before rejects were recorded)"
         )
     total = rejects.height + usable
     rate = rejects.height / max(total, 1)
@@ -51,16 +47,7 @@ def rejects_check(rejects: pl.DataFrame | None, usable: int, config: AuditConfig
         .select("line", "id", "reason")
         .iter_rows()
     ]
-    return Check(
-        name=name,
-        title=title,
-        status=grade(rate, threshold),
-        figure=rate,
-        warn=threshold.warn,
-        fail=threshold.fail,
-        examples=examples,
-        detail=detail,
-    )
+    return graded(name, title, rate, threshold, examples=examples, detail=detail)
 
 
 def _lines(lines: list[int], n: int) -> str:

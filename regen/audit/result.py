@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from regen.audit.thresholds import Threshold
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, CANARY_PREFIX, key_url
-from regen.figures import pct, sig
+from regen.figures import markdown_table, pct, sig
 from regen.status import Status
 
 Verdict = Literal["pass", "warn", "fail"]
@@ -139,36 +139,35 @@ class AuditResult(BaseModel):
             + ".",
             "",
             *([f"**FAIL: {self.stopped}** (`report/stopped.json`).", ""] if self.stopped else []),
-            "| status | check | figure | warn at | fail at |",
-            "|---|---|--:|--:|--:|",
         ]
         ordered = self.ordered_checks()
-        for c in ordered:
-            lines.append(
-                f"| {_MARK[c.status]} | {c.title} | {pct(c.figure)} | {pct(c.warn)} | "
-                f"{pct(c.fail)} |"
-            )
+        lines += markdown_table(
+            ["status", "check", "figure", "warn at", "fail at"],
+            ((_MARK[c.status], c.title, pct(c.figure), pct(c.warn), pct(c.fail)) for c in ordered),
+            numeric={"figure", "warn at", "fail at"},
+        )
         details = [c for c in ordered if c.detail]
         if details:
             lines += ["", "## Details", ""]
             lines += [f"- **{c.title}** ({c.status}): {_cell(c.detail)}" for c in details]
         if self.lengths:
-            lines += [
-                "",
-                "## Lengths (tokens)",
-                "",
-                "| column | p1 | p50 | p99 |",
-                "|---|--:|--:|--:|",
-            ]
-            for col, q in self.lengths.items():
-                lines.append(f"| {col} | {sig(q.p1)} | {sig(q.p50)} | {sig(q.p99)} |")
+            lines += ["", "## Lengths (tokens)", ""]
+            lines += markdown_table(
+                ["column", "p1", "p50", "p99"],
+                ((col, sig(q.p1), sig(q.p50), sig(q.p99)) for col, q in self.lengths.items()),
+                numeric={"p1", "p50", "p99"},
+            )
         if self.servers:
             keys = sorted({k for s in self.servers for k in s.rates})
-            lines += ["", "## Per server", "", "| server | rows | " + " | ".join(keys) + " |"]
-            lines.append("|---|--:|" + "--:|" * len(keys))
-            for s in self.servers:
-                cells = " | ".join(pct(s.rates.get(k)) for k in keys)
-                lines.append(f"| {s.server} | {s.rows:,} | {cells} |")
+            lines += ["", "## Per server", ""]
+            lines += markdown_table(
+                ["server", "rows", *keys],
+                (
+                    (s.server, f"{s.rows:,}", *(pct(s.rates.get(k)) for k in keys))
+                    for s in self.servers
+                ),
+                numeric={"rows", *keys},
+            )
         with_examples = [c for c in ordered if c.examples]
         if with_examples:
             lines += ["", "## Examples"]
@@ -190,6 +189,35 @@ def grade(figure: float, threshold: Threshold) -> Status:
     if figure > 0 and figure >= threshold.warn:
         return "warn"
     return "pass"
+
+
+def graded(
+    name: str,
+    title: str,
+    rate: float,
+    threshold: Threshold,
+    *,
+    detail: str,
+    examples: list[Example] | None = None,
+    status: Status | None = None,
+) -> Check:
+    """A check whose `rate` is graded against `threshold`, the limits shown beside it; `status`
+    overrides the grade where a check knows better (a "most common" answer seen once)."""
+    return Check(
+        name=name,
+        title=title,
+        status=grade(rate, threshold) if status is None else status,
+        figure=rate,
+        warn=threshold.warn,
+        fail=threshold.fail,
+        examples=examples or [],
+        detail=detail,
+    )
+
+
+def skipped(name: str, title: str, detail: str) -> Check:
+    """A check with nothing to measure: neither passes nor fails, and says why."""
+    return Check(name=name, title=title, status="skipped", figure=None, detail=detail)
 
 
 # Bold capitals, not emoji: a UI or terminal without an emoji font shows them all the same.

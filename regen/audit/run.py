@@ -30,17 +30,12 @@ from regen.audit.quality import (
 from regen.audit.rejects import rejects_check
 from regen.audit.result import AuditResult, Check, Quantiles, verdict_of
 from regen.audit.servers import server_breakdown, server_check
-from regen.audit.summary import (
-    AuditSettings,
-    Summary,
-    audit_rows,
-    merge,
-    settings_for,
-)
+from regen.audit.summary import AuditSettings, audit_rows, merge, settings_for
+from regen.audit.summary_model import Summary
 from regen.audit.template_parity import template_parity_check
 from regen.audit.thresholds import AuditConfig
 from regen.dataset.keys import summary_key
-from regen.prompts import read_rejects
+from regen.dataset.rejects import read_rejects
 from regen.storage import Storage
 
 _FOLD = 200

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from regen.audit.result import Check, Example, ServerRates, grade
+from regen.audit.result import Check, Example, ServerRates, graded, skipped
 from regen.audit.thresholds import AuditConfig
 
 
@@ -76,28 +76,19 @@ def server_check(
     """
     name, title = "server_outlier", "9 per-server breakdown"
     if len(counts) < 2:
-        return Check(
-            name=name, title=title, status="skipped", figure=None, detail="one server: no peers"
-        )
+        return skipped(name, title, "one server: no peers")
     worst, findings = server_outliers(counts, config, thinking)
     if worst is None:
-        return Check(
-            name=name,
-            title=title,
-            status="pass",
-            figure=0.0,
-            warn=config.server_outlier.warn,
-            fail=config.server_outlier.fail,
+        return graded(
+            name, title, 0.0, config.server_outlier,
             detail=f"{len(counts)} servers, none far worse than the others",
-        )
+        )  # fmt: skip
     ids = examples.get(worst.server, {}).get(worst.defect, [])
-    return Check(
-        name=name,
-        title=title,
-        status=grade(worst.excess, config.server_outlier),
-        figure=worst.excess,
-        warn=config.server_outlier.warn,
-        fail=config.server_outlier.fail,
+    return graded(
+        name,
+        title,
+        worst.excess,
+        config.server_outlier,
         examples=[Example(id=i, reason=f"{worst.server}: {worst.defect}") for i in ids],
         detail="; ".join(findings) or f"{worst.server} {worst.defect} slightly above the others",
     )

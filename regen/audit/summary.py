@@ -6,9 +6,9 @@ merge) and hashed answers with counts (for the collapse check): a few kB per sha
 audit, the rolling gate during a run and a canary's gate all merge summaries, so they are one
 mechanism and agree by construction.
 
-One module over 400 lines on purpose: the summary's fields, `audit_rows` that fills them and
-`merge` that adds them up must change together, or a merged audit stops equalling one over all
-rows.
+The measuring side: `audit_rows` fills a summary and `merge` adds summaries up; they must change
+with the summary's fields (`regen.audit.summary_model`), or a merged audit stops equalling one
+over all rows. The checks that grade the figures import the models, never this module.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from regen.audit.dataset import (
     DatasetView,
@@ -36,7 +35,8 @@ from regen.audit.features import collect_features
 from regen.audit.loss_mask import ModelTemplate, load_model_template, measure_loss_mask, stored_ids
 from regen.audit.result import Example
 from regen.audit.servers import server_flags, server_rates
-from regen.audit.template_parity import ParityFigures, parity_figures
+from regen.audit.summary_model import Answers, Hits, LossFigures, ParityFigures, Summary
+from regen.audit.template_parity import parity_figures
 from regen.audit.thresholds import AuditConfig
 from regen.storage import Storage
 
@@ -55,105 +55,6 @@ FLAGS = [
 K = TypeVar("K", str, int)
 # Settings that change no figure of a summary: changing them must not recompute any.
 _NOT_KEYED = {"live", "live_min_rows", "batch_rows", "rejects"}
-
-
-class Hits(BaseModel):
-    """How many rows a defect hit, and the first few of them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    n: int = 0
-    examples: list[Example] = Field(default_factory=list)
-
-
-_COUNTS = {"key": pl.UInt64, "n": pl.Int64, "snippet": pl.String}
-_IDS = {"key": pl.UInt64, "id": pl.String}
-
-
-class Answers(BaseModel):
-    """Normalised answers by hash: `counts` (key, n, the first row's snippet) in order of first
-    appearance, and `ids` (key, id) with each answer's first ids in row order.
-
-    Held as frames (a million answers are ~40 MB there, ~10 times more as Python objects),
-    stored as flat JSON lists (fast to load)."""
-
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
-    counts: pl.DataFrame = Field(default_factory=lambda: pl.DataFrame(schema=_COUNTS))
-    ids: pl.DataFrame = Field(default_factory=lambda: pl.DataFrame(schema=_IDS))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_lists(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "key" in data:
-            counts = {c: data[c] for c in _COUNTS}
-            ids = {"key": data["id_key"], "id": data["id"]}
-            return {
-                "counts": pl.DataFrame(counts, schema=_COUNTS),
-                "ids": pl.DataFrame(ids, schema=_IDS),
-            }
-        return data
-
-    @model_serializer
-    def _to_lists(self) -> dict[str, list[Any]]:
-        return {
-            **{c: self.counts[c].to_list() for c in _COUNTS},
-            "id_key": self.ids["key"].to_list(),
-            "id": self.ids["id"].to_list(),
-        }
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Answers)
-            and self.counts.equals(other.counts)
-            and self.ids.equals(other.ids)
-        )
-
-
-class LossFigures(BaseModel):
-    """Check 10's figures: loss tokens per sample, and which path measured them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    turns: int = 0
-    from_ids: int = 0
-    from_template: int = 0
-    short: Hits = Field(default_factory=Hits)
-    tokens: dict[int, int] = Field(default_factory=dict)
-
-
-class Summary(BaseModel):
-    """The audit's figures over some rows: one shard's, or many shards' merged."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    settings: str
-    max_examples: int
-    sources: dict[int, str] = Field(default_factory=dict)
-    """Shard -> the digest of the data it was computed from (its manifest's sha256)."""
-    rows: int = 0
-    """Conversations; completeness and errors count these, the answer checks count turns."""
-    errors: Hits = Field(default_factory=Hits)
-    finish_reasons: dict[str, int] = Field(default_factory=dict)
-    completions: int = 0
-    """Answered turns (error rows left out): the denominator of checks 2-8."""
-    flags: dict[str, Hits] = Field(default_factory=dict)
-    empty_kinds: dict[str, int] = Field(default_factory=dict)
-    tiny: dict[str, Hits] = Field(default_factory=dict)
-    lengths: dict[str, dict[int, int]] = Field(default_factory=dict)
-    """Column -> {length: completions}: exact quantiles and histograms after any merge."""
-    answers: Answers = Field(default_factory=Answers)
-    servers: dict[str, dict[str, int]] = Field(default_factory=dict)
-    server_examples: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
-    loss: LossFigures = Field(default_factory=LossFigures)
-    parity: ParityFigures = Field(default_factory=ParityFigures)
-
-    @property
-    def shards(self) -> list[int]:
-        return sorted(self.sources)
-
-    def to_json(self) -> bytes:
-        return self.model_dump_json().encode()
 
 
 @dataclass(frozen=True)

@@ -17,42 +17,14 @@ rows catch a class of 0.06 % of rows with 95 % probability, in seconds (4.6 s on
 from __future__ import annotations
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field
 
 from regen.audit.loss_mask import ModelTemplate
-from regen.audit.result import Check, Example, grade
+from regen.audit.result import Check, Example, graded, skipped
+from regen.audit.summary_model import ParityFigures
 from regen.audit.thresholds import AuditConfig
 from regen.lossmask import ROW_COLUMNS, ChatTemplate
 from regen.lossmask.conversation import turn_inputs
 from regen.lossmask.parity import PromptDifference, prompt_differences
-
-
-class ParityFigures(BaseModel):
-    """What rendering the sampled rows again found; summed over shards."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    rows: int = 0
-    """Rows rendered (those with stored prompt ids, up to the shard's quota)."""
-    compared: int = 0
-    """Stored prompts compared (a multi-turn row has one per turn)."""
-    without: int = 0
-    """Rows of the summarised shards that store no prompt ids."""
-    shards: int = 0
-    """Shards summarised (each renders its quota)."""
-    differ: int = 0
-    examples: list[Example] = Field(default_factory=list)
-
-    @classmethod
-    def merge(cls, parts: list[ParityFigures], k: int) -> ParityFigures:
-        return cls(
-            rows=sum(p.rows for p in parts),
-            compared=sum(p.compared for p in parts),
-            without=sum(p.without for p in parts),
-            shards=sum(p.shards for p in parts),
-            differ=sum(p.differ for p in parts),
-            examples=[e for p in parts for e in p.examples][:k],
-        )
 
 
 def parity_figures(rows: pl.DataFrame, model: ModelTemplate, quota: int, k: int) -> ParityFigures:
@@ -92,18 +64,16 @@ def template_parity_check(
     """The share of compared prompts whose tokens differ from the template's rendering."""
     name, title = "template_parity", "11 template parity"
     if model.template is None:
-        return Check(name=name, title=title, status="skipped", figure=None, detail=model.missing)
+        return skipped(name, title, model.missing)
     if found.compared == 0:
         detail = "no stored prompt_token_ids (older dataset or a server that returns none)"
-        return Check(name=name, title=title, status="skipped", figure=None, detail=detail)
+        return skipped(name, title, detail)
     rate = found.differ / found.compared
-    return Check(
-        name=name,
-        title=title,
-        status=grade(rate, config.template_parity),
-        figure=rate,
-        warn=config.template_parity.warn,
-        fail=config.template_parity.fail,
+    return graded(
+        name,
+        title,
+        rate,
+        config.template_parity,
         examples=found.examples,
         detail=f"{found.differ} of {found.compared} stored prompts differ from the template in "
         f"{model.template.path.name} ({found.rows} rows of {found.shards} of {shards} shards "

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from regen.dataset.keys import FLEET_KEY
-from regen.figures import NONE, sig
+from regen.figures import NONE, markdown_table, sig
 from regen.storage import Storage
 
 ServerStatus = Literal["healthy", "exited", "timed_out", "unhealthy"]
@@ -85,23 +85,45 @@ def fleet_markdown(rows: list[FleetRow]) -> str:
         f"**{healthy} / {len(rows)} servers healthy**"
         + (f", {len(flagged)} flagged slow" if flagged else ""),
         "",
-        "| server | GPU | port | status | startup | probe latency | probe tok/s | accept length |",
-        "|---|--:|--:|---|--:|--:|--:|--:|",
+        *markdown_table(
+            [
+                "server",
+                "GPU",
+                "port",
+                "status",
+                "startup",
+                "probe latency",
+                "probe tok/s",
+                "accept length",
+            ],
+            (
+                (
+                    r.server,
+                    _cell(r.gpu),
+                    _cell(r.port),
+                    _status(r),
+                    _secs(r.startup_s),
+                    _secs(r.probe_latency_s),
+                    sig(r.tok_s),
+                    sig(r.accept_length),
+                )
+                for r in rows
+            ),
+            numeric={"GPU", "port", "startup", "probe latency", "probe tok/s", "accept length"},
+        ),
     ]
-    for r in rows:
-        status = r.status if r.status == "healthy" else f"**{r.status.upper()}**"
-        if r.flagged:
-            status = f"**SLOW** ({r.status})"
-        lines.append(
-            f"| {r.server} | {_cell(r.gpu)} | {_cell(r.port)} | {status} | {_secs(r.startup_s)} | "
-            f"{_secs(r.probe_latency_s)} | {sig(r.tok_s)} | {sig(r.accept_length)} |"
-        )
     reasons = [r for r in rows if r.reason]
     if reasons:
         lines += ["", "Notes:", ""]
         lines += [f"- {r.server}: {r.reason.splitlines()[0]}" for r in reasons]
     lines += ["", "`probe tok/s`: each server's micro-benchmark at startup (`engine.bench`)."]
     return "\n".join(lines) + "\n"
+
+
+def _status(r: FleetRow) -> str:
+    if r.flagged:
+        return f"**SLOW** ({r.status})"
+    return r.status if r.status == "healthy" else f"**{r.status.upper()}**"
 
 
 def _cell(value: int | None) -> str:

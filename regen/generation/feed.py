@@ -18,9 +18,9 @@ from regen.config import RegenConfig
 from regen.dataset.keys import progress_key
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
-from regen.generation.plan import RunPlan
-from regen.generation.summary import ShardOutcome
-from regen.live_report import LiveReport, LiveWatch
+from regen.fleet_live import LiveReport, LiveWatch
+from regen.generation.outcome import ShardOutcome
+from regen.generation.run_plan import RunPlan
 from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.storage import Storage
 

@@ -4,8 +4,9 @@ it, commit it, repeat (one node of several).
 A node of several keeps going until every shard of the run is committed or given up here, so the
 shards of a node that died are taken over once their leases run out, and the dataset
 completes as long as one node lives. Shards run through `submit`, a callable that starts one
-and returns a `concurrent.futures.Future`: a Prefect task's `submit` in a flow, a thread
-pool in a test; the loop only decides which shard goes next and what a result means.
+and returns a `concurrent.futures.Future` (tasks/generate.py adapts a Prefect task's future to
+one; a test uses a thread pool); the loop only decides which shard goes next and what a result
+means.
 """
 
 from __future__ import annotations
@@ -14,40 +15,16 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from regen.balance import ShardPicker
 from regen.claims import LeaseKeeper, ShardClaims
 from regen.generation.lease import Lease
-from regen.generation.summary import ShardOutcome
+from regen.generation.outcome import ShardOutcome
 from regen.nodes import NodeAssignment
 from regen.storage import Storage
 
 SubmitShard = Callable[[int, Lease | None], "futures.Future[ShardOutcome]"]
 """Start one shard (with the node's lease in a multi-node run); its future gives the outcome."""
-
-
-class TaskFuture(Protocol):
-    """A task runner's future (Prefect's): a result, and a callback when it has one."""
-
-    def result(self) -> Any: ...
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
-
-
-def as_future(task_future: TaskFuture) -> futures.Future[ShardOutcome]:
-    """A plain future of a task's outcome, for `futures.wait` (Prefect's own future wraps one
-    that may hold the task's final State rather than its result)."""
-    out: futures.Future[ShardOutcome] = futures.Future()
-
-    def settle(_: object) -> None:
-        try:
-            out.set_result(task_future.result())
-        except Exception as err:
-            out.set_exception(err)
-
-    task_future.add_done_callback(settle)
-    return out
 
 
 @dataclass

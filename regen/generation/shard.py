@@ -24,9 +24,10 @@ from regen.dataset import (
     read_manifest,
     replace_shard,
 )
+from regen.errors import FleetError
 from regen.generation.lease import Lease
-from regen.generation.plan import RunPlan, rows_to_redo
-from regen.generation.summary import ShardOutcome
+from regen.generation.outcome import ShardOutcome
+from regen.generation.run_plan import RunPlan, rows_to_redo
 from regen.storage import Storage
 
 _log = logging.getLogger(__name__)
@@ -48,6 +49,17 @@ class Commit:
     shard: int
     manifest: Manifest
     rows: pl.DataFrame
+
+
+RETRY_DELAY_S = 5.0
+"""Between a failed shard's tries (`generation.shard_retries` of them): long enough for a
+storage hiccup to pass, short beside a shard's minutes of generation."""
+
+
+def worth_retrying(err: BaseException) -> bool:
+    """Whether a shard that failed with `err` is tried again: a dead, unauthorised or closed
+    fleet fails every retry alike; a storage hiccup may not."""
+    return not isinstance(err, FleetError)
 
 
 OnCommit = Callable[[Commit], None]

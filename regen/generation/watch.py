@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from regen.config import RegenConfig
+from regen.figures import markdown_table
 from regen.nodes import NodeAssignment, NodeConfig, NodeTally, heartbeat_age
 from regen.storage import Storage
 
@@ -64,14 +65,11 @@ class NodesReport(BaseModel):
         return f"{len(self.nodes)} node(s){failed}"
 
     def to_markdown(self) -> str:
-        lines = [
-            "| node | flow run state | shards | rows | problem |",
-            "|---|---|---:|---:|---|",
-            *(
-                f"| {n.name} | {n.state} | {n.shards} | {n.rows} | {n.problem or n.note or ''} |"
-                for n in self.nodes
-            ),
-        ]
+        lines = markdown_table(
+            ["node", "flow run state", "shards", "rows", "problem"],
+            ((n.name, n.state, n.shards, n.rows, n.problem or n.note or "") for n in self.nodes),
+            numeric={"shards", "rows"},
+        )
         verdict = "complete" if self.complete else "INCOMPLETE: run again to resume"
         return f"## Nodes\n\ndataset {verdict}\n\n" + "\n".join(lines) + "\n"
 

@@ -8,6 +8,8 @@ from pydantic import BaseModel
 
 from regen.status import STYLE, Status
 
+_LOUD: dict[Status, int] = {"fail": 0, "warn": 1}
+
 
 class CheckRow(BaseModel):
     """One line of the provisioning table: what was checked, what was found, how to fix it."""
@@ -24,6 +26,14 @@ class PreflightReport(BaseModel):
     @property
     def ok(self) -> bool:
         return all(r.status != "fail" for r in self.rows)
+
+    def table(self) -> list[dict[str, str]]:
+        """The rows as a table's cells: failures, then warnings, then the rest (each in check
+        order), their status in capitals, as they are what the reader came for."""
+        return [
+            {**r.model_dump(), "status": r.status.upper() if r.status in _LOUD else r.status}
+            for r in sorted(self.rows, key=lambda r: _LOUD.get(r.status, len(_LOUD)))
+        ]
 
     def failures(self) -> list[CheckRow]:
         return [r for r in self.rows if r.status == "fail"]

@@ -26,8 +26,6 @@ from regen.prompts.load import (
     load_prompts_file,
     preview,
     read_options,
-    read_rejects,
-    write_rejects,
 )
 
 __all__ = [
@@ -43,6 +41,4 @@ __all__ = [
     "load_prompts_file",
     "preview",
     "read_options",
-    "read_rejects",
-    "write_rejects",
 ]

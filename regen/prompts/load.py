@@ -17,14 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from regen.dataset.keys import REJECTS_KEY
 from regen.errors import UserError
 from regen.prompts import hub, jsonl, parquet
 from regen.prompts.facts import FileFacts, download, file_facts
 from regen.prompts.formats import AS_NAMED, FORMAT, FORMAT_KEYS, Columns, format_name
 from regen.prompts.rules import check_rows, row_format
 from regen.prompts.sources import is_many, prompt_files
-from regen.storage import Storage
 
 if TYPE_CHECKING:  # only read: regen.config's validators import regen.prompts.hub
     from regen.config import InputConfig
@@ -191,21 +189,6 @@ def _load_hub(spec: str, max_prompt_bytes: int, options: ReadOptions) -> PromptS
         for file, path in zip(selection.files, local, strict=True)
     ]
     return replace(_one_set(selection.pinned, sets), source=selection.record())
-
-
-def write_rejects(storage: Storage, prompt_set: PromptSet) -> None:
-    """Always written, even empty, so the audit can tell "no rejects" from "not recorded"."""
-    storage.write_bytes(REJECTS_KEY, _parquet_bytes(prompt_set.rejects))
-
-
-def read_rejects(storage: Storage) -> pl.DataFrame | None:
-    """The rejects the last plan wrote (`REJECTS_SCHEMA`), or None on a root that has none
-    recorded (made before rejects were written)."""
-    try:
-        data = storage.read_bytes(REJECTS_KEY)
-    except FileNotFoundError:
-        return None
-    return pl.read_parquet(io.BytesIO(data)).cast(REJECTS_SCHEMA)
 
 
 def _preview(

@@ -39,7 +39,7 @@ from regen.canary import (
 from regen.canary.stop import write_stop_record
 from regen.client import Dispatcher
 from regen.dataset.keys import summary_key
-from regen.generation.plan import RunPlan
+from regen.generation.run_plan import RunPlan
 from regen.generation.shard import Commit, Log, RowSource
 from regen.schema import row_schema
 from regen.storage import Storage

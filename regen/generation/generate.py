@@ -15,19 +15,22 @@ from pathlib import Path
 
 from regen.generation.feed import Feed
 from regen.generation.lease import Lease, shards_in_flight
-from regen.generation.live import LiveAudit
+from regen.generation.live_gate import LiveAudit
 from regen.generation.loop import run_all, run_claimed
-from regen.generation.plan import RunPlan
+from regen.generation.outcome import GenerationSummary, ShardOutcome, summarize
+from regen.generation.run_plan import RunPlan
 from regen.generation.shard import Log, OnCommit, RowSource
-from regen.generation.summary import GenerationSummary, ShardOutcome, summarize
 from regen.nodes import NodeAssignment
 from regen.run import OpenedRun
 
 _log = logging.getLogger(__name__)
 
-StartShard = Callable[[int, Lease | None, RowSource, OnCommit], "futures.Future[ShardOutcome]"]
+StartShard = Callable[
+    [int, Lease | None, RowSource, OnCommit, bool], "futures.Future[ShardOutcome]"
+]
 """Start one shard: its number, the node's lease (None on a single node), where its rows come
-from and the hook its commit calls; the future gives the outcome."""
+from, the hook its commit calls and whether its error rows are generated again; the future
+gives the outcome."""
 
 
 def generate_plan(
@@ -58,7 +61,9 @@ def generate_plan(
     window = shards_in_flight(feed.slots, config.shard_size)
 
     def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
-        return start(shard, lease, live.rows, live.on_commit)
+        # A node claims only shards without a manifest: it never retries error rows.
+        retry_errors = config.generation.retry_errors and lease is None
+        return start(shard, lease, live.rows, live.on_commit, retry_errors)
 
     if node is None:
         result = run_all(

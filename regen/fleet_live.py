@@ -1,4 +1,4 @@
-"""The run's live figures: progress beside each server's own `/metrics`, every few seconds.
+"""The fleet's live figures: progress beside each server's own `/metrics`, every few seconds.
 
 Apart from `regen.progress` (what `progress.json` holds): these are read from the servers, not
 the dispatcher, and only a log line and an artifact show them.
@@ -7,15 +7,15 @@ the dispatcher, and only a log line and an artifact show them.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from regen.figures import NONE, pct, sig
+from regen.figures import NONE, markdown_table, pct, sig
 from regen.fleet.metrics import FleetScraper, ServerFigures
 from regen.progress import ProgressSnapshot, ProgressWriter
+from regen.ticker import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -93,22 +93,25 @@ class LiveReport:
             "",
             f"Updated {stamp}; per-server figures from each server's `/metrics`.",
             "",
-            "| server | tok/s | running | queued | KV cache | accept length |",
-            "|---|--:|--:|--:|--:|--:|",
         ]
-        missing = []
-        for s in self.servers:
-            m = s.metrics
-            if m is None:
-                missing.append(s)
-                lines.append(
-                    f"| {s.name} | **metrics missing** | {NONE} | {NONE} | {NONE} | {NONE} |"
+        missing = [s for s in self.servers if s.metrics is None]
+        lines += markdown_table(
+            ["server", "tok/s", "running", "queued", "KV cache", "accept length"],
+            (
+                (s.name, "**metrics missing**", NONE, NONE, NONE, NONE)
+                if (m := s.metrics) is None
+                else (
+                    s.name,
+                    sig(s.tokens_per_s),
+                    _count(m.running),
+                    _count(m.queued),
+                    pct(m.token_usage),
+                    sig(m.accept_length),
                 )
-                continue
-            lines.append(
-                f"| {s.name} | {sig(s.tokens_per_s)} | {_count(m.running)} | {_count(m.queued)} | "
-                f"{pct(m.token_usage)} | {sig(m.accept_length)} |"
-            )
+                for s in self.servers
+            ),
+            numeric={"tok/s", "running", "queued", "KV cache", "accept length"},
+        )
         if missing:
             lines += ["", "No `/metrics` answer (not counted as zero):", ""]
             lines += [f"- {s.name}: `{s.url}/metrics`" for s in missing]
@@ -134,17 +137,14 @@ class LiveWatch:
     ) -> None:
         self._progress = progress
         self._scraper = scraper
-        self._interval_s = interval_s
         self._on_update = on_update
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("regen-live", interval_s, self.tick)
         self._history: list[Interval] = []
 
     def __enter__(self) -> LiveWatch:
         # The counters at the start: every report's tok/s is then a rate over its interval.
         self._scraper.prime()
-        self._thread = threading.Thread(target=self._run, name="regen-live", daemon=True)
-        self._thread.start()
+        self._ticker.start()
         return self
 
     def __exit__(
@@ -153,15 +153,8 @@ class LiveWatch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._ticker.stop()
         if exc_type is None:
-            self.tick()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
             self.tick()
 
     def tick(self) -> LiveReport:

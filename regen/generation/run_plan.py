@@ -33,7 +33,8 @@ from regen.dataset import (
     revise_plan,
 )
 from regen.dataset._encode import parquet_bytes
-from regen.prompts import load_prompts, read_options, write_rejects
+from regen.dataset.rejects import write_rejects
+from regen.prompts import load_prompts, read_options
 from regen.storage import Storage
 
 
@@ -77,7 +78,7 @@ def plan_run(config: RegenConfig, storage: Storage, hf_token: str | None = None)
     made from another input), cache the rows to send for the shard tasks, and select the
     shards to generate. `hf_token` reads a Hub dataset (None: huggingface_hub's own)."""
     prompts = load_prompts(config.prompts, options=read_options(config.input, hf_token))
-    write_rejects(storage, prompts)
+    write_rejects(storage, prompts.rejects)
     fresh = plan_shards(prompts, config.shard_size)
     info = new_run_info(config, prompts, fresh)
     # Before anything is written: an unchanged rerun of a stopped run would stop again.

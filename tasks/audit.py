@@ -1,4 +1,4 @@
-"""Stages 5-6 as Prefect tasks: the audit's verdict, then the trainer formats; their artifacts.
+"""Stage 5 as a Prefect task: the audit's verdict and its artifacts.
 
 The audit returns its verdict; a flow turns a fail into a Failed state with a message, so an
 expected outcome reads as one, not as a crash's traceback.
@@ -7,14 +7,12 @@ expected outcome reads as one, not as a crash's traceback.
 from __future__ import annotations
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
 from regen.audit import AuditResult, run_audit, write_report
 from regen.audit.thresholds import AuditConfig
 from regen.canary import stopped_run
-from regen.export import ExportOptions
-from regen.export.run import ExportSummary, export_dataset
 from regen.naming import artifact, dataset_markdown
 from regen.storage import Storage, open_storage
 
@@ -51,26 +49,3 @@ def audit(
         log("audit %-16s %-5s %s", check.name, check.status, check.detail)
     logger.info("audit %s", result.headline())
     return result
-
-
-@task(
-    name="export", task_run_name="export-{options.format}", persist_result=False, cache_policy=NONE
-)
-def export(
-    dataset: str,
-    dest: str,
-    options: ExportOptions,
-    tokenizer_path: str | None = None,
-    storage: Storage | None = None,
-) -> ExportSummary:
-    """Export `dataset` (`storage` when the run has it open) to `dest`; unchanged shards are
-    not written again."""
-    source = storage or open_storage(dataset)
-    summary = export_dataset(source, open_storage(dest), options, tokenizer_path=tokenizer_path)
-    logger = get_run_logger()
-    logger.info(summary.headline(options.format))
-    for line in summary.notes():
-        (logger.warning if line.startswith("warning") else logger.info)("export %s", line)
-    what = f"export {options.format}, {summary.counts['samples']} samples"
-    create_table_artifact(summary.table(), **artifact(f"export-{options.format}", dataset, what))
-    return summary

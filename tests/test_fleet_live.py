@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from regen.fleet.metrics import FleetScraper, ServerFigures
-from regen.live_report import Interval, LiveReport
+from regen.fleet_live import Interval, LiveReport
 from regen.naming import artifact_key
 from regen.progress import ProgressSnapshot
 from regen.rehearsal import rehearsal_config

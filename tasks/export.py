@@ -1,0 +1,35 @@
+"""Stage 6 as a Prefect task: the trainer formats, one task per format; their artifacts."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NONE
+
+from regen.export import ExportOptions
+from regen.export.run import ExportSummary, export_dataset
+from regen.naming import artifact
+from regen.storage import Storage, open_storage
+
+
+@task(
+    name="export", task_run_name="export-{options.format}", persist_result=False, cache_policy=NONE
+)
+def export(
+    dataset: str,
+    dest: str,
+    options: ExportOptions,
+    tokenizer_path: str | None = None,
+    storage: Storage | None = None,
+) -> ExportSummary:
+    """Export `dataset` (`storage` when the run has it open) to `dest`; unchanged shards are
+    not written again."""
+    source = storage or open_storage(dataset)
+    summary = export_dataset(source, open_storage(dest), options, tokenizer_path=tokenizer_path)
+    logger = get_run_logger()
+    logger.info(summary.headline(options.format))
+    for line in summary.notes():
+        (logger.warning if line.startswith("warning") else logger.info)("export %s", line)
+    what = f"export {options.format}, {summary.counts['samples']} samples"
+    create_table_artifact(summary.table(), **artifact(f"export-{options.format}", dataset, what))
+    return summary
