@@ -227,12 +227,15 @@ def _ends_with_newline(path: Path) -> bool:
 
 
 def _windows(total: int, n: int) -> list[tuple[int, int]] | None:
-    """(start, length) of head, middle and tail, a third of `n` each; None when the file has
-    no more than `n` rows (then it is read whole)."""
+    """(start, length) of head, middle and tail, `n` rows in all (a third each, the middle
+    taking what does not divide); None when the file has no more than `n` rows (then it is
+    read whole). They never overlap, since the file has more than `n` rows."""
     if total <= n:
         return None
-    k = max(1, n // 3)
-    return [(0, k), ((total - k) // 2, k), (total - k, k)]
+    k = n // 3
+    middle = n - 2 * k
+    spans = [(0, k), ((total - middle) // 2, middle), (total - k, k)]
+    return [span for span in spans if span[1]]
 
 
 def _one_set(spec: str, sets: list[PromptSet]) -> PromptSet:
