@@ -348,8 +348,9 @@ def test_abort_by_rid(start: Starter) -> None:
     out = asyncio.run(run())
     choice = out["choices"][0]  # type: ignore[index]
     assert choice["finish_reason"] == "abort"
-    # Fewer tokens than asked: the answer was cut short, not run to its end.
-    assert 0 < out["usage"]["completion_tokens"] < 1000  # type: ignore[index]
+    # Fewer tokens than asked: the answer was cut short, not run to its end (the abort may land
+    # before its first token, as it waits only for the request to be running).
+    assert out["usage"]["completion_tokens"] < 1000  # type: ignore[index]
 
 
 def test_config_file_carries_the_key(start: Starter, tmp_path: Path) -> None:
