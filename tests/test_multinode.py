@@ -279,7 +279,11 @@ def _kill_node(cluster: Cluster, node: str, work_dir: Path) -> None:
 
 def test_a_killed_node_leaves_its_shards_to_the_other_after_the_lease(cluster: Cluster) -> None:
     rows = 200
-    params, bucket = _params(cluster, "killed", rows=rows, shard_size=5, lease_s=6.0)
+    # Half the default speed: node-1 alone must not finish all 40 shards (about 35 s at full
+    # speed on an idle box) before node-2's worker has picked its run up and launched.
+    params, bucket = _params(
+        cluster, "killed", rows=rows, shard_size=5, lease_s=6.0, tokens_per_s=250.0
+    )
     storage = cluster.s3.storage(bucket, "run")
     run_id = start_parent(cluster.server, params)
     deadline = time.monotonic() + 240
