@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from regen.audit.result import Check, Example
 from regen.audit.run import row_checks
 from regen.audit.servers import server_outliers
-from regen.audit.summary import AuditSettings, merge, merge_answers
+from regen.audit.summary import FLAGS, AuditSettings, merge, merge_answers
 from regen.audit.summary_model import Summary
 
 GATE_ANSWERS = 10_000
@@ -47,16 +47,8 @@ def _sampled_rows(check: str, summary: Summary) -> int | None:
     return None
 
 
-_PER_COMPLETION = {
-    "empty_answer",
-    "empty_thinking",
-    "think_leak",
-    "truncation",
-    "truncated_in_thinking",
-    "repetition",
-    "answer_collapse",
-    "tiny_length",
-}
+# The row flags a summary counts, and the two checks also counted over completions.
+_PER_COMPLETION = {*FLAGS, "answer_collapse", "tiny_length"}
 
 
 def shown_over(rate: float, rows: int | None, fail: float) -> bool:
