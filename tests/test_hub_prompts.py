@@ -21,6 +21,7 @@ import yaml
 
 from flows.cli import main
 from regen.errors import ConfigError, UserError
+from regen.ports import quiet_port_range
 from regen.prompts import ReadOptions, load_prompts, preview
 from regen.prompts.formats import Columns
 from regen.prompts.hub import HubFile, HubUri, _select
@@ -281,7 +282,7 @@ def _check(
 
     config = {
         "model": {"source": str(bundled("emulator-model")), "served_name": "emu", "stage": False},
-        "engine": {"kind": "emulator", "gpus": [0], "base_port": 39000},
+        "engine": {"kind": "emulator", "gpus": [0], "base_port": quiet_port_range(1)},
         "prompts": prompts,
         "output": str(tmp_path / "out"),
         "work_dir": str(tmp_path / "work"),
