@@ -602,6 +602,9 @@ class Dispatcher:
         delay = t.probe_backoff_s
         while True:
             await asyncio.sleep(delay * self._random.uniform(0.8, 1.2))
+            if self._closed:
+                # A cancel lost in a race with the probe's own end must not keep close() waiting.
+                return
             if await self._probe(server.endpoint):
                 break
             delay = min(delay * 2, t.probe_backoff_max_s)
@@ -614,9 +617,12 @@ class Dispatcher:
 
     async def _probe(self, endpoint: Endpoint) -> bool:
         timeout = self._tuning.probe_timeout_s
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel that lands
+        # as the probe ends, and close() then waits on a probe loop that never stops.
         try:
             if self._reprobe is not None:
-                return await asyncio.wait_for(self._reprobe(endpoint), timeout)
+                async with asyncio.timeout(timeout):
+                    return await self._reprobe(endpoint)
             # Without a fleet's own re-probe, the probe a fleet's launch uses, each of its
             # steps within the one re-probe deadline.
             assert self._session is not None
@@ -624,9 +630,8 @@ class Dispatcher:
                 health_timeout_s=timeout, models_timeout_s=timeout, generation_timeout_s=timeout
             )
             target = ProbeTarget(self._model, self._api_key, self._sampling)
-            result = await asyncio.wait_for(
-                reprobe(endpoint, target, settings, self._session), timeout
-            )
+            async with asyncio.timeout(timeout):
+                result = await reprobe(endpoint, target, settings, self._session)
         except (TimeoutError, FleetUnauthorized):
             return False
         return result.ok
