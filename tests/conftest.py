@@ -82,9 +82,10 @@ def prefect_harness() -> Iterator[None]:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Say, in one line each, that the contract or trainers suite did not run and how to make
     it run."""
+    from support import trainers
+    from support.driver import required
     from tests.contract import _sglang
-    from tests.trainers import _trainers
 
-    for suite in (_sglang, _trainers):
-        if not suite.env_ready() and not suite.required():
+    for suite in (_sglang, trainers):
+        if not suite.env_ready() and not required():
             terminalreporter.write_line(suite.MISSING)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.driver import REPO, Driver, required
+from support.driver import REPO, Driver, required
 
 __all__ = ["MISSING", "Sglang", "env_ready", "required"]
 
@@ -22,7 +22,7 @@ def env_ready() -> bool:
 
 
 class Sglang(Driver):
-    """The driver process in its venv (tests.support.driver): `ask` runs one op there."""
+    """The driver process in its venv (support.driver): `ask` runs one op there."""
 
     def __init__(self) -> None:
         super().__init__(SGLANG_PYTHON, DRIVER, "sglang")

@@ -1,12 +1,13 @@
 """regen's exports judged by the trainers' own data code: SpecForge 0.2.0 and speculators
-0.9.0 (tests/trainers/driver.py in .venv-trainers) read each export, and what they would
+0.9.0 (support/trainers_driver.py in .venv-trainers) read each export, and what they would
 train on is compared with regen's own rows, token for token and mask for mask.
 
 The one allowed difference is named where it occurs: SpecForge renders a conversation itself
 and its Qwen templates end every turn with "<|im_end|>\\n", so its row carries one more token
 than the server's: the newline after the last <|im_end|>, which its loss mask trains (the
 server stops at <|im_end|> and never generates it). Each test prints
-one line `trainers: <trainer> <format>: accepted N, equal N, newline-only N` (pytest -s).
+one line `trainers: <trainer> <format>: accepted N, equal N, newline-only N, ...` (pytest -s);
+benches/trainers.py prints the same counts as a table.
 """
 
 from __future__ import annotations
@@ -21,57 +22,35 @@ import pytest
 from regen.export import ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset
 from regen.storage import LocalStorage, Storage
-from tests.trainers._trainers import TrainerError, Trainers
-from tests.trainers.conftest import HAND_WRITTEN, Rehearsal
+from support.trainers import (
+    HAND_WRITTEN,
+    SPECFORGE_SYSTEM,
+    TEMPLATE,
+    Row,
+    TrainerError,
+    Trainers,
+    as_rows,
+    compare,
+    regen_rows,
+    without_prefix,
+)
+from tests.trainers.conftest import Rehearsal
 
 # One xdist worker: the rehearsal and the driver (torch, transformers) are built once.
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("trainers")]
-
-TEMPLATE = "qwen3-thinking"
-"""SpecForge's template for a thinking Qwen3: the only one that keeps reasoning_content."""
-SPECFORGE_SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-"""What that template puts before a conversation that has no system message."""
-
-Row = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def _export(source: Storage, dest: Path, fmt: str, **options: Any) -> Any:
     return export_dataset(source, LocalStorage(dest), ExportOptions(format=fmt, **options))
 
 
-def _regen_rows(dest: Path) -> list[Row]:
-    """A JSONL token export's rows, as written (every file its record lists)."""
-    record = json.loads((dest / EXPORT_KEY).read_text())
-    rows = []
-    for name in record["files"]:
-        for line in (dest / name).read_text().splitlines():
-            row = json.loads(line)
-            rows.append((tuple(row["input_ids"]), tuple(row["loss_mask"])))
-    return rows
-
-
-def _as_rows(answer: list[dict[str, list[int]]]) -> list[Row]:
-    return [(tuple(r["input_ids"]), tuple(r["loss_mask"])) for r in answer]
-
-
 def _judge(name: str, theirs: list[Row], ours: list[Row], newline: int | None = None) -> None:
     """Every trainer row is one of regen's rows, exactly or (with `newline`) followed by the
     newline token, trained; regen's rows are all matched once. Prints the counts."""
-    left = {ids: mask for ids, mask in ours}
-    assert len(left) == len(ours), "regen's rows are distinct"
-    equal = newline_only = 0
-    for ids, mask in theirs:
-        if left.get(ids) == mask:
-            equal += 1
-            del left[ids]
-        elif newline is not None and ids[-1] == newline and left.get(ids[:-1]) == mask[:-1]:
-            assert mask[-1] == 1, "SpecForge trains the newline after <|im_end|>"
-            newline_only += 1
-            del left[ids[:-1]]
-        else:
-            pytest.fail(f"{name}: a row of {len(ids)} tokens matches none of regen's rows")
-    assert not left, f"{name}: {len(left)} of regen's rows never reached the trainer"
-    print(f"trainers: {name}: accepted {len(theirs)}, equal {equal}, newline-only {newline_only}")
+    result = compare(theirs, ours, newline)
+    assert not result.other, f"{name}: {result.other}"
+    assert not result.unmatched, f"{name}: {result.unmatched} of regen's rows never reached it"
+    print(result.line(name))
 
 
 def test_specforge_conversations_are_the_servers_tokens_but_for_the_newline(
@@ -85,7 +64,7 @@ def test_specforge_conversations_are_the_servers_tokens_but_for_the_newline(
     assert sorted(p.name for p in (tmp_path / "sf").iterdir()) == [EXPORT_KEY, "specforge.jsonl"]
     assert any("4 of 12 conversations have no system message" in n for n in summary.notes())
     _export(rehearsal.all_turns, tmp_path / "tok", "tokenized", turns="last")
-    ours = _regen_rows(tmp_path / "tok")
+    ours = regen_rows(tmp_path / "tok")
     model = str(rehearsal.model)
     newline = trainers.ask("encode", model=model, text="\n")
     system = tuple(trainers.ask("encode", model=model, text=SPECFORGE_SYSTEM))
@@ -97,18 +76,16 @@ def test_specforge_conversations_are_the_servers_tokens_but_for_the_newline(
         template=TEMPLATE,
         last_turn=True,
     )
-    theirs = _as_rows(rows)
+    theirs = as_rows(rows)
     assert len(theirs) == 12
     # The template's system prompt, the tokens the server never saw, on the 4 rows without one.
-    added = [r for r in theirs if r[0][: len(system)] == system]
+    cut, added = without_prefix(theirs, system)
     assert len(added) == 4
     assert all(not any(mask[: len(system)]) for _, mask in added)
-    unprefixed = [(ids[len(system) :], mask[len(system) :]) for ids, mask in added]
-    kept = [r for r in theirs if r not in added]
-    _judge(f"specforge {TEMPLATE} (system prompt added on 4)", kept + unprefixed, ours, newline[0])
+    _judge(f"specforge {TEMPLATE} (system prompt added on 4)", cut, ours, newline[0])
 
     # By default SpecForge trains every assistant turn: with turns: all each is the model's.
-    every = _as_rows(
+    every = as_rows(
         trainers.ask(
             "specforge_conversations",
             path=str(tmp_path / "sf" / "specforge.jsonl"),
@@ -133,9 +110,9 @@ def test_specforge_pretokenized_path_takes_regens_rows_exactly(
         model=model,
         template=TEMPLATE,
     )
-    ours = _regen_rows(tmp_path / "tok")
+    ours = regen_rows(tmp_path / "tok")
     assert len(ours) == 36  # 12 conversations x 3 generated turns
-    _judge("specforge tokenized (prompts_path)", _as_rows(theirs), ours)
+    _judge("specforge tokenized (prompts_path)", as_rows(theirs), ours)
 
     _export(rehearsal.all_turns, tmp_path / "dir", "tokenized")
     with pytest.raises(TrainerError, match="IsADirectoryError"):
@@ -156,7 +133,7 @@ def test_speculators_prepare_data_reads_the_export_directory(
     theirs = trainers.ask(
         "speculators_prepare", data=str(dest), model=str(rehearsal.model), seq_length=4096
     )
-    _judge("speculators tokenized (--data DIR)", _as_rows(theirs), _regen_rows(dest))
+    _judge("speculators tokenized (--data DIR)", as_rows(theirs), regen_rows(dest))
 
     old = tmp_path / "old"
     shutil.copytree(dest, old)
@@ -180,8 +157,8 @@ def test_speculators_training_loader_reads_the_hf_dataset(
     assert answer["unavailable"] == []
     _judge(
         "speculators hf-dataset (ArrowDataset)",
-        _as_rows(answer["rows"]),
-        _regen_rows(tmp_path / "tok"),
+        as_rows(answer["rows"]),
+        regen_rows(tmp_path / "tok"),
     )
     tokens = sum(len(r["input_ids"]) for r in answer["rows"])
     assert answer["collated"]["input_ids"] == [1, tokens]
@@ -220,7 +197,7 @@ def test_generated_only_trains_only_the_models_answers(
     trains the hand-written one as well."""
     model = str(rehearsal.model)
     _export(rehearsal.last_turn, tmp_path / "tok", "tokenized")
-    ours = _regen_rows(tmp_path / "tok")
+    ours = regen_rows(tmp_path / "tok")
     newline = trainers.ask("encode", model=model, text="\n")[0]
     expected = sorted(
         (*(i for i, m in zip(ids, mask, strict=True) if m), newline) for ids, mask in ours

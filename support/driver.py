@@ -1,5 +1,6 @@
 """A JSON-lines driver process in another venv: the one door the contract and trainers' tests
-use into code regen's own venv never imports (sglang, SpecForge, speculators, torch)."""
+(and benches/trainers.py) use into code regen's own venv never imports (sglang, SpecForge,
+speculators, torch)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def required() -> bool:
