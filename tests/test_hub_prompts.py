@@ -133,9 +133,11 @@ def test_ultrachat_split_reads_both_shards_of_one_commit_by_prompt_id(hub: Loopb
     }
     # The conversation is kept as given; `turns: last` regenerates its final answer.
     assert [m["role"] for m in found.valid["messages"][0]] == ["user", "assistant"]
-    # One listing, then only the two selected files (each a HEAD and its LFS redirect's GET).
+    # One listing, the card (its configs, if any), then only the two selected files (each a
+    # HEAD and its LFS redirect's GET).
     assert hub.count("GET", "/api/datasets/") == 2  # dataset_info, snapshot_download's tree
-    assert hub.count("HEAD", "/resolve/") == 2 and hub.count("GET", "/cdn/") == 2
+    assert hub.count("GET", "/resolve/") == 1 and hub.count("GET", "/README.md") == 1
+    assert hub.count("HEAD", ".parquet") == 2 and hub.count("GET", "/cdn/") == 2
     assert hub.count("HEAD", "test_sft") == 0, "the other split is not downloaded"
 
 
@@ -268,7 +270,7 @@ def test_preview_downloads_only_the_first_file(hub: LoopbackHub) -> None:
     options = ReadOptions(columns=ULTRACHAT, split="train_sft")
     found = preview("hf://datasets/HuggingFaceH4/ultrachat", 10, options=options)
     assert (found.valid, found.rejected) == (10, 0)
-    assert hub.count("HEAD", "/resolve/") == 1
+    assert hub.count("HEAD", ".parquet") == 1
 
 
 # -- the errors, through `regen check` ---------------------------------------------------
