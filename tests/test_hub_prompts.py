@@ -273,6 +273,206 @@ def test_preview_downloads_only_the_first_file(hub: LoopbackHub) -> None:
     assert hub.count("HEAD", ".parquet") == 1
 
 
+# -- a dataset card's configs (README.md `configs:`), honoured before the conventions ------
+
+CARD = b"""---
+license: mit
+configs:
+- config_name: default
+  default: true
+  data_files:
+  - split: train_sft
+    path: data/train_sft-*
+  - split: test_sft
+    path: data/test_sft-*
+- config_name: en
+  data_files:
+  - split: train
+    path: ["english/part-*.parquet", "english/more/*.parquet"]
+- config_name: fr
+  data_dir: french
+---
+# A card
+"""
+
+
+def card_repo(hub: LoopbackHub, repo: str = "org/carded") -> str:
+    """Files the conventions alone would choose differently: `english/` names no split (all
+    four files would be one split), and `english/more/deeper/` is under none of en's patterns
+    (`*` stays within one directory)."""
+    return hub.commit(
+        repo,
+        {
+            "README.md": CARD,
+            "data/train_sft-00000-of-00002-aa.parquet": parquet(ultrachat_rows(0, 30)),
+            "data/train_sft-00001-of-00002-bb.parquet": parquet(ultrachat_rows(30, 50)),
+            "data/test_sft-00000-of-00001-cc.parquet": parquet(ultrachat_rows(900, 910)),
+            "english/part-0.parquet": parquet(ultrachat_rows(100, 105)),
+            "english/part-1.parquet": parquet(ultrachat_rows(105, 110)),
+            "english/more/b.parquet": parquet(ultrachat_rows(110, 112)),
+            "english/more/deeper/c.parquet": parquet(ultrachat_rows(112, 120)),
+            "french/train.jsonl": sharegpt_jsonl(0, 4),
+            "french/test.jsonl": sharegpt_jsonl(4, 6),
+        },
+    )
+
+
+def test_a_card_config_with_a_list_of_patterns_chosen_by_subset(hub: LoopbackHub) -> None:
+    sha = card_repo(hub)
+    found = load_prompts(
+        "hf://datasets/org/carded", options=ReadOptions(columns=ULTRACHAT, subset="en")
+    )
+    assert found.source == {
+        "repo": "org/carded",
+        "revision": "main",
+        "commit": sha,
+        "selected_by": "README.md configs: config en, split train",
+        # Pattern by pattern, each one's files in name order; not english/more/deeper/.
+        "files": ["english/part-0.parquet", "english/part-1.parquet", "english/more/b.parquet"],
+    }
+    assert found.valid["id"].to_list() == [f"uc-{i:05d}" for i in range(100, 112)]
+    assert hub.count("HEAD", "deeper") == 0 and hub.count("HEAD", "data/") == 0
+
+
+def test_the_default_config_and_its_named_split(hub: LoopbackHub) -> None:
+    card_repo(hub)
+    found = load_prompts(
+        "hf://datasets/org/carded", options=ReadOptions(columns=ULTRACHAT, split="test_sft")
+    )
+    assert found.source is not None
+    assert found.source["selected_by"] == "README.md configs: config default, split test_sft"
+    assert found.source["files"] == ["data/test_sft-00000-of-00001-cc.parquet"]
+    # A config with only a data_dir: the naming conventions pick under it.
+    found = load_prompts("hf://datasets/org/carded", options=ReadOptions(subset="fr"))
+    assert found.source is not None and found.source["files"] == ["french/train.jsonl"]
+    assert found.source["selected_by"] == "README.md configs: config fr, split train of config fr"
+    # A path in the spec names the files itself: the card is not read.
+    asked = hub.count("GET", "/README.md")
+    found = load_prompts("hf://datasets/org/carded/english/more/deeper/c.parquet")
+    assert found.num_valid == 8 and hub.count("GET", "/README.md") == asked
+
+
+@pytest.mark.parametrize(
+    ("split", "subset", "message"),
+    [
+        (
+            None,
+            None,
+            "hf://datasets/org/carded: no split train in config default of README.md's "
+            "configs (splits: train_sft, test_sft): set input.split",
+        ),
+        (
+            "validation",
+            "en",
+            "hf://datasets/org/carded: no split validation in config en of README.md's "
+            "configs (splits: train): set input.split",
+        ),
+        (
+            "train",
+            "de",
+            "hf://datasets/org/carded: no config de in README.md's configs "
+            "(configs: default, en, fr): set input.subset",
+        ),
+    ],
+)
+def test_an_unknown_config_or_split_names_the_ones_the_card_declares(
+    split: str | None, subset: str | None, message: str, hub: LoopbackHub
+) -> None:
+    card_repo(hub)
+    with pytest.raises(UserError) as err:
+        load_prompts("hf://datasets/org/carded", options=ReadOptions(split=split, subset=subset))
+    assert str(err.value) == message
+
+
+def test_a_card_config_offline_from_the_cache(
+    hub: LoopbackHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    card_repo(hub)
+    options = ReadOptions(columns=ULTRACHAT, subset="en")
+    online = load_prompts("hf://datasets/org/carded", options=options)
+    hub.stop()
+    asked = len(hub.requests)
+    _offline(monkeypatch)
+    offline = load_prompts("hf://datasets/org/carded", options=options)
+    assert offline.valid.equals(online.valid) and offline.source == online.source
+    assert len(hub.requests) == asked
+    # The card came with the files: offline, an unknown config still names the card's.
+    with pytest.raises(UserError, match=r"no config de in README.md's configs \(configs: default"):
+        load_prompts("hf://datasets/org/carded", options=ReadOptions(subset="de"))
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "data/*",
+        "data/**",
+        "**",
+        "**/*.parquet",
+        "*/train-*.parquet",
+        "data/train-0000?.parquet",
+        "data/[ab]*.jsonl",
+        "data/train-00000.parquet",
+        "data",
+        "README.md",
+        "*.md",
+        ".hidden/*",
+        "*/*",
+        "__pycache__/*",
+        "**/x.json",
+        "data/**/*.jsonl",
+    ],
+)
+def test_patterns_match_as_datasets_resolves_them(pattern: str, tmp_path: Path) -> None:
+    """`datasets`' own resolve_pattern, on the same files on disk, is the reference."""
+    from datasets.data_files import resolve_pattern
+
+    from regen.prompts.hub import _matching
+
+    paths = [
+        "README.md",
+        "config.json",
+        "data/train-00000.parquet",
+        "data/train-00001.parquet",
+        "data/a.jsonl",
+        "data/b.jsonl",
+        "data/c.jsonl",
+        "data/deep/x.json",
+        "data/deep/deeper/y.jsonl",
+        "data/.hidden.jsonl",
+        ".hidden/z.jsonl",
+        "__pycache__/w.jsonl",
+        "top.parquet",
+    ]
+    for path in paths:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x")
+    try:
+        expected = resolve_pattern(pattern, base_path=tmp_path.as_posix())
+    except FileNotFoundError:
+        expected = []
+    listing = [HubFile(p, 1) for p in sorted(paths)]
+    ours = [f.path for f in _matching(HubUri.parse("hf://datasets/o/n"), listing, pattern)]
+    assert ours == [Path(p).relative_to(tmp_path).as_posix() for p in expected]
+
+
+def test_a_malformed_card_is_one_line_naming_the_card(hub: LoopbackHub) -> None:
+    for header, problem in [
+        (b"configs: [{data_files: x.jsonl}]", "each config needs a config_name"),
+        (b"configs:\n- config_name: a\n  data_files: {train: x}", "config a: data_files must"),
+        (
+            b"configs:\n- config_name: a\n  default: true\n- config_name: b\n  default: true",
+            "several configs are the default",
+        ),
+        (b"configs: [", "README.md's YAML header does not parse"),
+    ]:
+        hub.commit("org/bad", {"README.md": b"---\n" + header + b"\n---\n"}, replace=True)
+        hub.commit("org/bad", {"train.jsonl": sharegpt_jsonl(0, 2)})
+        with pytest.raises(UserError) as err:
+            load_prompts("hf://datasets/org/bad")
+        assert str(err.value).startswith("hf://datasets/org/bad: "), err.value
+        assert problem in str(err.value) and "\n" not in str(err.value), err.value
+
+
 # -- the errors, through `regen check` ---------------------------------------------------
 
 
