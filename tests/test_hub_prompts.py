@@ -424,7 +424,7 @@ def test_a_card_config_offline_from_the_cache(
 )
 def test_patterns_match_as_datasets_resolves_them(pattern: str, tmp_path: Path) -> None:
     """`datasets`' own resolve_pattern, on the same files on disk, is the reference."""
-    from datasets.data_files import resolve_pattern
+    from datasets.data_files import resolve_pattern  # type: ignore[import-untyped]
 
     from regen.prompts.hub import _matching
 
@@ -519,6 +519,27 @@ def test_check_resolves_and_lists_without_downloading(
     assert code == 0, out
 
 
+def test_check_says_the_card_chose_the_files(
+    hub: LoopbackHub,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    sha = card_repo(hub)
+    code, out = _check(
+        tmp_path,
+        capsys,
+        "hf://datasets/org/carded",
+        input={"subset": "en", "id_column": "prompt_id"},
+    )
+    assert (
+        f"hf://datasets/org/carded at commit {sha}: README.md configs: config en, split train, "
+        "3 files" in out
+    ), out
+    assert code == 0, out
+
+
 _NOT_FOUND = "repository not found, or private: check ORG/NAME, or set HF_TOKEN"
 
 
@@ -531,6 +552,15 @@ _NOT_FOUND = "repository not found, or private: check ORG/NAME, or set HF_TOKEN"
         ("private, wrong token", "org/private: repository not found (or the token given cannot"),
         ("gated, no token", "org/gated: gated: accept its conditions on the Hub page, then set"),
         ("no such split", "org/public: no prompt file matches split dev (splits present: train)"),
+        (
+            "no such config split",
+            "org/carded: no split dev in config default of README.md's configs (splits: "
+            "train_sft, test_sft): set input.split",
+        ),
+        (
+            "no such config",
+            "org/carded: no config de in README.md's configs (configs: default, en, fr)",
+        ),
         ("hub down, no cache", "org/public: cannot reach the Hub at http://127.0.0.1:"),
         ("offline, no cache", "org/public: HF_HUB_OFFLINE=1 and the cache"),
     ],
@@ -560,6 +590,10 @@ def test_hub_errors_are_one_line_naming_the_repo_and_the_fix(
         prompts = "hf://datasets/org/gated"
     elif case == "no such split":
         extra = {"input": {"split": "dev"}}
+    elif case.startswith("no such config"):
+        card_repo(hub)
+        prompts = "hf://datasets/org/carded"
+        extra = {"input": {"split": "dev"} if case.endswith("split") else {"subset": "de"}}
     elif case == "hub down, no cache":
         hub.stop()
     elif case == "offline, no cache":
