@@ -12,9 +12,11 @@ Hugging Face `datasets` does: `input.subset` names a `config_name` (default: the
 `default: true`, or `default`, or the only one), `input.split` one of its `data_files` splits,
 and the files are those its patterns match (`fsspec` glob rules, as `datasets` resolves them).
 
-Listing needs the Hub (one API call, nothing downloaded); with `HF_HUB_OFFLINE=1` the listing
-is the cache's snapshot of the commit the revision last resolved to. Files arrive through
-huggingface_hub's `snapshot_download` into its cache (its progress bars, retries, resume).
+Listing needs the Hub (one API call; of the files, only the card is downloaded); with
+`HF_HUB_OFFLINE=1` the listing is the cache's snapshot of the commit the revision last resolved
+to, and the card the cached one (a cache without it falls back to the naming conventions).
+Files arrive through huggingface_hub's `snapshot_download` into its cache (its progress bars,
+retries, resume).
 """
 
 from __future__ import annotations
@@ -146,8 +148,9 @@ class HubSelection:
 def resolve(
     spec: str, *, split: str | None = None, subset: str | None = None, token: str | None = None
 ) -> HubSelection:
-    """The commit `spec`'s revision is at and the prompt files it names there; nothing is
-    downloaded. Raises UserError naming the repo and what to do."""
+    """The commit `spec`'s revision is at and the prompt files it names there; of the files
+    only the card (README.md, for its configs) is downloaded. Raises UserError naming the repo
+    and what to do."""
     uri = HubUri.parse(spec)
     with hub_errors(uri.repo, uri.revision, token):
         commit, listing, cached = _cached_listing(uri) if offline() else _listing(uri, token)
