@@ -401,6 +401,20 @@ def test_a_card_config_offline_from_the_cache(
         load_prompts("hf://datasets/org/carded", options=ReadOptions(subset="de"))
 
 
+def test_offline_without_the_card_in_the_cache_says_the_names_chose(
+    hub: LoopbackHub, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    card_repo(hub)
+    options = ReadOptions(columns=ULTRACHAT, split="train_sft")
+    # A path spec reads no card: the cache gets the files only.
+    load_prompts("hf://datasets/org/carded/data/train_sft-*", options=options)
+    _offline(monkeypatch)
+    with caplog.at_level("WARNING", logger="regen.prompts.hub"):
+        found = load_prompts("hf://datasets/org/carded", options=options)
+    assert found.source is not None and found.source["selected_by"] == "split train_sft"
+    assert "README.md is not in the cache" in caplog.text
+
+
 @pytest.mark.parametrize(
     "pattern",
     [
@@ -631,8 +645,9 @@ def test_a_malformed_uri_is_a_config_error(
 def test_a_cache_filled_by_hf_download_serves_an_offline_run(
     hub: LoopbackHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's air-gapped recipe: `hf download` on a connected machine, then offline."""
-    sha = ultrachat_repo(hub)
+    """The README's air-gapped recipe: `hf download` on a connected machine, then offline;
+    the card comes along, so its configs choose offline as they do online."""
+    sha = card_repo(hub, "HuggingFaceH4/ultrachat")
     env = {**os.environ, **hub.env(str(tmp_path / "hf"))}
     done = subprocess.run(
         [
@@ -643,6 +658,8 @@ def test_a_cache_filled_by_hf_download_serves_an_offline_run(
             "dataset",
             "--include",
             "data/train_sft-*",
+            "--include",
+            "README.md",
         ],
         env=env,
         capture_output=True,
@@ -658,6 +675,7 @@ def test_a_cache_filled_by_hf_download_serves_an_offline_run(
         options=ReadOptions(columns=ULTRACHAT, split="train_sft"),
     )
     assert found.num_valid == 50 and found.source is not None and found.source["commit"] == sha
+    assert found.source["selected_by"] == "README.md configs: config default, split train_sft"
 
 
 def test_the_plan_carries_the_commit_every_node_reads(hub: LoopbackHub, tmp_path: Path) -> None:
