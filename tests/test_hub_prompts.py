@@ -469,6 +469,37 @@ def test_patterns_match_as_datasets_resolves_them(pattern: str, tmp_path: Path) 
     assert ours == [Path(p).relative_to(tmp_path).as_posix() for p in expected]
 
 
+@pytest.mark.parametrize(
+    ("data_files", "data_dir", "chosen"),
+    [
+        ("sub/a.jsonl", None, ["sub/a.jsonl"]),  # one path: the split train
+        (["sub/b.jsonl", "sub/a.jsonl"], None, ["sub/b.jsonl", "sub/a.jsonl"]),  # in their order
+        (["sub/*.jsonl", "sub/a.jsonl"], None, ["sub/a.jsonl", "sub/b.jsonl"]),  # each file once
+        ([{"split": "train", "path": "*.jsonl"}], "sub", ["sub/a.jsonl", "sub/b.jsonl"]),
+    ],
+)
+def test_data_files_forms_and_data_dir(
+    data_files: Any, data_dir: str | None, chosen: list[str]
+) -> None:
+    from regen.prompts.hub import _configs
+
+    listing = [HubFile(f, 1) for f in ["sub/a.jsonl", "sub/b.jsonl", "top.jsonl", "README.md"]]
+    uri = HubUri.parse("hf://datasets/o/n")
+    card = {"configs": [{"config_name": "c", "data_files": data_files, "data_dir": data_dir}]}
+    found, how = _select(uri, listing, None, None, _configs(uri, card))
+    assert [f.path for f in found] == chosen and how == "README.md configs: config c, split train"
+
+
+def test_a_split_with_files_regen_cannot_read_is_refused() -> None:
+    from regen.prompts.hub import _configs
+
+    uri = HubUri.parse("hf://datasets/o/n")
+    card = {"configs": [{"config_name": "c", "data_files": "data/*"}]}
+    listing = [HubFile("data/a.parquet", 1), HubFile("data/b.csv", 1)]
+    with pytest.raises(UserError, match=r"has files regen cannot read \(data/b.csv\)"):
+        _select(uri, listing, None, None, _configs(uri, card))
+
+
 def test_a_malformed_card_is_one_line_naming_the_card(hub: LoopbackHub) -> None:
     for header, problem in [
         (b"configs: [{data_files: x.jsonl}]", "each config needs a config_name"),
