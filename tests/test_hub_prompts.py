@@ -345,7 +345,7 @@ def test_the_default_config_and_its_named_split(hub: LoopbackHub) -> None:
     # A config with only a data_dir: the naming conventions pick under it.
     found = load_prompts("hf://datasets/org/carded", options=ReadOptions(subset="fr"))
     assert found.source is not None and found.source["files"] == ["french/train.jsonl"]
-    assert found.source["selected_by"] == "README.md configs: config fr, split train of config fr"
+    assert found.source["selected_by"] == "README.md configs: split train of config fr"
     # A path in the spec names the files itself: the card is not read.
     asked = hub.count("GET", "/README.md")
     found = load_prompts("hf://datasets/org/carded/english/more/deeper/c.parquet")
@@ -488,6 +488,22 @@ def test_data_files_forms_and_data_dir(
     card = {"configs": [{"config_name": "c", "data_files": data_files, "data_dir": data_dir}]}
     found, how = _select(uri, listing, None, None, _configs(uri, card))
     assert [f.path for f in found] == chosen and how == "README.md configs: config c, split train"
+
+
+def test_several_configs_and_none_the_default_asks_for_input_subset() -> None:
+    from regen.prompts.hub import _configs
+
+    uri = HubUri.parse("hf://datasets/o/n")
+    card = {"configs": [{"config_name": "a"}, {"config_name": "b"}]}
+    listing = [HubFile("a/train.jsonl", 1), HubFile("b/train.jsonl", 1)]
+    with pytest.raises(UserError) as err:
+        _select(uri, listing, None, None, _configs(uri, card))
+    assert str(err.value) == (
+        "hf://datasets/o/n: README.md declares configs a, b and none is the default: "
+        "set input.subset"
+    )
+    found, _ = _select(uri, listing, None, "b", _configs(uri, card))
+    assert [f.path for f in found] == ["a/train.jsonl", "b/train.jsonl"], "no data_dir: all"
 
 
 def test_a_split_with_files_regen_cannot_read_is_refused() -> None:

@@ -446,7 +446,7 @@ def _by_config(
         if config.data_dir:
             data = _under(data, config.data_dir)
         found, how = _by_convention(uri, data, split, f" of config {config.name}")
-        return found, f"{by}, {how}"
+        return found, f"{CARD} configs: {how}"
     splits = list(config.splits)
     if split is None:
         # `train`, or the only split; with several and no train, the error below names them.
