@@ -239,11 +239,15 @@ class InputConfig(_Section):
     split: str | None = Field(
         default=None,
         min_length=1,
-        description="hf:// prompts without a path: the split whose files are read "
-        "(data/<split>-*.parquet, <split>/, <split>.jsonl ...); default train, or the only one.",
+        description="hf:// prompts without a path: the split whose files are read (a "
+        "data_files split of the README.md's configs, else by the file names: "
+        "data/<split>-*.parquet, <split>/, <split>.jsonl ...); default train, or the only one.",
     )
     subset: str | None = Field(
-        default=None, min_length=1, description="hf:// prompts: the config directory to read."
+        default=None,
+        min_length=1,
+        description="hf:// prompts without a path: the config_name of the README.md's configs "
+        "(default: the card's default config), or without configs the config directory to read.",
     )
     id_column: str | None = Field(
         default=None,

@@ -133,9 +133,11 @@ def test_ultrachat_split_reads_both_shards_of_one_commit_by_prompt_id(hub: Loopb
     }
     # The conversation is kept as given; `turns: last` regenerates its final answer.
     assert [m["role"] for m in found.valid["messages"][0]] == ["user", "assistant"]
-    # One listing, then only the two selected files (each a HEAD and its LFS redirect's GET).
+    # One listing, the card (its configs, if any), then only the two selected files (each a
+    # HEAD and its LFS redirect's GET).
     assert hub.count("GET", "/api/datasets/") == 2  # dataset_info, snapshot_download's tree
-    assert hub.count("HEAD", "/resolve/") == 2 and hub.count("GET", "/cdn/") == 2
+    assert hub.count("GET", "/resolve/") == 1 and hub.count("GET", "/README.md") == 1
+    assert hub.count("HEAD", ".parquet") == 2 and hub.count("GET", "/cdn/") == 2
     assert hub.count("HEAD", "test_sft") == 0, "the other split is not downloaded"
 
 
@@ -268,7 +270,268 @@ def test_preview_downloads_only_the_first_file(hub: LoopbackHub) -> None:
     options = ReadOptions(columns=ULTRACHAT, split="train_sft")
     found = preview("hf://datasets/HuggingFaceH4/ultrachat", 10, options=options)
     assert (found.valid, found.rejected) == (10, 0)
-    assert hub.count("HEAD", "/resolve/") == 1
+    assert hub.count("HEAD", ".parquet") == 1
+
+
+# -- a dataset card's configs (README.md `configs:`), honoured before the conventions ------
+
+CARD = b"""---
+license: mit
+configs:
+- config_name: default
+  default: true
+  data_files:
+  - split: train_sft
+    path: data/train_sft-*
+  - split: test_sft
+    path: data/test_sft-*
+- config_name: en
+  data_files:
+  - split: train
+    path: ["english/part-*.parquet", "english/more/*.parquet"]
+- config_name: fr
+  data_dir: french
+---
+# A card
+"""
+
+
+def card_repo(hub: LoopbackHub, repo: str = "org/carded") -> str:
+    """Files the conventions alone would choose differently: `english/` names no split (all
+    four files would be one split), and `english/more/deeper/` is under none of en's patterns
+    (`*` stays within one directory)."""
+    return hub.commit(
+        repo,
+        {
+            "README.md": CARD,
+            "data/train_sft-00000-of-00002-aa.parquet": parquet(ultrachat_rows(0, 30)),
+            "data/train_sft-00001-of-00002-bb.parquet": parquet(ultrachat_rows(30, 50)),
+            "data/test_sft-00000-of-00001-cc.parquet": parquet(ultrachat_rows(900, 910)),
+            "english/part-0.parquet": parquet(ultrachat_rows(100, 105)),
+            "english/part-1.parquet": parquet(ultrachat_rows(105, 110)),
+            "english/more/b.parquet": parquet(ultrachat_rows(110, 112)),
+            "english/more/deeper/c.parquet": parquet(ultrachat_rows(112, 120)),
+            "french/train.jsonl": sharegpt_jsonl(0, 4),
+            "french/test.jsonl": sharegpt_jsonl(4, 6),
+        },
+    )
+
+
+def test_a_card_config_with_a_list_of_patterns_chosen_by_subset(hub: LoopbackHub) -> None:
+    sha = card_repo(hub)
+    found = load_prompts(
+        "hf://datasets/org/carded", options=ReadOptions(columns=ULTRACHAT, subset="en")
+    )
+    assert found.source == {
+        "repo": "org/carded",
+        "revision": "main",
+        "commit": sha,
+        "selected_by": "README.md configs: config en, split train",
+        # Pattern by pattern, each one's files in name order; not english/more/deeper/.
+        "files": ["english/part-0.parquet", "english/part-1.parquet", "english/more/b.parquet"],
+    }
+    assert found.valid["id"].to_list() == [f"uc-{i:05d}" for i in range(100, 112)]
+    assert hub.count("HEAD", "deeper") == 0 and hub.count("HEAD", "data/") == 0
+
+
+def test_the_default_config_and_its_named_split(hub: LoopbackHub) -> None:
+    card_repo(hub)
+    found = load_prompts(
+        "hf://datasets/org/carded", options=ReadOptions(columns=ULTRACHAT, split="test_sft")
+    )
+    assert found.source is not None
+    assert found.source["selected_by"] == "README.md configs: config default, split test_sft"
+    assert found.source["files"] == ["data/test_sft-00000-of-00001-cc.parquet"]
+    # A config with only a data_dir: the naming conventions pick under it.
+    found = load_prompts("hf://datasets/org/carded", options=ReadOptions(subset="fr"))
+    assert found.source is not None and found.source["files"] == ["french/train.jsonl"]
+    assert found.source["selected_by"] == "README.md configs: split train of config fr"
+    # A path in the spec names the files itself: the card is not read.
+    asked = hub.count("GET", "/README.md")
+    found = load_prompts("hf://datasets/org/carded/english/more/deeper/c.parquet")
+    assert found.num_valid == 8 and hub.count("GET", "/README.md") == asked
+
+
+@pytest.mark.parametrize(
+    ("split", "subset", "message"),
+    [
+        (
+            None,
+            None,
+            "hf://datasets/org/carded: no split train in config default of README.md's "
+            "configs (splits: train_sft, test_sft): set input.split",
+        ),
+        (
+            "validation",
+            "en",
+            "hf://datasets/org/carded: no split validation in config en of README.md's "
+            "configs (splits: train): set input.split",
+        ),
+        (
+            "train",
+            "de",
+            "hf://datasets/org/carded: no config de in README.md's configs "
+            "(configs: default, en, fr): set input.subset",
+        ),
+    ],
+)
+def test_an_unknown_config_or_split_names_the_ones_the_card_declares(
+    split: str | None, subset: str | None, message: str, hub: LoopbackHub
+) -> None:
+    card_repo(hub)
+    with pytest.raises(UserError) as err:
+        load_prompts("hf://datasets/org/carded", options=ReadOptions(split=split, subset=subset))
+    assert str(err.value) == message
+
+
+def test_a_card_config_offline_from_the_cache(
+    hub: LoopbackHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    card_repo(hub)
+    options = ReadOptions(columns=ULTRACHAT, subset="en")
+    online = load_prompts("hf://datasets/org/carded", options=options)
+    hub.stop()
+    asked = len(hub.requests)
+    _offline(monkeypatch)
+    offline = load_prompts("hf://datasets/org/carded", options=options)
+    assert offline.valid.equals(online.valid) and offline.source == online.source
+    assert len(hub.requests) == asked
+    # The card came with the files: offline, an unknown config still names the card's.
+    with pytest.raises(UserError, match=r"no config de in README.md's configs \(configs: default"):
+        load_prompts("hf://datasets/org/carded", options=ReadOptions(subset="de"))
+
+
+def test_offline_without_the_card_in_the_cache_says_the_names_chose(
+    hub: LoopbackHub, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    card_repo(hub)
+    options = ReadOptions(columns=ULTRACHAT, split="train_sft")
+    # A path spec reads no card: the cache gets the files only.
+    load_prompts("hf://datasets/org/carded/data/train_sft-*", options=options)
+    _offline(monkeypatch)
+    with caplog.at_level("WARNING", logger="regen.prompts.hub"):
+        found = load_prompts("hf://datasets/org/carded", options=options)
+    assert found.source is not None and found.source["selected_by"] == "split train_sft"
+    assert "README.md is not in the cache" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "data/*",
+        "data/**",
+        "**",
+        "**/*.parquet",
+        "*/train-*.parquet",
+        "data/train-0000?.parquet",
+        "data/[ab]*.jsonl",
+        "data/train-00000.parquet",
+        "data",
+        "README.md",
+        "*.md",
+        ".hidden/*",
+        "*/*",
+        "__pycache__/*",
+        "**/x.json",
+        "data/**/*.jsonl",
+    ],
+)
+def test_patterns_match_as_datasets_resolves_them(pattern: str, tmp_path: Path) -> None:
+    """`datasets`' own resolve_pattern, on the same files on disk, is the reference."""
+    from datasets.data_files import resolve_pattern  # type: ignore[import-untyped]
+
+    from regen.prompts.hub import _matching
+
+    paths = [
+        "README.md",
+        "config.json",
+        "data/train-00000.parquet",
+        "data/train-00001.parquet",
+        "data/a.jsonl",
+        "data/b.jsonl",
+        "data/c.jsonl",
+        "data/deep/x.json",
+        "data/deep/deeper/y.jsonl",
+        "data/.hidden.jsonl",
+        ".hidden/z.jsonl",
+        "__pycache__/w.jsonl",
+        "top.parquet",
+    ]
+    for path in paths:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x")
+    try:
+        expected = resolve_pattern(pattern, base_path=tmp_path.as_posix())
+    except FileNotFoundError:
+        expected = []
+    listing = [HubFile(p, 1) for p in sorted(paths)]
+    ours = [f.path for f in _matching(HubUri.parse("hf://datasets/o/n"), listing, pattern)]
+    assert ours == [Path(p).relative_to(tmp_path).as_posix() for p in expected]
+
+
+@pytest.mark.parametrize(
+    ("data_files", "data_dir", "chosen"),
+    [
+        ("sub/a.jsonl", None, ["sub/a.jsonl"]),  # one path: the split train
+        (["sub/b.jsonl", "sub/a.jsonl"], None, ["sub/b.jsonl", "sub/a.jsonl"]),  # in their order
+        (["sub/*.jsonl", "sub/a.jsonl"], None, ["sub/a.jsonl", "sub/b.jsonl"]),  # each file once
+        ([{"split": "train", "path": "*.jsonl"}], "sub", ["sub/a.jsonl", "sub/b.jsonl"]),
+    ],
+)
+def test_data_files_forms_and_data_dir(
+    data_files: Any, data_dir: str | None, chosen: list[str]
+) -> None:
+    from regen.prompts.hub import _configs
+
+    listing = [HubFile(f, 1) for f in ["sub/a.jsonl", "sub/b.jsonl", "top.jsonl", "README.md"]]
+    uri = HubUri.parse("hf://datasets/o/n")
+    card = {"configs": [{"config_name": "c", "data_files": data_files, "data_dir": data_dir}]}
+    found, how = _select(uri, listing, None, None, _configs(uri, card))
+    assert [f.path for f in found] == chosen and how == "README.md configs: config c, split train"
+
+
+def test_several_configs_and_none_the_default_asks_for_input_subset() -> None:
+    from regen.prompts.hub import _configs
+
+    uri = HubUri.parse("hf://datasets/o/n")
+    card = {"configs": [{"config_name": "a"}, {"config_name": "b"}]}
+    listing = [HubFile("a/train.jsonl", 1), HubFile("b/train.jsonl", 1)]
+    with pytest.raises(UserError) as err:
+        _select(uri, listing, None, None, _configs(uri, card))
+    assert str(err.value) == (
+        "hf://datasets/o/n: README.md declares configs a, b and none is the default: "
+        "set input.subset"
+    )
+    found, _ = _select(uri, listing, None, "b", _configs(uri, card))
+    assert [f.path for f in found] == ["a/train.jsonl", "b/train.jsonl"], "no data_dir: all"
+
+
+def test_a_split_with_files_regen_cannot_read_is_refused() -> None:
+    from regen.prompts.hub import _configs
+
+    uri = HubUri.parse("hf://datasets/o/n")
+    card = {"configs": [{"config_name": "c", "data_files": "data/*"}]}
+    listing = [HubFile("data/a.parquet", 1), HubFile("data/b.csv", 1)]
+    with pytest.raises(UserError, match=r"has files regen cannot read \(data/b.csv\)"):
+        _select(uri, listing, None, None, _configs(uri, card))
+
+
+def test_a_malformed_card_is_one_line_naming_the_card(hub: LoopbackHub) -> None:
+    for header, problem in [
+        (b"configs: [{data_files: x.jsonl}]", "each config needs a config_name"),
+        (b"configs:\n- config_name: a\n  data_files: {train: x}", "config a: data_files must"),
+        (
+            b"configs:\n- config_name: a\n  default: true\n- config_name: b\n  default: true",
+            "several configs are the default",
+        ),
+        (b"configs: [", "README.md's YAML header does not parse"),
+    ]:
+        hub.commit("org/bad", {"README.md": b"---\n" + header + b"\n---\n"}, replace=True)
+        hub.commit("org/bad", {"train.jsonl": sharegpt_jsonl(0, 2)})
+        with pytest.raises(UserError) as err:
+            load_prompts("hf://datasets/org/bad")
+        assert str(err.value).startswith("hf://datasets/org/bad: "), err.value
+        assert problem in str(err.value) and "\n" not in str(err.value), err.value
 
 
 # -- the errors, through `regen check` ---------------------------------------------------
@@ -317,6 +580,27 @@ def test_check_resolves_and_lists_without_downloading(
     assert code == 0, out
 
 
+def test_check_says_the_card_chose_the_files(
+    hub: LoopbackHub,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    sha = card_repo(hub)
+    code, out = _check(
+        tmp_path,
+        capsys,
+        "hf://datasets/org/carded",
+        input={"subset": "en", "id_column": "prompt_id"},
+    )
+    assert (
+        f"hf://datasets/org/carded at commit {sha}: README.md configs: config en, split train, "
+        "3 files" in out
+    ), out
+    assert code == 0, out
+
+
 _NOT_FOUND = "repository not found, or private: check ORG/NAME, or set HF_TOKEN"
 
 
@@ -329,6 +613,15 @@ _NOT_FOUND = "repository not found, or private: check ORG/NAME, or set HF_TOKEN"
         ("private, wrong token", "org/private: repository not found (or the token given cannot"),
         ("gated, no token", "org/gated: gated: accept its conditions on the Hub page, then set"),
         ("no such split", "org/public: no prompt file matches split dev (splits present: train)"),
+        (
+            "no such config split",
+            "org/carded: no split dev in config default of README.md's configs (splits: "
+            "train_sft, test_sft): set input.split",
+        ),
+        (
+            "no such config",
+            "org/carded: no config de in README.md's configs (configs: default, en, fr)",
+        ),
         ("hub down, no cache", "org/public: cannot reach the Hub at http://127.0.0.1:"),
         ("offline, no cache", "org/public: HF_HUB_OFFLINE=1 and the cache"),
     ],
@@ -358,6 +651,10 @@ def test_hub_errors_are_one_line_naming_the_repo_and_the_fix(
         prompts = "hf://datasets/org/gated"
     elif case == "no such split":
         extra = {"input": {"split": "dev"}}
+    elif case.startswith("no such config"):
+        card_repo(hub)
+        prompts = "hf://datasets/org/carded"
+        extra = {"input": {"split": "dev"} if case.endswith("split") else {"subset": "de"}}
     elif case == "hub down, no cache":
         hub.stop()
     elif case == "offline, no cache":
@@ -395,8 +692,9 @@ def test_a_malformed_uri_is_a_config_error(
 def test_a_cache_filled_by_hf_download_serves_an_offline_run(
     hub: LoopbackHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's air-gapped recipe: `hf download` on a connected machine, then offline."""
-    sha = ultrachat_repo(hub)
+    """The README's air-gapped recipe: `hf download` on a connected machine, then offline;
+    the card comes along, so its configs choose offline as they do online."""
+    sha = card_repo(hub, "HuggingFaceH4/ultrachat")
     env = {**os.environ, **hub.env(str(tmp_path / "hf"))}
     done = subprocess.run(
         [
@@ -407,6 +705,8 @@ def test_a_cache_filled_by_hf_download_serves_an_offline_run(
             "dataset",
             "--include",
             "data/train_sft-*",
+            "--include",
+            "README.md",
         ],
         env=env,
         capture_output=True,
@@ -422,6 +722,7 @@ def test_a_cache_filled_by_hf_download_serves_an_offline_run(
         options=ReadOptions(columns=ULTRACHAT, split="train_sft"),
     )
     assert found.num_valid == 50 and found.source is not None and found.source["commit"] == sha
+    assert found.source["selected_by"] == "README.md configs: config default, split train_sft"
 
 
 def test_the_plan_carries_the_commit_every_node_reads(hub: LoopbackHub, tmp_path: Path) -> None:

@@ -70,7 +70,8 @@ def _other_run(config: RegenConfig, storage: Storage) -> str | None:
 
 def check_prompt_source(config: RegenConfig, hf_token: str | None = None) -> CheckRow:
     """A Hub prompt set: its revision resolved to a commit and the files its split selects,
-    with their sizes; nothing is downloaded (the prompts row then reads the first file)."""
+    with their sizes; only the dataset card is downloaded (the prompts row then reads the
+    first file)."""
     from regen.prompts.hub import resolve
 
     try:

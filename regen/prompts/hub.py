@@ -7,9 +7,16 @@ present) picks the files by the Hub's naming conventions: `data/<split>-00000-of
 a `<split>/` directory, a `<split>.jsonl` or `<split>_part1.jsonl` file; `input.subset` first
 narrows to a config's directory. A repo whose files name no split at all is one split.
 
-Listing needs the Hub (one API call, nothing downloaded); with `HF_HUB_OFFLINE=1` the listing
-is the cache's snapshot of the commit the revision last resolved to. Files arrive through
-huggingface_hub's `snapshot_download` into its cache (its progress bars, retries, resume).
+A dataset card (README.md at the commit) that declares `configs:` is honoured first, as
+Hugging Face `datasets` does: `input.subset` names a `config_name` (default: the one marked
+`default: true`, or `default`, or the only one), `input.split` one of its `data_files` splits,
+and the files are those its patterns match (`fsspec` glob rules, as `datasets` resolves them).
+
+Listing needs the Hub (one API call; of the files, only the card is downloaded); with
+`HF_HUB_OFFLINE=1` the listing is the cache's snapshot of the commit the revision last resolved
+to, and the card the cached one (a cache without it falls back to the naming conventions).
+Files arrive through huggingface_hub's `snapshot_download` into its cache (its progress bars,
+retries, resume).
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from __future__ import annotations
 import fnmatch
 import glob
 import logging
+import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +58,19 @@ _SPLIT_WORDS = {
     "evaluation": "test",
 }
 _WORD = re.compile(r"([A-Za-z]+)(?:[-._ 0-9]|$)")
+CARD = "README.md"
+# What `datasets` never takes for data unless a pattern names the file itself
+# (datasets.data_files.FILES_TO_IGNORE).
+_NOT_DATA = frozenset(
+    {
+        "README.md",
+        "config.json",
+        "dataset_info.json",
+        "dataset_infos.json",
+        "dummy_data.zip",
+        "dataset_dict.json",
+    }
+)
 
 
 def is_hub(spec: str) -> bool:
@@ -126,13 +148,124 @@ class HubSelection:
 def resolve(
     spec: str, *, split: str | None = None, subset: str | None = None, token: str | None = None
 ) -> HubSelection:
-    """The commit `spec`'s revision is at and the prompt files it names there; nothing is
-    downloaded. Raises UserError naming the repo and what to do."""
+    """The commit `spec`'s revision is at and the prompt files it names there; of the files
+    only the card (README.md, for its configs) is downloaded. Raises UserError naming the repo
+    and what to do."""
     uri = HubUri.parse(spec)
     with hub_errors(uri.repo, uri.revision, token):
-        commit, listing = _cached_listing(uri) if offline() else _listing(uri, token)
-    files, chosen_by = _select(uri, listing, split, subset)
+        commit, listing, cached = _cached_listing(uri) if offline() else _listing(uri, token)
+        # A path in the spec names the files itself, as `data_files=` does to `datasets`.
+        card = None if uri.path else _card(uri, commit, listing, cached, token)
+    configs = _configs(uri, card)
+    files, chosen_by = _select(uri, listing, split, subset, configs)
     return HubSelection(uri, commit, files, chosen_by)
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    """One entry of a dataset card's `configs:`. `splits` maps each split to its `data_files`
+    patterns, None when the config gives none (the naming conventions then pick, under
+    `data_dir` when it has one)."""
+
+    name: str
+    default: bool
+    data_dir: str | None
+    splits: dict[str, list[str]] | None
+
+
+def _card(
+    uri: HubUri, commit: str, listing: list[HubFile], cached: bool, token: str | None
+) -> dict[str, Any] | None:
+    """The YAML header of the dataset card at `commit`, None without a card. The card is one
+    small file, fetched at the commit (so a rerun pinned to it reads the same configs) into
+    huggingface_hub's cache, where an offline run finds it."""
+    import yaml
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.repocard import metadata_load
+
+    if not any(f.path == CARD for f in listing):
+        if cached:  # the cache's snapshot holds what was downloaded, maybe not the card
+            log.warning(
+                "%s: %s is not in the cache at commit %s: files are chosen by the Hub's "
+                "naming conventions, not by any configs the card declares",
+                uri.repo,
+                CARD,
+                commit,
+            )
+        return None
+    path = hf_hub_download(uri.repo_id, CARD, repo_type="dataset", revision=commit, token=token)
+    try:
+        return metadata_load(path)
+    except (ValueError, yaml.YAMLError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"{uri.repo}: {CARD}'s YAML header does not parse: {first}") from None
+
+
+def _configs(uri: HubUri, card: dict[str, Any] | None) -> list[HubConfig]:
+    """The card's `configs:`, checked as `datasets` checks them (its MetadataConfigs)."""
+    raw = (card or {}).get("configs")
+    if not raw:
+        return []
+
+    def bad(problem: str) -> UserError:
+        return UserError(
+            f"{uri.repo}: {CARD}'s configs: {problem}: fix the card, or name the files "
+            "in the spec (hf://datasets/ORG/NAME/PATH-OR-GLOB)"
+        )
+
+    if not isinstance(raw, list):
+        raise bad("expected a list of configs")
+    configs: list[HubConfig] = []
+    for entry in raw:
+        if not isinstance(entry, dict) or not isinstance(entry.get("config_name"), str):
+            raise bad(f"each config needs a config_name, got {entry!r}")
+        name = entry["config_name"]
+        data_dir = entry.get("data_dir")
+        if data_dir is not None and not isinstance(data_dir, str):
+            raise bad(f"config {name}: data_dir must be a string")
+        try:
+            splits = _data_files(entry.get("data_files"))
+        except ValueError as err:
+            raise bad(f"config {name}: {err}") from None
+        if any(c.name == name for c in configs):
+            raise bad(f"config {name} is declared twice")
+        configs.append(HubConfig(name, bool(entry.get("default")), data_dir, splits or None))
+    if len([c for c in configs if _is_default(c, configs)]) > 1:
+        raise bad("several configs are the default")
+    return configs
+
+
+def _data_files(value: Any) -> dict[str, list[str]] | None:
+    """`data_files` as `datasets.data_files.sanitize_patterns` reads it: one pattern or a list
+    is the split `train`; a list of `{split, path}` names each split. None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return {"train": [value]}
+    malformed = ValueError("data_files must be a path, a list of paths, or a list of {split, path}")
+    if not isinstance(value, list):
+        raise malformed
+    if all(isinstance(v, str) for v in value):
+        return {"train": list(value)}
+    splits: dict[str, list[str]] = {}
+    for item in value:
+        if not (isinstance(item, dict) and set(item) == {"split", "path"}):
+            raise malformed
+        split, path = item["split"], item["path"]
+        paths = [path] if isinstance(path, str) else path
+        if not isinstance(split, str) or not isinstance(paths, list):
+            raise malformed
+        if not all(isinstance(p, str) for p in paths):
+            raise malformed
+        if split in splits:
+            raise ValueError(f"split {split} is named twice")
+        splits[split] = paths
+    return splits
+
+
+def _is_default(config: HubConfig, configs: list[HubConfig]) -> bool:
+    """`datasets`' MetadataConfigs.get_default_config_name: marked, named `default`, or alone."""
+    return len(configs) == 1 or config.default or config.name == "default"
 
 
 def download(selection: HubSelection, token: str | None = None) -> list[Path]:
@@ -174,16 +307,17 @@ def _remember_revision(selection: HubSelection) -> None:
     temp.replace(ref)  # atomic: a concurrent reader never sees a half-written ref
 
 
-def _listing(uri: HubUri, token: str | None) -> tuple[str, list[HubFile]]:
+def _listing(uri: HubUri, token: str | None) -> tuple[str, list[HubFile], bool]:
     """The Hub's listing, or the cache's when the Hub cannot be reached (as huggingface_hub's
-    own downloads fall back): a network blip does not stop a run whose files are cached."""
+    own downloads fall back): a network blip does not stop a run whose files are cached.
+    The flag says the listing is the cache's."""
     import httpx2
 
     try:
-        return _hub_listing(uri, token)
+        return (*_hub_listing(uri, token), False)
     except httpx2.TransportError as err:
         try:
-            commit, files = _cached_listing(uri)
+            commit, files, _ = _cached_listing(uri)
         except FileNotFoundError:
             raise err from None
         log.warning(
@@ -192,7 +326,7 @@ def _listing(uri: HubUri, token: str | None) -> tuple[str, list[HubFile]]:
             type(err).__name__,
             commit,
         )
-        return commit, files
+        return commit, files, True
 
 
 def _hub_listing(uri: HubUri, token: str | None) -> tuple[str, list[HubFile]]:
@@ -205,7 +339,7 @@ def _hub_listing(uri: HubUri, token: str | None) -> tuple[str, list[HubFile]]:
     return info.sha, [HubFile(s.rfilename, s.size) for s in info.siblings or []]
 
 
-def _cached_listing(uri: HubUri) -> tuple[str, list[HubFile]]:
+def _cached_listing(uri: HubUri) -> tuple[str, list[HubFile], bool]:
     """Offline: the commit the revision last resolved to in the cache, and that snapshot's
     files (those some earlier download brought)."""
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -224,11 +358,15 @@ def _cached_listing(uri: HubUri) -> tuple[str, list[HubFile]]:
         for p in sorted(snapshot.rglob("*"))
         if p.is_file()
     ]
-    return commit, files
+    return commit, files, True
 
 
 def _select(
-    uri: HubUri, listing: list[HubFile], split: str | None, subset: str | None
+    uri: HubUri,
+    listing: list[HubFile],
+    split: str | None,
+    subset: str | None,
+    configs: list[HubConfig] | None = None,
 ) -> tuple[list[HubFile], str]:
     data = sorted((f for f in listing if f.path.endswith(DATA_SUFFIXES)), key=lambda f: f.path)
     if uri.path:
@@ -236,13 +374,26 @@ def _select(
         if not found:
             raise UserError(f"{uri.repo}: no prompt file matches {uri.path} ({_some(data)})")
         return found, f"path {uri.path}"
+    if configs:
+        return _by_config(uri, listing, split, _config(uri, configs, subset))
     if subset:
-        data = [f for f in data if f.path.startswith(f"{subset.strip('/')}/")]
+        data = _under(data, subset)
         if not data:
             raise UserError(
                 f"{uri.repo}: no prompt files under subset directory {subset}/: check input.subset"
             )
-    named = f" of subset {subset}" if subset else ""
+    return _by_convention(uri, data, split, f" of subset {subset}" if subset else "")
+
+
+def _under(data: list[HubFile], directory: str) -> list[HubFile]:
+    return [f for f in data if f.path.startswith(f"{directory.strip('/')}/")]
+
+
+def _by_convention(
+    uri: HubUri, data: list[HubFile], split: str | None, named: str
+) -> tuple[list[HubFile], str]:
+    """The files of `split` by the Hub's naming conventions; `named` says in messages which
+    part of the repo `data` is."""
     present = sorted({s for f in data if (s := _split_of(f.path)) is not None})
     if split is None:
         if any(_in_split(f.path, "train") for f in data):
@@ -263,6 +414,112 @@ def _select(
             f"{', '.join(present) or 'none'}): set input.split, or name the files after the repo"
         )
     return found, f"split {split}{named}"
+
+
+def _config(uri: HubUri, configs: list[HubConfig], subset: str | None) -> HubConfig:
+    """The card's config `input.subset` names, or its default."""
+    names = ", ".join(c.name for c in configs)
+    if subset is None:
+        default = [c for c in configs if _is_default(c, configs)]
+        if not default:
+            raise UserError(
+                f"{uri.repo}: {CARD} declares configs {names} and none is the default: "
+                "set input.subset"
+            )
+        return default[0]
+    for config in configs:
+        if config.name == subset:
+            return config
+    raise UserError(
+        f"{uri.repo}: no config {subset} in {CARD}'s configs (configs: {names}): set input.subset"
+    )
+
+
+def _by_config(
+    uri: HubUri, listing: list[HubFile], split: str | None, config: HubConfig
+) -> tuple[list[HubFile], str]:
+    """The files of one split of a card's config: its `data_files` patterns resolved as
+    `datasets` resolves them, pattern by pattern, each pattern's files in name order."""
+    by = f"{CARD} configs: config {config.name}"
+    if config.splits is None:  # no data_files: the conventions, under data_dir when given
+        data = sorted((f for f in listing if f.path.endswith(DATA_SUFFIXES)), key=lambda f: f.path)
+        if config.data_dir:
+            data = _under(data, config.data_dir)
+        found, how = _by_convention(uri, data, split, f" of config {config.name}")
+        return found, f"{CARD} configs: {how}"
+    splits = list(config.splits)
+    if split is None:
+        # `train`, or the only split; with several and no train, the error below names them.
+        split = "train" if "train" in splits or len(splits) > 1 else splits[0]
+    if split not in config.splits:
+        raise UserError(
+            f"{uri.repo}: no split {split} in config {config.name} of {CARD}'s configs "
+            f"(splits: {', '.join(splits)}): set input.split"
+        )
+    ordered = sorted(listing, key=lambda f: f.path)
+    chosen: dict[str, HubFile] = {}  # a file two patterns match is read once
+    for pattern in config.splits[split]:
+        # Relative to data_dir when the config has one, as `datasets` joins them.
+        full = posixpath.join(config.data_dir, pattern) if config.data_dir else pattern
+        for f in _matching(uri, ordered, full):
+            chosen.setdefault(f.path, f)
+    where = f"split {split} of config {config.name} in {CARD}'s configs"
+    if not chosen:
+        patterns = ", ".join(config.splits[split])
+        raise UserError(f"{uri.repo}: no file matches {where} ({patterns})")
+    unreadable = [p for p in chosen if not p.endswith(DATA_SUFFIXES)]
+    if unreadable:
+        raise UserError(
+            f"{uri.repo}: {where} has files regen cannot read ({', '.join(unreadable[:3])}): "
+            "prompts are .jsonl, .json or .parquet; name the files in the spec instead"
+        )
+    return list(chosen.values()), f"{by}, split {split}"
+
+
+def _matching(uri: HubUri, listing: list[HubFile], pattern: str) -> list[HubFile]:
+    """The files `pattern` names, as `datasets.data_files.resolve_pattern` finds them: fsspec's
+    glob (`*` within one directory, `**` across them, `?`, `[...]`), a plain path only
+    itself; card and metadata files, hidden files and `__special__` directories only when
+    the pattern names them."""
+    # huggingface_hub's own dependency (HfFileSystem); the function fsspec's glob matches with.
+    from fsspec.utils import glob_translate  # type: ignore[import-untyped]
+
+    if "://" in pattern:
+        raise UserError(
+            f"{uri.repo}: {CARD}'s configs name {pattern}, outside the repo: name the files "
+            "in the spec instead"
+        )
+    if _GLOB.search(pattern):
+        try:
+            regex = re.compile(glob_translate(pattern))
+        except ValueError as err:  # `**` inside a name
+            raise UserError(f"{uri.repo}: {CARD}'s configs: {pattern}: {err}") from None
+        hits = [f for f in listing if regex.match(f.path)]
+    else:
+        hits = [f for f in listing if f.path == pattern]
+    name = posixpath.basename(pattern)
+    return [
+        f
+        for f in hits
+        if (posixpath.basename(f.path) not in _NOT_DATA or posixpath.basename(f.path) == name)
+        and _count(f.path, _hidden) == _count(pattern, _hidden)
+        and _count(posixpath.dirname(f.path), _special)
+        == _count(posixpath.dirname(pattern), _special)
+    ]
+
+
+def _hidden(part: str) -> bool:
+    return part.startswith(".") and set(part) != {"."}
+
+
+def _special(part: str) -> bool:
+    return part.startswith("__")
+
+
+def _count(path: str, kind: Callable[[str], bool]) -> int:
+    """How many of `path`'s parts are of `kind`: a matched file is taken only when its pattern
+    has as many (`datasets`' rule: hidden and `__special__` parts must be asked for)."""
+    return sum(1 for part in path.split("/") if part and kind(part))
 
 
 def _by_path(data: list[HubFile], path: str) -> list[HubFile]:
