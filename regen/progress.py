@@ -279,7 +279,11 @@ class ProgressWriter:
 
     def snapshot(self) -> ProgressSnapshot:
         snap = self._meter.snapshot(self._dispatcher.stats())
-        return replace(snap, audit=self._audit, ended=self._ended)
+        if self._ended is not None:
+            # A run that is over has no ETA (a stopped one would show the time its rest would
+            # have taken).
+            return replace(snap, audit=self._audit, ended=self._ended, eta_s=None)
+        return replace(snap, audit=self._audit)
 
     def write_now(self) -> ProgressSnapshot:
         with self._write_lock:

@@ -129,6 +129,8 @@ def test_the_incident_stops_at_the_canary(tmp_path: Path) -> None:
     dataset = str(found[f"dataset-{slug}"].data)
     assert "report/stopped.json" in dataset and "/canary/" in dataset, dataset
     assert "to generate" not in dataset and "0 rows committed of 5,000 planned" in dataset
+    written = json.loads((Path(config.output) / "progress.json").read_text())
+    assert written["ended"].startswith("stopped: canary gate") and written["eta_s"] is None
     history = json.loads(str(found[f"throughput-{slug}"].data))
     assert history and {"time (UTC)", "output tok/s", "server-0 tok/s"} <= set(history[-1])
 

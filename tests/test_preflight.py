@@ -31,7 +31,7 @@ from regen.preflight import (
     check_storage,
     run_checks,
 )
-from regen.preflight.report import CheckRow, PreflightReport
+from regen.preflight.report import CheckRow, PreflightReport, print_report
 from regen.rehearsal import bundled
 from tests.support.cli import run_regen
 
@@ -501,3 +501,16 @@ def test_the_table_shows_failures_then_warnings_first_in_capitals() -> None:
         ("config", "pass"),
         ("ports", "skipped"),
     ]
+
+
+def test_the_verdict_line_names_the_rows_that_warn(capsys: pytest.CaptureFixture[str]) -> None:
+    # A warning can foretell a stop (prompts over audit.rejects.fail): "ok" alone hid it.
+    rows = [CheckRow(name="config", status="pass"), CheckRow(name="prompts", status="warn")]
+    print_report(PreflightReport(rows=rows))
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "provisioning: ok, with warnings: prompts (read their fix)"
+    )
+    print_report(PreflightReport(rows=rows[:1]))
+    assert capsys.readouterr().out.splitlines()[-1] == "provisioning: ok"
+    print_report(PreflightReport(rows=[CheckRow(name="ports", status="fail"), *rows]))
+    assert capsys.readouterr().out.splitlines()[-1] == "provisioning: FAILED"

@@ -49,7 +49,7 @@ class PreflightReport(BaseModel):
 def print_report(
     report: PreflightReport, title: str = "regen provisioning checks", verdict: str = "provisioning"
 ) -> None:
-    """The table, then `<verdict>: ok` or `<verdict>: FAILED`."""
+    """The table, then `<verdict>: ok` (naming the rows that warn) or `<verdict>: FAILED`."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -61,4 +61,7 @@ def print_report(
         # Figures quote paths and pins ("x[y]==1") that rich would read as markup.
         table.add_row(r.name, f"[{STYLE[r.status]}]{r.status}[/]", escape(r.figure), escape(r.hint))
     Console(width=max(120, shutil.get_terminal_size().columns)).print(table)
-    print(f"{verdict}: " + ("ok" if report.ok else "FAILED"))
+    # A warning can foretell a stop (prompts over audit.rejects.fail): "ok" alone hid it.
+    warned = [r.name for r in report.rows if r.status == "warn"]
+    said = f"ok, with warnings: {', '.join(warned)} (read their fix)" if warned else "ok"
+    print(f"{verdict}: " + (said if report.ok else "FAILED"))
