@@ -80,16 +80,19 @@ def regenerate_completions(
     hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
     run = OpenedRun(config, opened=resolved.storage, hf_token=hf_token)
     provision(run, CODE_PACKAGES)
-    model_path = stage_model(config, hf_token=hf_token)
+    # The plan before the model: an output another run made, an input the live gate stops on
+    # its rejects and a rerun with nothing left to generate cost no staging (minutes of a
+    # rented node for a large model), and launch no fleet.
     plan = plan_run(run)
     api_key = config.engine.api_key or generate_api_key()
-    # Resolved after staging: the staged model's own tokenizer (see `OpenedRun.tokenizer`).
-    tokenizer = run.tokenizer
     generation = GenerationSummary.empty()
-    # A plan the live gate stopped on its input's rejects launches no fleet.
     if plan.pending and not plan.stopped:
+        model_path = stage_model(config, hf_token=hf_token)
+        # Read after staging: the staged model's own tokenizer (see `OpenedRun.tokenizer`).
+        tokenizer = run.tokenizer
         with start_fleet(run, model_path, api_key) as fleet:
             generation = generate(run, plan, fleet, api_key, tokenizer, node)
+    tokenizer = run.tokenizer
     if node is not None:
         return (
             Failed(message=f"FAIL: {generation.stopped}")

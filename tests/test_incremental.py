@@ -82,6 +82,20 @@ def _run(config: RegenConfig) -> Any:
     return state
 
 
+def _task_names(state: Any) -> list[str]:
+    """The run's task runs by name, without their numbering suffix."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[state.state_details.flow_run_id])
+            )
+        )
+    return sorted(r.name.rsplit("-", 1)[0] for r in runs)
+
+
 def _data_files(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((out / "shards").iterdir())}
 
@@ -111,10 +125,12 @@ def test_appended_prompts_are_the_only_ones_generated(tmp_path: Path) -> None:
     assert revisions == [(1, 300, 0, 0), (2, 100, 0, 0)]
     assert (run["num_rows"], run["num_shards"]) == (400, 4)
 
-    # Nothing new: nothing generated, no fleet launched, no revision recorded.
+    # Nothing new: nothing generated, no model staged, no fleet launched, no revision recorded.
     stamps = _log_stamps(config)
-    _run(config)
+    tasks = _task_names(_run(config))
     assert _log_stamps(config) == stamps, "a rerun with nothing new launches no fleet"
+    assert "provision" in tasks and "plan-shards" in tasks, tasks
+    assert not {"stage-model", "launch-fleet"} & set(tasks), tasks
     assert len(json.loads((out / RUN_KEY).read_text())["revisions"]) == 2
 
     # What makes rows comparable still has to match: refused, naming the setting.
