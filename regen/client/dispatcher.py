@@ -602,7 +602,13 @@ class Dispatcher:
         delay = t.probe_backoff_s
         while True:
             await asyncio.sleep(delay * self._random.uniform(0.8, 1.2))
-            if await self._probe(server.endpoint):
+            passed = await self._probe(server.endpoint)
+            if self._closed:
+                # _shutdown cancelled this task, but Python 3.11's wait_for loses a cancel
+                # that lands as its probe finishes (bpo-42130): the loop went on re-probing
+                # and close() waited for it for ever. The closed flag ends it all the same.
+                return
+            if passed:
                 break
             delay = min(delay * 2, t.probe_backoff_max_s)
         server.state = ServerState.HEALTHY
