@@ -38,12 +38,17 @@ lint: install
 typecheck: install
 	@$(VENV)/bin/mypy
 
+# Bytecode caches on, whatever the shell says: with PYTHONDONTWRITEBYTECODE set, every worker
+# and every emulator or `regen` subprocess compiled the project's sources again, and pytest
+# rewrote every test module's asserts again, on every run (the caches are git-ignored).
+PYTEST := PYTHONDONTWRITEBYTECODE= $(VENV)/bin/python -m pytest
+
 test: lint typecheck
-	@$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup $(ARGS)
+	@$(PYTEST) -q -n 2 --dist loadgroup $(ARGS)
 
 # The fast loop: everything but the end-to-end Prefect runs and the bench smoke runs.
 test-fast: lint
-	@$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not e2e and not bench" $(ARGS)
+	@$(PYTEST) -q -n 2 --dist loadgroup -m "not e2e and not bench" $(ARGS)
 
 # Full sizes take minutes to an hour each and write benches/results/*.json.
 bench: install

@@ -28,8 +28,8 @@ from aiohttp.typedefs import Middleware
 from regen.emulator.args import parse_args
 from regen.emulator.cli import READY_LINE
 from regen.emulator.routes import EmulatorServer
+from regen.ports import quiet_port_range
 from support import REPO
-from support.ports import free_port
 
 MODEL_DIR = REPO / "regen" / "data" / "emulator-model"
 HOST = "127.0.0.1"
@@ -58,7 +58,9 @@ class Emulator:
         model_dir: Path = MODEL_DIR,
     ) -> Self:
         """Start one (not waiting for it); its output goes to `logs`/emulator-PORT.log."""
-        port = free_port() if port is None else port
+        # Below the ephemeral range: a port found free there can be a client socket's (any
+        # process's on this shared machine) by the time the emulator binds it.
+        port = quiet_port_range(1) if port is None else port
         log = logs / f"emulator-{port}.log"
         argv = [
             sys.executable, "-m", "regen.emulator", "--model-path", str(model_dir),

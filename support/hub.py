@@ -114,7 +114,10 @@ class LoopbackHub:
         server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         server.daemon_threads = True
         self.port = server.server_address[1]
-        threading.Thread(target=server.serve_forever, name="loopback-hub", daemon=True).start()
+        # stop() waits for the serving loop's next poll: 0.5 s by default, per test.
+        threading.Thread(
+            target=server.serve_forever, args=(0.02,), name="loopback-hub", daemon=True
+        ).start()
         self._server = server
 
     def stop(self) -> None:

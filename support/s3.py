@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from moto.server import ThreadedMotoServer
 
-from regen.s3 import RetryPolicy, S3Storage, client_config
+from regen.s3 import RetryPolicy, S3Storage, client_config, new_session
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client  # boto3-stubs[s3], a dev dependency
@@ -110,7 +110,7 @@ class MotoS3:
 
     def storage(self, bucket: str, prefix: str = "", retry: RetryPolicy | None = None) -> S3Storage:
         """An `S3Storage` on this server with explicit test credentials."""
-        session = boto3.Session(
+        session = new_session(
             region_name=REGION, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET
         )
         config = client_config(connect_timeout_s=2.0, read_timeout_s=10.0)

@@ -432,7 +432,12 @@ def test_output_faults(start: Starter) -> None:
 
 
 def test_empty_answer_fraction_is_per_prompt(start: Starter) -> None:
-    emu = start("--reasoning-parser", "qwen3", "--emu-fault", "empty-answer=0.5")
+    # Short answers: 45 of the default lengths took seconds, and the draw of which prompts
+    # get the fault depends on (seed, history) only, not on the lengths.
+    emu = start(
+        "--reasoning-parser", "qwen3", "--emu-fault", "empty-answer=0.5",
+        "--emu-reasoning-tokens", "5:20", "--emu-answer-tokens", "5:20",
+    )  # fmt: skip
     answers = [ask(emu, f"prompt {i}").choices[0].message.content for i in range(40)]
     empty = sum(a == "\n\nOK." for a in answers)
     assert 8 <= empty <= 32

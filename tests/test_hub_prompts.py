@@ -26,34 +26,15 @@ from regen.prompts import ReadOptions, load_prompts, preview
 from regen.prompts.formats import Columns
 from regen.prompts.hub import HubFile, HubUri, _select
 from support.hub import TOKEN, LoopbackHub, loopback_hub
+from tests.support.hub import hub_settings
 
 ULTRACHAT = Columns(id="prompt_id")
-
-
-def _hub_settings(monkeypatch: pytest.MonkeyPatch, endpoint: str, home: Path) -> None:
-    """huggingface_hub reads HF_ENDPOINT, HF_HUB_CACHE and HF_HUB_OFFLINE once, at import:
-    the in-process tests set its constants as a fresh process would from the environment."""
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-    monkeypatch.setattr(
-        constants,
-        "HUGGINGFACE_CO_URL_TEMPLATE",
-        endpoint + "/{repo_id}/resolve/{revision}/{filename}",
-    )
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
-    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
 
 
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[LoopbackHub]:
     with loopback_hub() as server:
-        _hub_settings(monkeypatch, server.endpoint, tmp_path / "hf")
+        hub_settings(monkeypatch, server.endpoint, tmp_path / "hf")
         yield server
 
 

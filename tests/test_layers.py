@@ -5,6 +5,7 @@ config or the fleet loads nothing it does not use."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -154,7 +155,9 @@ ROOT = REGEN.parent
 SHIPPED = ("regen", "flows", "tasks", "blocks")
 
 
-def _layout_names() -> tuple[set[str], tuple[str, ...]]:
+# Cached: keys.py is the same for every file the rule reads, and this ran once per file read.
+@functools.cache
+def _layout_names() -> tuple[frozenset[str], tuple[str, ...]]:
     """The top of the layout as keys.py spells it: the root's files (run.json...) and its
     directories (shards/...), from every string that module holds (f-strings' leading text
     too), so a key added there is guarded here without a word changed."""
@@ -166,8 +169,9 @@ def _layout_names() -> tuple[set[str], tuple[str, ...]]:
         if isinstance(part, ast.Constant) and isinstance(part.value, str)
     ]
     keys = [t for t in texts if t and not any(c.isspace() for c in t) and "(" not in t]
-    whole = [t for t in keys if t in _whole_strings(tree)]
-    files = {t for t in whole if "/" not in t and t.endswith((".json", ".parquet"))}
+    whole_strings = _whole_strings(tree)  # once: it walks the whole tree
+    whole = [t for t in keys if t in whole_strings]
+    files = frozenset(t for t in whole if "/" not in t and t.endswith((".json", ".parquet")))
     dirs = {t.split("/")[0] + "/" for t in keys if "/" in t and t[0].isalpha()}
     return files, tuple(sorted(dirs))
 

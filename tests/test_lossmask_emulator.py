@@ -141,7 +141,11 @@ def test_emulator_and_audit_render_one_template_alike(tmp_path: Path) -> None:
         {"role": "user", "content": "and again"},
     ]
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
-    emu = Emulator.launch(tmp_path, model_dir=model)
+    # Only the prompt ids are compared: no simulated load, and answers at 100x speed (the
+    # default pace is seconds of reasoning tokens a request, for nothing this test reads).
+    emu = Emulator.launch(
+        tmp_path, "--emu-load-s", "0", "--emu-time-scale", "0.01", model_dir=model
+    )
     try:
         emu.wait_ready()
 

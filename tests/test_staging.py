@@ -8,8 +8,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ from regen.errors import UserError
 from regen.staging import MARKER_NAME, StageMarker, StageResult, check_space, stage_model
 from regen.staging.layout import HUB_DOWNLOAD
 from support.s3 import MotoS3
+from tests.support.hub import hub_settings
 
 MODEL_FILES = {
     "config.json": b'{"architectures": ["Qwen3ForCausalLM"]}',
@@ -281,61 +280,40 @@ class _HubHandler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def hub() -> Iterator[FakeHub]:
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeHub]:
+    """The Hub, and huggingface_hub in this process pointed at it with its own home."""
     server = FakeHub()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for the serving loop's next poll: 0.5 s by default, per test.
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
+        hub_settings(monkeypatch, server.endpoint, tmp_path / "hf-home")
         yield server
     finally:
         server.shutdown()
         server.server_close()
 
 
-_STAGE_FROM_HUB = """
-import sys
-from pathlib import Path
-from regen.errors import UserError
-from regen.staging import stage_model
-try:
-    result = stage_model("hf://org/qwen", Path(sys.argv[1]), workers=2)
-except UserError as err:
-    sys.exit(str(err))
-print(result.model_dump_json())
-"""
-
-
-def _stage_from_hub(hub: FakeHub, target: Path) -> StageResult:
-    """A staging in a child process: huggingface_hub reads HF_ENDPOINT when it is imported."""
-    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(target.parent / "hf-home")}
-    env.update(HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_OFFLINE="0")
-    done = subprocess.run(
-        [sys.executable, "-c", _STAGE_FROM_HUB, str(target)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if done.returncode != 0:
-        raise UserError(done.stderr.strip().splitlines()[-1])
-    return StageResult.model_validate_json(done.stdout.splitlines()[-1])
+def _stage_from_hub(target: Path) -> StageResult:
+    """A staging from the `hub` fixture's Hub, in this process (its settings point there)."""
+    return stage_model("hf://org/qwen", target, workers=2)
 
 
 def test_stage_from_the_hub_fetches_only_what_is_missing(hub: FakeHub, tmp_path: Path) -> None:
     target = tmp_path / "shm" / "qwen"
-    first = _stage_from_hub(hub, target)
+    first = _stage_from_hub(target)
     _assert_staged(target)
     assert not first.skipped and first.copied_files == len(MODEL_FILES)
     assert sorted(hub.sent) == sorted(MODEL_FILES)
     assert not (target / HUB_DOWNLOAD).exists()
 
     hub.sent.clear()
-    assert _stage_from_hub(hub, target).skipped and hub.sent == []
+    assert _stage_from_hub(target).skipped and hub.sent == []
 
     (target / "model-00002-of-00002.safetensors").unlink()
     with (target / "config.json").open("r+b") as fh:
         fh.truncate(3)
-    repaired = _stage_from_hub(hub, target)
+    repaired = _stage_from_hub(target)
     assert not repaired.skipped and repaired.copied_files == 2
     assert sorted(hub.sent) == ["config.json", "model-00002-of-00002.safetensors"]
     _assert_staged(target)
@@ -348,11 +326,11 @@ def test_hub_bytes_unlike_the_listing_are_refused_then_fetched_again(
     hub.files[shard] = bytes(len(MODEL_FILES[shard]))  # the right size, the wrong bytes
     target = tmp_path / "t"
     with pytest.raises(UserError, match=rf"hf://org/qwen/{shard}: sha256 does not match"):
-        _stage_from_hub(hub, target)
+        _stage_from_hub(target)
     assert not (target / MARKER_NAME).exists() and not (target / shard).exists()
     # The refused bytes are not kept for a resumed download to trust.
     hub.files[shard], hub.sent = MODEL_FILES[shard], []
-    _stage_from_hub(hub, target)
+    _stage_from_hub(target)
     _assert_staged(target)
     assert shard in hub.sent
 
@@ -366,14 +344,14 @@ def test_interrupted_hub_download_resumes_with_what_is_missing(
     with pytest.raises(
         UserError, match=rf"hf://org/qwen: not found on the Hub \(HTTP 404 .*{shard}"
     ):
-        _stage_from_hub(hub, target)
+        _stage_from_hub(target)
     assert not (target / MARKER_NAME).exists()
     # Downloads run in parallel: the refusal may cancel others, which the resume then fetches.
     kept = {name for name in MODEL_FILES if (target / HUB_DOWNLOAD / name).is_file()}
     assert kept, "nothing was downloaded before the refusal"
     hub.refused.clear()
     hub.sent.clear()
-    resumed = _stage_from_hub(hub, target)
+    resumed = _stage_from_hub(target)
     assert shard in hub.sent and not kept & set(hub.sent), (kept, hub.sent)
     assert resumed.copied_files == len(MODEL_FILES)
     _assert_staged(target)

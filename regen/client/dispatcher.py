@@ -602,10 +602,13 @@ class Dispatcher:
         delay = t.probe_backoff_s
         while True:
             await asyncio.sleep(delay * self._random.uniform(0.8, 1.2))
+            passed = await self._probe(server.endpoint)
             if self._closed:
-                # A cancel lost in a race with the probe's own end must not keep close() waiting.
+                # _shutdown cancelled this task, but a cancel that lands as its probe
+                # finishes can be lost (Python 3.11's wait_for, bpo-42130): the loop went on
+                # re-probing and close() waited for it for ever. The closed flag ends it.
                 return
-            if await self._probe(server.endpoint):
+            if passed:
                 break
             delay = min(delay * 2, t.probe_backoff_max_s)
         server.state = ServerState.HEALTHY
