@@ -7,6 +7,7 @@ retried and become a one-line `UserError` naming the bucket.
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 from collections.abc import Callable
@@ -93,8 +94,10 @@ def client_config(connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0) 
     )
 
 
-_loader: botocore.loaders.Loader | None = None
-_loader_lock = threading.Lock()
+@functools.cache
+def _shared_loader() -> botocore.loaders.Loader:
+    """botocore's data loader, made once: its parsed model files never change."""
+    return botocore.loaders.create_loader()
 
 
 def new_session(**credentials: Any) -> boto3.Session:
@@ -104,13 +107,8 @@ def new_session(**credentials: Any) -> boto3.Session:
     a sixth of that with the loader shared); those files do not change, and one session's
     clients already share the loader's parsed copies, so sessions can too. Each session keeps
     its own credentials, config and client-creation state."""
-    global _loader
-    with _loader_lock:
-        if _loader is None:
-            _loader = botocore.loaders.create_loader()
-        loader = _loader
     core = botocore.session.get_session()
-    core.register_component("data_loader", loader)
+    core.register_component("data_loader", _shared_loader())
     return boto3.Session(botocore_session=core, **credentials)
 
 
