@@ -27,6 +27,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benches._common import results_path
+from regen.ports import quiet_port_range
 from regen.s3 import client_config
 from regen.staging import stage_model
 
@@ -70,16 +71,10 @@ def best_of_alternating(
     return [min(t) for t in times]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def moto_process() -> Iterator[str]:
     """moto in its own process, so the server does not share our GIL with the downloads."""
-    port = free_port()
+    port = quiet_port_range(1)
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from support.ports import free_port
+from regen.ports import quiet_port_range
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
@@ -138,7 +138,7 @@ def _tree(pid: int) -> list[int]:
 @contextmanager
 def prefect_server(home: Path, startup_timeout: float = 90) -> Iterator[Server]:
     """`prefect server start` on a free loopback port, its own PREFECT_HOME; SIGTERM stops it."""
-    port = free_port()
+    port = quiet_port_range(1)
     api_url = f"http://127.0.0.1:{port}/api"
     log = home / "server.log"
     home.mkdir(parents=True, exist_ok=True)

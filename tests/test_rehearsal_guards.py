@@ -14,8 +14,8 @@ import yaml
 
 from flows.cli import main
 from regen.errors import ConfigError
+from regen.ports import quiet_port_range
 from regen.rehearsal import bundled, plan_rehearsal
-from support.ports import free_port
 from support.s3 import MotoS3
 from tests.support.audit import make_dataset
 from tests.support.cli import regen_env as _regen_env
@@ -166,7 +166,7 @@ def test_blocks_register_needs_a_reachable_server(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "regen: error: PREFECT_API_URL is not set" in proc.stderr
     assert "registered" not in proc.stdout and "Traceback" not in proc.stderr
-    dead = {**regen_env, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    dead = {**regen_env, "PREFECT_API_URL": f"http://127.0.0.1:{quiet_port_range(1)}/api"}
     proc = run_regen(["blocks", "register"], dead, cwd=tmp_path, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "is not reachable" in proc.stderr and "registered" not in proc.stdout
