@@ -286,6 +286,16 @@ class S3Storage:
         full = self._key(key)
         self._call("delete_object", key, lambda c: c.delete_object(Bucket=self.bucket, Key=full))
 
+    def put_file(self, key: str, path: Path, transfer: TransferConfig | None = None) -> None:
+        """Upload `path` from disk, in parts when large: the object appears whole once the
+        upload completes, and a file past one PUT's 5 GB goes up too."""
+        full = self._key(key)
+        self._call(
+            "put_object",
+            key,
+            lambda c: c.upload_file(str(path), self.bucket, full, Config=transfer),
+        )
+
     def download(
         self,
         key: str,

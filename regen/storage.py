@@ -6,7 +6,9 @@ Everything that writes the dataset goes through `Storage`, so the commit protoco
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -40,6 +42,10 @@ class Storage(Protocol):
 
     def delete(self, key: str) -> None:
         """Delete; a missing key is not an error."""
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Publish the finished local file `path` as `key`, atomically, streamed from disk
+        (an export's single file is larger than memory, and than one S3 PUT's 5 GB)."""
 
     def polars_path(self, key: str) -> str:
         """A path or URL polars can scan (a glob is allowed)."""
@@ -84,6 +90,28 @@ class LocalStorage:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Moved into place when `path` is on the same filesystem (a temp file under the
+        root), else copied beside it first; either way the rename is what readers see."""
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        umask = os.umask(0)
+        os.umask(umask)
+        try:
+            os.chmod(path, 0o666 & ~umask)
+            os.replace(path, target)
+        except OSError as err:
+            if err.errno != errno.EXDEV:
+                raise
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            os.close(fd)
+            try:
+                shutil.copyfile(path, tmp)
+                os.chmod(tmp, 0o666 & ~umask)
+                os.replace(tmp, target)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         path = self._path(key)

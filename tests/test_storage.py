@@ -175,3 +175,32 @@ def test_local_probe_names_an_unwritable_root(tmp_path: Path) -> None:
         probe(LocalStorage(blocker / "root"))
     probe(LocalStorage(tmp_path / "fine"))
     assert LocalStorage(tmp_path / "fine").list() == []
+
+
+def test_s3_put_file_uploads_a_large_file_in_parts_from_disk(s3: S3Storage, tmp_path: Path) -> None:
+    from boto3.s3.transfer import TransferConfig
+
+    # 11 MB in 5 MB parts: three parts, as a file past one PUT's 5 GB goes up.
+    data = os.urandom(11 * 2**20)
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(data)
+    parts = TransferConfig(multipart_threshold=5 * 2**20, multipart_chunksize=5 * 2**20)
+    s3.put_file("exports/big.jsonl", path, transfer=parts)
+    assert s3.read_bytes("exports/big.jsonl") == data
+    head = s3._client().head_object(Bucket=s3.bucket, Key=s3._key("exports/big.jsonl"))
+    assert head["ETag"].strip('"').endswith("-3"), head["ETag"]  # a multipart upload's ETag
+
+
+def test_local_put_file_moves_into_place_with_the_umask(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    tmp = tmp_path / "root" / ".part.tmp"
+    tmp.write_bytes(b"lines\n")
+    old = os.umask(0o027)
+    try:
+        storage.put_file("exports/all.jsonl", tmp)
+    finally:
+        os.umask(old)
+    path = tmp_path / "root" / "exports" / "all.jsonl"
+    assert path.read_bytes() == b"lines\n" and not tmp.exists()
+    assert path.stat().st_mode & 0o777 == 0o640

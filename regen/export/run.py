@@ -10,8 +10,9 @@ rewrites only the shards that changed; on an unchanged dataset it writes nothing
 The record is a hidden file without a .json suffix because the directory is the trainers'
 input: `load_dataset(DIR)` skips hidden files, and speculators' `--data DIR` reads every
 `*.json`/`*.jsonl` under it (an `export.json` there broke both). A single-file export
-(`single_file`) streams the shards, in order, into one `<format>.jsonl`: SpecForge opens one
-file, never a directory or a glob.
+(`single_file`) streams the shards, in order, into one `<format>.jsonl` on local disk, then
+published by `Storage.put_file` (uploaded from disk on S3): SpecForge opens one file, never a
+directory or a glob.
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ def _write_single(
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Stream every shard's lines, in shard order, into one file: `pool_size` shards are made
     at a time, so memory holds a few shards, never the file. Local: a temp file beside it,
-    renamed; S3: one PUT of the finished file (read back from a local temp file)."""
+    renamed; S3: the finished temp file uploaded from disk (`Storage.put_file`)."""
     local = dest.root if isinstance(dest, LocalStorage) else None
     if local is not None:
         local.mkdir(parents=True, exist_ok=True)
@@ -271,11 +272,7 @@ def _write_single(
                     yield shard, _entry(shard, None, len(data), made)
             out.flush()
             os.fsync(out.fileno())
-        if local is not None:
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, local / name)
-        else:
-            dest.write_bytes(name, Path(tmp).read_bytes())
+        dest.put_file(name, Path(tmp))
     finally:
         Path(tmp).unlink(missing_ok=True)
 
