@@ -175,6 +175,10 @@ def _audit(args: argparse.Namespace) -> int:
         print(f"report: {storage.uri.rstrip('/')}/{AUDIT_MARKDOWN_KEY}")
     except (OSError, UserError) as err:
         print(f"regen: warning: report/ not rewritten: {err}", file=sys.stderr)
+    if result.stopped:
+        # The run this dataset is from was stopped by the live gate: say which and why, as
+        # the run's Failed message did, not only the checks over what it generated.
+        print(f"stopped: {result.stopped}")
     print(f"verdict: {result.verdict}")
     return 1 if result.verdict == "fail" else 0
 

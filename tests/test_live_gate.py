@@ -82,7 +82,9 @@ def _latest_artifacts(state: Any) -> dict[str, Any]:
     return latest
 
 
-def test_the_incident_stops_at_the_canary(tmp_path: Path) -> None:
+def test_the_incident_stops_at_the_canary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from flows.regenerate import regenerate_completions
 
     config = _config(tmp_path, 5000, emulator={"faults": ["empty-answer=0.87"]})
@@ -133,6 +135,15 @@ def test_the_incident_stops_at_the_canary(tmp_path: Path) -> None:
     assert written["ended"].startswith("stopped: canary gate") and written["eta_s"] is None
     history = json.loads(str(found[f"throughput-{slug}"].data))
     assert history and {"time (UTC)", "output tok/s", "server-0 tok/s"} <= set(history[-1])
+
+    # `regen audit` on the stopped dataset names the gate that stopped it, as the run did.
+    from flows.cli import main
+
+    capsys.readouterr()
+    assert main(["audit", config.output]) == 1
+    said = " ".join(capsys.readouterr().out.split())
+    assert ": FAIL (stopped by the canary gate) empty/trivial answers" in said, said
+    assert "stopped: canary gate stopped the run after 256 rows: empty_answer" in said, said
 
     # Rerun unchanged: refused before anything is launched, naming why the last run stopped.
     again = regenerate_completions(config, return_state=True)

@@ -13,7 +13,7 @@ from regen.status import STYLE
 def audit_table(result: AuditResult) -> Table:
     """One row per check, failures and warnings first: status, figure against its thresholds,
     and what it found."""
-    table = Table(title=f"audit {result.dataset}: {result.verdict.upper()}", title_justify="left")
+    table = Table(title=f"audit {result.dataset}: {result.headline()}", title_justify="left")
     for column in ("check", "status", "figure", "warn", "fail", "detail", "examples"):
         table.add_column(column, overflow="fold")
     for c in result.ordered_checks():
