@@ -96,9 +96,22 @@ class BenchConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """How the fleet is launched: one server per GPU, each on base_port + index."""
+    """How the fleet is launched: one server per GPU (or `servers` on the CPU), each on
+    base_port + index."""
 
     kind: Literal["sglang", "emulator", "external"] = "sglang"
+    device: Literal["cuda", "cpu"] = Field(
+        default="cuda",
+        description="cuda: one server per engine.gpus entry; cpu: engine.servers servers "
+        "on the CPU (SGLang's --device cpu), no GPU needed or touched.",
+    )
+    servers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="How many servers with device cpu (required there: there are no GPUs "
+        "to count); with cuda the servers are engine.gpus.",
+    )
     python: str = Field(
         default=sys.executable,
         description="Interpreter of the venv that has sglang (on a local file system).",
@@ -130,6 +143,16 @@ class EngineConfig(_Section):
     def _check(self) -> EngineConfig:
         if self.kind == "external" and not self.urls:
             raise ValueError("engine.kind external needs engine.urls")
+        if self.device == "cpu" and self.kind != "external" and self.servers is None:
+            raise ValueError(
+                "engine.device cpu needs engine.servers: how many servers to launch "
+                "(there are no GPUs to count)"
+            )
+        if self.device == "cuda" and self.servers is not None:
+            raise ValueError(
+                "engine.servers is for engine.device cpu; with cuda there is one server per "
+                "engine.gpus entry"
+            )
         if len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"engine.gpus lists a GPU twice: {self.gpus}")
         if self.base_port + self.num_servers - 1 > 65535:
@@ -142,7 +165,14 @@ class EngineConfig(_Section):
 
     @property
     def num_servers(self) -> int:
-        return len(self.urls) if self.kind == "external" else len(self.gpus)
+        return len(self.urls) if self.kind == "external" else len(self.slots)
+
+    @property
+    def slots(self) -> list[int | None]:
+        """The GPU of each server regen launches, in order; None for a CPU server."""
+        if self.device == "cpu":
+            return [None] * (self.servers or 0)
+        return list(self.gpus)
 
 
 class SamplingConfig(_Section):

@@ -154,6 +154,10 @@ class ProgressMeter:
             self._shards_committed += 1
             self._rows_committed += rows
 
+    def reused(self, rows: int) -> None:
+        with self._lock:
+            self._already_done += rows
+
     def snapshot(self, stats: DispatchStats) -> ProgressSnapshot:
         now = stats.monotonic
         sample = _Sample(
@@ -172,7 +176,9 @@ class ProgressMeter:
         def rate(new: int, old: int) -> float:
             return (new - old) / span if span > 0 else 0.0
 
-        done = min(self._already_done + stats.done, self._total)
+        with self._lock:
+            already_done = self._already_done
+        done = min(already_done + stats.done, self._total)
         remaining = self._total - done
         rows_per_s = rate(sample.done, oldest.done)
         eta = remaining / rows_per_s if rows_per_s > 0 else (0.0 if remaining == 0 else None)
@@ -181,7 +187,7 @@ class ProgressMeter:
             elapsed_s=now - self._started,
             total=self._total,
             done=done,
-            already_done=self._already_done,
+            already_done=already_done,
             ok=stats.ok,
             failed=stats.failed,
             in_flight=stats.in_flight,
@@ -267,6 +273,11 @@ class ProgressWriter:
     def shard_committed(self, rows: int, ok: int = 0, failed: int = 0) -> None:
         """Count a shard whose manifest is written (`ok`/`failed` are in the dispatcher's)."""
         self._meter.shard_committed(rows)
+
+    def reused(self, rows: int) -> None:
+        """Count rows an earlier run generated and this one reuses (a cut-short run's stored
+        canary rows), which no answer of this run's dispatcher counts."""
+        self._meter.reused(rows)
 
     def set_audit(self, figures: dict[str, Any]) -> None:
         """The rolling audit's latest figures, written with the next progress."""

@@ -29,10 +29,12 @@ from regen.fleet import (
     launch_fleet,
     reap_orphans,
 )
-from regen.fleet.process import FLEET_ID_ENV
+from regen.fleet.commands import ServerCommand
+from regen.fleet.process import FLEET_ID_ENV, ServerProcess, stop_processes
 from regen.fleet.report import FLEET_KEY, FleetRow, flag_slow
 from regen.fleet.up import bring_up_fleet
 from regen.ports import port_is_free
+from regen.preflight import check_ports
 from regen.sglang_api.probe import ProbeSettings
 from regen.storage import LocalStorage
 from tests.support.fleet import MODEL_DIR, fleet_config
@@ -73,7 +75,9 @@ def test_four_servers_come_up_measured_and_go_away(tmp_path: Path) -> None:
             assert FLEET_ID_ENV in proc.environ()
             assert os.getpgid(pid) == pid
         record = json.loads((config.work_dir / "pids" / "server-0.json").read_text())
-        assert record["pid"] == fleet.pids[0] and record["argv"][1:] == ["-m", "regen.emulator"]
+        assert record["pid"] == fleet.pids[0] and record["argv"][1:3] == ["-m", "regen.emulator"]
+        # What runs, read once it is up (engine.python may be a wrapper that execs).
+        assert record["cmdline"] == psutil.Process(fleet.pids[0]).cmdline()
         # The key file is gone once the server is up: it was read at argument parsing.
         assert not list((config.work_dir / "secrets").glob("*.yaml"))
 
@@ -246,9 +250,16 @@ def test_kill_9_of_the_owner_leaves_orphans_the_next_run_reaps(tmp_path: Path) -
     config = fleet_config(tmp_path, 2)
     owner, fleet = _start_owner(tmp_path, config)
     assert reap_orphans(config.work_dir) == []  # its owner is alive: not an orphan
+    assert check_ports(config).status == "fail"  # a live run's ports: not ours to take
     owner.kill()
     owner.wait(timeout=5)
     assert not any(_gone(p) for p in fleet["pids"])  # own sessions: they outlive the owner
+    # regen check names them as the earlier run's, with their pids, and who stops them.
+    row = check_ports(config)
+    assert row.status == "warn", row
+    for pid, port in zip(fleet["pids"], fleet["ports"], strict=True):
+        assert f"(port {port}): pid {pid}" in row.figure
+    assert "earlier run's servers" in row.figure and "regen run stops them" in (row.hint or "")
     assert sorted(reap_orphans(config.work_dir)) == sorted(fleet["pids"])
     _assert_stopped(config, fleet["pids"], fleet["ports"])
 
@@ -306,3 +317,69 @@ def test_bring_up_tears_the_fleet_down_when_publishing_it_fails(tmp_path: Path) 
     assert [r.status for r in seen[0].report] == ["healthy", "healthy"]
     assert storage.exists(FLEET_KEY)
     _assert_stopped(config, pids, launched)
+
+
+def test_a_relaunch_keeps_the_earlier_server_log(tmp_path: Path) -> None:
+    """The log is the evidence of why a run died: a resumed run appends, never empties it,
+    and the failure tail it reports is its own start's."""
+    config = fleet_config(tmp_path, 1)
+    with _launch(config):
+        pass
+    log = config.work_dir / "logs" / "server-0.log"
+    first = log.read_text()
+    assert "starting at" in first and "fired up" in first
+    with _launch(config) as fleet:
+        assert fleet.report[0].status == "healthy"
+    text = log.read_text()
+    assert text.startswith(first) and text.count("===== regen: server-0 starting at") == 2
+
+
+CHILD = """
+import signal, sys, time
+def note(what):
+    with open(sys.argv[1], "a") as f:
+        f.write(what + "\\n")
+signal.signal(signal.SIGTERM, lambda *a: (note("child: SIGTERM"), sys.exit(0)))
+signal.signal(signal.SIGUSR1, lambda *a: (note("child: asked by its launcher"), sys.exit(0)))
+note("child: up")
+while True:
+    time.sleep(0.05)
+"""
+
+LAUNCHER = """
+import signal, subprocess, sys, time
+out = sys.argv[1]
+child = subprocess.Popen([sys.executable, "-c", sys.argv[2], out])
+def shutdown(*_):
+    with open(out, "a") as f:
+        f.write("launcher: SIGTERM\\n")
+    child.send_signal(signal.SIGUSR1)
+    child.wait()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, shutdown)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_teardown_lets_the_launcher_stop_its_children_first(tmp_path: Path) -> None:
+    """SGLang's launcher stops its scheduler on SIGTERM; a SIGTERM to the whole group at once
+    sends the scheduler down its crash path instead."""
+    out = tmp_path / "notes.txt"
+    command = ServerCommand(
+        index=0, gpu=None, host="127.0.0.1", port=1,
+        argv=[sys.executable, "-c", LAUNCHER, str(out), CHILD],
+        env={}, log_path=tmp_path / "server-0.log", pid_path=tmp_path / "server-0.json",
+        key_file=tmp_path / "server-0.yaml", api_key=SecretStr("k"),
+    )  # fmt: skip
+    proc = ServerProcess.start(command, "fleet")
+    deadline = time.monotonic() + 10
+    while "child: up" not in (out.read_text() if out.exists() else ""):
+        assert time.monotonic() < deadline and proc.exit_code() is None
+        time.sleep(0.02)
+    assert stop_processes([proc], grace_s=5) == []
+    assert out.read_text().splitlines() == [
+        "child: up",
+        "launcher: SIGTERM",
+        "child: asked by its launcher",
+    ]

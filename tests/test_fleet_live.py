@@ -162,3 +162,18 @@ def test_live_artifact_is_updated_while_a_slowed_rehearsal_runs(tmp_path: Path) 
         assert all(row[5].strip() == "2.50" for row in rows.values()), data
     running = [float(m[3]) for data in seen for m in ROW.finditer(data)]
     assert any(r > 0 for r in running), "no update saw a request running"
+
+
+def test_accept_length_is_missing_with_speculative_decoding_off(tmp_path: Path) -> None:
+    """0.5.23 exports `sglang:spec_accept_length 0.0` without speculative decoding (the real
+    server on a CPU showed it, and the emulator answers so): the live line says nothing,
+    not `accept 0`, as fleet.json does."""
+    flags = [["--emu-load-s", "0", "--enable-metrics"]]
+    with launch_emulators(tmp_path, flags, served_name=SERVED, timeout=30) as fleet:
+        url = fleet[0].url
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        assert re.search(r"^sglang:spec_accept_length\{.*\} 0\.0$", text, re.M)
+        _chat(url)
+        [figures] = FleetScraper([Endpoint(0, url)]).scrape()
+    assert figures.metrics is not None and figures.metrics.running is not None
+    assert figures.metrics.accept_length is None

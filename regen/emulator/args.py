@@ -222,7 +222,8 @@ def parse_args(argv: list[str]) -> EmuArgs:
         tokens_per_s=ns.emu_tokens_per_s,
         time_scale=ns.emu_time_scale,
         seed=ns.emu_seed,
-        accept_length=ns.emu_accept_length if ns.speculative_algorithm else 1.0,
+        # As 0.5.23 exports it with speculative decoding off.
+        accept_length=ns.emu_accept_length if ns.speculative_algorithm else 0.0,
         reasoning_tokens=ns.emu_reasoning_tokens,
         answer_tokens=ns.emu_answer_tokens,
         faults=faults,

@@ -26,6 +26,17 @@ log = logging.getLogger(__name__)
 # Facts of SGLang 0.5.23, not knobs.
 REMOVED_FLAGS = MappingProxyType({"--cuda-graph-max-bs": "--cuda-graph-max-bs-decode"})
 DEPRECATED_FLAGS = frozenset({"--disable-cuda-graph"})
+# SGLang's CPU path (`--device cpu`): the torch-native attention and sampling backends, the
+# only ones that run without CUDA, and no CUDA graphs (the CPU has none to capture).
+CPU_FLAGS = (
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--sampling-backend", "pytorch",
+    "--disable-decode-cuda-graph",
+    "--disable-prefill-cuda-graph",
+)  # fmt: skip
+# What sglang's CPU build reads instead of a flag: without it the scheduler looks for CUDA.
+CPU_ENV = MappingProxyType({"SGLANG_USE_CPU_ENGINE": "1"})
 # Flags whose spelling differs from the one the builder sets but that set the same thing.
 _ALIASES = MappingProxyType({"--model": "--model-path"})
 
@@ -38,7 +49,7 @@ class ServerCommand:
     """
 
     index: int
-    gpu: int
+    gpu: int | None  # None: a CPU server
     host: str
     port: int
     argv: list[str]
@@ -99,6 +110,8 @@ def _sglang_flags(config: RegenConfig, model_path: Path, port: int, key_file: Pa
         if spec.draft_model_path is not None:
             flags += ["--speculative-draft-model-path", str(spec.draft_model_path)]
     # Always explicit: with speculative decoding on, 0.5.23 silently forces 48 otherwise.
+    if engine.device == "cpu":
+        flags += CPU_FLAGS
     flags += [
         "--max-running-requests", str(engine.max_running_requests),
         "--context-length", str(engine.context_length),
@@ -159,7 +172,8 @@ def check_extra_args(extra_args: list[str], builder_flags: set[str]) -> None:
 def build_server_commands(
     config: RegenConfig, model_path: Path, api_key: SecretStr, work_dir: Path
 ) -> list[ServerCommand]:
-    """One command per GPU on base_port + i; the emulator gets the same flags plus `--emu-*`."""
+    """One command per GPU (or per CPU server) on base_port + i; the emulator gets the same
+    flags plus `--emu-*`."""
     engine = config.engine
     if engine.kind == "external":
         raise ConfigError("engine.kind external: regen attaches to engine.urls, it launches none")
@@ -167,7 +181,7 @@ def build_server_commands(
         raise ConfigError("engine.api_key: must not start with '-' (SGLang would read a flag)")
     work_dir = Path(work_dir)
     commands = []
-    for index, gpu in enumerate(engine.gpus):
+    for index, gpu in enumerate(engine.slots):
         port = engine.base_port + index
         key_file = work_dir / "secrets" / f"server-{index}.yaml"
         flags = _sglang_flags(config, model_path, port, key_file)
@@ -183,7 +197,7 @@ def build_server_commands(
                 host=engine.host,
                 port=port,
                 argv=argv,
-                env={"CUDA_VISIBLE_DEVICES": str(gpu)},
+                env=dict(CPU_ENV) if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)},
                 log_path=work_dir / "logs" / f"server-{index}.log",
                 pid_path=work_dir / "pids" / f"server-{index}.json",
                 key_file=key_file,

@@ -187,7 +187,7 @@ def launch_fleet(
     or interruption every started process group is stopped before the error propagates.
     """
     if not commands:
-        raise FleetError("fleet: no server commands to launch (engine.gpus is empty)")
+        raise FleetError("fleet: no server commands to launch (no GPU in engine.gpus)")
     _refuse_taken_ports(commands)
     target = ProbeTarget(config.model.served_name, api_key, config.sampling)
     settings = probe_settings or ProbeSettings()
@@ -215,6 +215,7 @@ def launch_fleet(
         if member.process is not None:
             # Read at argument parsing: a ready server no longer needs its key on disk.
             member.process.command.key_file.unlink(missing_ok=True)
+            member.process.record_cmdline()
     return Fleet(members, target, settings)
 
 

@@ -54,12 +54,14 @@ def parse_metrics(text: str) -> ServerMetrics | None:
     value = {
         name: combine(found[name]) if name in found else None for name, combine in _SERIES.items()
     }
+    accept = value["sglang:spec_accept_length"]
     return ServerMetrics(
         running=value["sglang:num_running_reqs"],
         queued=value["sglang:num_queue_reqs"],
         gen_throughput=value["sglang:gen_throughput"],
         token_usage=value["sglang:token_usage"],
-        accept_length=value["sglang:spec_accept_length"],
+        # 0.5.23 exports 0.0 with speculative decoding off; an accept length is at least 1.
+        accept_length=accept if accept else None,
         generation_tokens=value["sglang:generation_tokens_total"],
     )
 

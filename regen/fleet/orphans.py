@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,8 @@ def _is_ours(proc: psutil.Process, record: dict[str, Any]) -> bool:
     except psutil.Error:
         return False
     try:
-        argv = record.get("argv") or []
+        # The command line the server ran (recorded once up), else the one regen asked for.
+        argv = record.get("cmdline") or record.get("argv") or []
         started = float(record.get("started_at", 0))
         return (
             bool(argv)
@@ -65,10 +67,7 @@ def _fleet_processes(record: dict[str, Any]) -> list[psutil.Process]:
     found = []
     pgid = record.get("pgid")
     for proc in psutil.process_iter():
-        try:
-            in_group = os.getpgid(proc.pid) == pgid
-        except (ProcessLookupError, PermissionError):
-            continue
+        in_group = isinstance(pgid, int) and _in_group(proc, pgid)
         if (in_group or proc.pid == record.get("pid")) and _is_ours(proc, record):
             found.append(proc)
     return found
@@ -82,32 +81,70 @@ def _read(path: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def reap_orphans(work_dir: Path, grace_s: float = 5.0) -> list[int]:
-    """Stop every orphaned server recorded under `work_dir/pids`; return the PIDs stopped."""
-    pid_dir = Path(work_dir) / "pids"
-    victims: dict[int, psutil.Process] = {}
-    groups: set[int] = set()
-    done_files = []
-    for path in sorted(pid_dir.glob("server-*.json")):
+@dataclass(frozen=True)
+class Orphan:
+    """One server of a run whose owner is gone, with every process of it still running."""
+
+    path: Path  # its PID file
+    name: str
+    port: int | None
+    pgid: int | None
+    processes: list[psutil.Process]
+
+    @property
+    def pids(self) -> list[int]:
+        return sorted(p.pid for p in self.processes)
+
+    def describe(self) -> str:
+        """`server-0 (port 31200): pids 123, 124, 125` for check's row and the reaper's log."""
+        pids = ", ".join(map(str, self.pids))
+        return f"{self.name} (port {self.port}): pid{'s' if len(self.pids) > 1 else ''} {pids}"
+
+
+def find_orphans(work_dir: Path) -> list[Orphan]:
+    """The servers recorded under `work_dir/pids` whose owner is gone; a fleet whose owner
+    still runs (a parallel run) is none of them. An orphan with no process left still counts:
+    its PID file is what the reaper removes."""
+    found = []
+    for path in sorted((Path(work_dir) / "pids").glob("server-*.json")):
         record = _read(path)
         if record is None:
             log.warning("ignoring unreadable PID file %s", path)
             continue
         if _owner_alive(record):
             continue
-        for proc in _fleet_processes(record):
-            victims[proc.pid] = proc
-            if proc.pid == record.get("pgid"):
-                groups.add(proc.pid)
-        done_files.append(path)
+        port, pgid = record.get("port"), record.get("pgid")
+        found.append(
+            Orphan(
+                path=path,
+                name=path.stem,
+                port=port if isinstance(port, int) else None,
+                pgid=pgid if isinstance(pgid, int) else None,
+                processes=_fleet_processes(record),
+            )
+        )
+    return found
+
+
+def reap_orphans(work_dir: Path, grace_s: float = 5.0) -> list[int]:
+    """Stop every orphaned server recorded under `work_dir/pids`; return the PIDs stopped.
+
+    As a teardown does: SIGTERM to the launcher first (SGLang stops its own children), the
+    group after `grace_s`, SIGKILL to what is left."""
+    found = find_orphans(work_dir)
+    victims = {p.pid: p for orphan in found for p in orphan.processes}
+    groups = {o.pgid for o in found if o.pgid is not None and o.pgid in victims}
+    for orphan in found:
+        if orphan.processes:
+            log.warning("stopping orphan server %s (%s)", orphan.describe(), FLEET_ID_ENV)
     for proc in victims.values():
-        log.warning("stopping orphan server pid %d (%s)", proc.pid, FLEET_ID_ENV)
-        with_group = proc.pid in groups
-        if with_group:
-            signal_group(proc.pid, signal.SIGTERM)
-        else:
+        # A launcher, or a server process whose launcher is already gone.
+        if proc.pid in groups or not any(_in_group(proc, g) for g in groups):
             _signal(proc, signal.SIGTERM)
     alive = wait_gone(list(victims.values()), grace_s)
+    for group in groups:
+        signal_group(group, signal.SIGTERM)
+    alive = wait_gone(alive, 2.0)
     for proc in alive:
         if proc.pid in groups:
             signal_group(proc.pid, signal.SIGKILL)
@@ -117,10 +154,17 @@ def reap_orphans(work_dir: Path, grace_s: float = 5.0) -> list[int]:
     deadline = time.monotonic() + 2.0
     while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for path in done_files:
-        path.unlink(missing_ok=True)
-        (Path(work_dir) / "secrets" / f"{path.stem}.yaml").unlink(missing_ok=True)
+    for orphan in found:
+        orphan.path.unlink(missing_ok=True)
+        (Path(work_dir) / "secrets" / f"{orphan.name}.yaml").unlink(missing_ok=True)
     return sorted(victims)
+
+
+def _in_group(proc: psutil.Process, pgid: int) -> bool:
+    try:
+        return os.getpgid(proc.pid) == pgid
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _signal(proc: psutil.Process, sig: signal.Signals) -> None:

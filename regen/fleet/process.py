@@ -26,10 +26,11 @@ from regen.fleet.commands import ServerCommand
 FLEET_ID_ENV = "REGEN_FLEET_ID"
 
 
-def write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes, *, append: bool = False) -> None:
     """Write a file only this user can read (the key file, logs that may echo launch args)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    mode = os.O_APPEND if append else os.O_TRUNC
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | mode, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
 
@@ -76,6 +77,7 @@ class ServerProcess:
     command: ServerCommand
     popen: subprocess.Popen[bytes]
     started_mono: float
+    log_offset: int = 0  # where this start's lines begin in the (appended) log
 
     @classmethod
     def start(cls, command: ServerCommand, fleet_id: str) -> ServerProcess:
@@ -84,7 +86,11 @@ class ServerProcess:
             command.key_file,
             yaml.safe_dump({"api-key": command.api_key.get_secret_value()}).encode(),
         )
-        write_private(command.log_path, b"")
+        # Appended, never emptied: a rerun keeps the lines that say why the last run died.
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        header = f"\n===== regen: {command.name} starting at {stamp}, fleet {fleet_id} =====\n"
+        write_private(command.log_path, header.encode(), append=True)
+        offset = command.log_path.stat().st_size
         env = {**os.environ, **command.env, FLEET_ID_ENV: fleet_id}
         with open(command.log_path, "ab") as log:
             popen = subprocess.Popen(
@@ -101,7 +107,7 @@ class ServerProcess:
         record: dict[str, Any] = {
             "pid": popen.pid,
             "pgid": popen.pid,
-            "argv": command.argv[:3],
+            "argv": command.argv,  # no secret: the key is in the --config file
             "host": command.host,
             "port": command.port,
             "started_at": started,
@@ -110,7 +116,18 @@ class ServerProcess:
             "owner_started_at": owner.create_time(),
         }
         write_private(command.pid_path, json.dumps(record, indent=2).encode())
-        return cls(command=command, popen=popen, started_mono=time.monotonic())
+        return cls(command, popen, started_mono=time.monotonic(), log_offset=offset)
+
+    def record_cmdline(self) -> None:
+        """Add the server's own command line to its PID file, read once it is up: engine.python
+        may be a wrapper that execs, so argv is what was asked and this is what runs."""
+        try:
+            cmdline = psutil.Process(self.pid).cmdline()
+            record = json.loads(self.command.pid_path.read_text())
+        except (psutil.Error, OSError, ValueError):
+            return
+        record["cmdline"] = cmdline
+        write_private(self.command.pid_path, json.dumps(record, indent=2).encode())
 
     @property
     def pid(self) -> int:
@@ -127,6 +144,7 @@ class ServerProcess:
         in engine.extra_args): blank our key wherever it shows, and any key-named value."""
         try:
             with open(self.command.log_path, "rb") as f:
+                f.seek(self.log_offset)
                 tail = deque(f, maxlen=lines)
         except OSError:
             return "(no log)"
@@ -134,6 +152,13 @@ class ServerProcess:
         return redact(text, self.command.api_key.get_secret_value())
 
     def terminate(self) -> None:
+        """SIGTERM the launcher alone: SGLang then stops its own children (scheduler,
+        detokenizer) on its graceful path; signalling the group at once sends it down its
+        crash path (`scheduler crashed with exit code -15`, then a 5 s sleep)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.pid, signal.SIGTERM)
+
+    def terminate_group(self) -> None:
         signal_group(self.pid, signal.SIGTERM)
 
     def kill(self) -> None:
@@ -157,12 +182,23 @@ class ServerProcess:
         self.command.key_file.unlink(missing_ok=True)
 
 
+# Of the grace period, the share the launcher's own shutdown gets before the whole group is
+# signalled; the rest is for the group's SIGTERM before SIGKILL.
+_GRACEFUL_SHARE = 0.7
+
+
 def stop_processes(processes: list[ServerProcess], grace_s: float) -> list[ServerProcess]:
-    """SIGTERM every group, SIGKILL what is left after `grace_s`; return any that survived."""
+    """SIGTERM every launcher and wait for its own shutdown, then SIGTERM what is left of each
+    group, SIGKILL what is left after `grace_s` in all; return any that survived."""
+    start = time.monotonic()
     for proc in processes:
         proc.terminate()
-    deadline = time.monotonic() + grace_s
-    stubborn = [p for p in processes if not p.wait_gone(deadline)]
+    deadline = start + grace_s * _GRACEFUL_SHARE
+    lingering = [p for p in processes if not p.wait_gone(deadline)]
+    for proc in lingering:
+        proc.terminate_group()
+    deadline = start + grace_s
+    stubborn = [p for p in lingering if not p.wait_gone(deadline)]
     for proc in stubborn:
         proc.kill()
     deadline = time.monotonic() + 5.0

@@ -58,6 +58,7 @@ def generate_plan(
         # stop throws away (the incident's 5,000 prompts: a 256-row canary and 200 more).
         todo = plan.num_rows - plan.committed_rows
         live.start_canary(config.generation.canary_prompts, ahead=min(feed.slots, todo // 25))
+        feed.progress.reused(live.reused)
     window = shards_in_flight(feed.slots, config.shard_size)
 
     def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:

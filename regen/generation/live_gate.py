@@ -67,6 +67,8 @@ class LiveAudit:
         self.gate = LiveGate(settings)
         self.record: StopRecord | None = None
         self.canary = pl.DataFrame(schema=row_schema())
+        self.reused = 0
+        """Canary rows an earlier, cut-short run of this plan stored, reused instead of sent."""
         self._held: HeldForCanary | None = None
         self._judging: threading.Thread | None = None
         self._decision: Decision | None = None
@@ -119,12 +121,14 @@ class LiveAudit:
             # alone on a few rows. It is generated as is and judged with the rest of the
             # dataset by the final audit. Canary rows a cut-short run stored are still used.
             self.canary = read_canary(self.storage, self.plan.fingerprint)
+            self.reused = self.canary.height
             self._log.info(
                 "canary: none, the %d prompts to generate are fewer than its %d; judged with "
                 "the dataset's %d committed rows", sample.height, size, self.plan.committed_rows,
             )  # fmt: skip
             return
         pending = send_canary(self.dispatcher, self.storage, self.plan.fingerprint, sample)
+        self.reused = pending.stored.height
         verdict: futures.Future[Verdict] = futures.Future()
         self._held = HeldForCanary(self.dispatcher, sample, verdict, ahead)
         self._judging = threading.Thread(

@@ -114,7 +114,9 @@ def rehearsal_checks(source: RegenConfig, rehearsal_output: str) -> PreflightRep
     facts = {
         "model": f"model.source {source.model.source}",
         "engine": servers,
-        "gpus": f"engine.gpus {engine.gpus}",
+        "gpus": f"engine.gpus {engine.gpus}"
+        if engine.device == "cuda"
+        else f"engine.device cpu, {engine.servers} servers",
         "ports": f"{engine.host}:{ports}",
         "stage dir": stage,
         "storage": f"output {source.output}: the rehearsal writes {rehearsal_output}",

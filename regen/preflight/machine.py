@@ -6,6 +6,7 @@ import psutil
 
 from regen.config import RegenConfig
 from regen.figures import gb
+from regen.fleet.orphans import find_orphans
 from regen.gpus import GpuProbe
 from regen.ports import taken_ports
 from regen.preflight.report import CheckRow
@@ -14,6 +15,10 @@ from regen.preflight.report import CheckRow
 def check_gpus(config: RegenConfig, probe: GpuProbe, model_bytes: int | None) -> CheckRow:
     if config.engine.kind != "sglang":
         return CheckRow(name="gpus", status="skipped", figure=f"not needed ({config.engine.kind})")
+    if config.engine.device == "cpu":
+        return CheckRow(
+            name="gpus", status="skipped", figure=f"cpu: {config.engine.servers} servers, no GPU"
+        )
     try:
         gpus = probe.gpus()
     except RuntimeError as err:
@@ -59,11 +64,22 @@ def check_ports(config: RegenConfig) -> CheckRow:
         return CheckRow(name="ports", status="skipped", figure="external servers")
     ports = [engine.base_port + i for i in range(engine.num_servers)]
     taken = [port for _, port in taken_ports((engine.host, p) for p in ports)]
+    orphans = [o for o in find_orphans(config.work_dir) if o.processes and o.port in taken]
+    if taken and {o.port for o in orphans} == set(taken):
+        # A killed run's servers: the run reaps them before its launch, so they cost nothing.
+        return CheckRow(
+            name="ports",
+            status="warn",
+            figure=f"in use: {taken} by an earlier run's servers, whose owner is gone: "
+            + "; ".join(o.describe() for o in orphans),
+            hint="regen run stops them (SIGTERM, then SIGKILL) before it launches",
+        )
     if taken:
+        held = "".join(f"; {o.describe()} is an earlier run's server" for o in orphans)
         return CheckRow(
             name="ports",
             status="fail",
-            figure=f"in use: {taken}",
+            figure=f"in use: {taken}{held}",
             hint="stop what listens there or change engine.base_port",
         )
     return CheckRow(name="ports", status="pass", figure=f"{ports[0]}-{ports[-1]} free")

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from support.emulator import MODEL_DIR
 
-IM_END = 248046
+IM_END = 82
 TOKENIZER = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
 TEMPLATE = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
     json.loads((MODEL_DIR / "tokenizer_config.json").read_text())["chat_template"]
