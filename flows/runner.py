@@ -1,17 +1,18 @@
-"""Run the flow from the command line: one line on failure, signals stop the fleet."""
+"""Run the flow from the command line: one line on failure, signals stop the fleet and say
+how to resume (`regen.interrupt`)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
-from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 from regen.config import RegenConfig
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, key_url
 from regen.errors import UserError
+from regen.fleet import reap_orphans
+from regen.interrupt import Interrupts, argv, exit_code, resume_line, signal_of
 from regen.owned import reap_owned, tag_children
 
 # What Prefect 3.9.1 sets in the environment of the temporary API server it starts in a
@@ -43,11 +44,6 @@ def _quiet_user_tracebacks() -> None:
         handler.addFilter(_UserErrorsInOneLine())
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM becomes the same unwinding as Ctrl-C, so every `finally` tears the fleet down.
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def _reap_ephemeral_servers() -> None:
     """Stop the temporary Prefect servers of runs that were killed, and tag this run's own.
 
@@ -68,15 +64,27 @@ def _reap_ephemeral_servers() -> None:
 
 def run_regenerate(config: RegenConfig) -> int:
     """Run `regenerate_completions` in this process; exit 0 on a passed or warned gate."""
+    from flows.ephemeral import detach_ephemeral_server, stop_ephemeral_server
     from flows.regenerate import regenerate_completions
 
     _reap_ephemeral_servers()
     _quiet_user_tracebacks()
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    detach_ephemeral_server()
+    # Ctrl-C, SIGTERM and SIGHUP unwind the run (every `finally` stops the fleet); the
+    # watchdog bounds the unwinding, whatever Prefect's API does meanwhile.
+    interrupts = Interrupts(
+        line=lambda sig: resume_line(sig, config.output, argv()),
+        stop_fleet=lambda: reap_orphans(config.work_dir),
+        on_force=stop_ephemeral_server,
+    )
     try:
-        state = regenerate_completions(config, return_state=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        with interrupts.installed():
+            state = regenerate_completions(config, return_state=True)
+    except KeyboardInterrupt as err:
+        sig = interrupts.received or signal_of(err)
+        print(resume_line(sig, config.output, argv()), file=sys.stderr)
+        interrupts.said = True
+        return exit_code(sig)
     if state.is_completed():
         # Completed means the flow returned its summary; a failed gate returns a Failed state.
         summary = cast("RunSummary", state.result())
