@@ -23,6 +23,7 @@ from regen.nodes import NodeAssignment, NodeConfig, check_nodes, node_weights, s
 from regen.run import OpenedRun
 from tasks.audit import audit
 from tasks.generate import plan_run
+from tasks.lease import hold_output
 from tasks.nodes import start_node, watch_nodes
 
 
@@ -61,56 +62,61 @@ def regenerate_multinode(
     # The parent's storage (each child opens its own), and the block's token for Hub prompts.
     hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
     run = OpenedRun(shared, hf_token=hf_token)
-    plan = plan_run(run)
-    # This machine stages no model: a remote model's tokenizer files are fetched now, so an
-    # unreadable source fails before any node starts, and the audit runs checks 10-11.
-    tokenizer = run.tokenizer
-    weights = node_weights(nodes, node_configs)
-    ranges = split_ranges(plan.pending, weights)
-    for name, shards in ranges.items():
-        logger.info("node %s (weight %g) starts with %d shard(s)", name, weights[name], len(shards))
-    if plan.pending and not plan.stopped:
-        parent = get_run_context().flow_run  # type: ignore[union-attr]
-        assert parent is not None, "a flow's context has its run"
-        blocks = {
-            "model_block": model_block,
-            "storage_block": storage_block,
-            "api_key_secret": api_key_secret,
-        }
-        # Every node reads a Hub prompt set at the commit planned here: `main` may move on
-        # while they start, and a node reading another commit would revise the plan under
-        # the others.
-        hub = config.prompts.startswith("hf://")
-        read = config.model_copy(update={"prompts": plan.input_path}) if hub else config
-        children = {}
-        for node in nodes:
-            assignment = NodeAssignment(
-                name=node.name, ranges=ranges, weights=weights, lease_s=lease_s
+    parent = get_run_context().flow_run  # type: ignore[union-attr]
+    assert parent is not None, "a flow's context has its run"
+    # One run per output: the parent holds the lease for the whole run, its nodes join it.
+    with hold_output(run):
+        plan = plan_run(run)
+        # This machine stages no model: a remote model's tokenizer files are fetched now, so an
+        # unreadable source fails before any node starts, and the audit runs checks 10-11.
+        tokenizer = run.tokenizer
+        weights = node_weights(nodes, node_configs)
+        ranges = split_ranges(plan.pending, weights)
+        for name, shards in ranges.items():
+            logger.info(
+                "node %s (weight %g) starts with %d shard(s)", name, weights[name], len(shards)
             )
-            children[node.name] = str(start_node(node, read, assignment, blocks, parent).id)
-        report = watch_nodes(run, plan, children, lease_s, poll_s)
-        if not report.complete:
-            raise UserError(
-                f"dataset incomplete: node(s) {', '.join(report.failed) or 'none'} failed and "
-                f"no node is left working; run again to resume ({shared.output})"
+        if plan.pending and not plan.stopped:
+            blocks = {
+                "model_block": model_block,
+                "storage_block": storage_block,
+                "api_key_secret": api_key_secret,
+            }
+            # Every node reads a Hub prompt set at the commit planned here: `main` may move on
+            # while they start, and a node reading another commit would revise the plan under
+            # the others.
+            hub = config.prompts.startswith("hf://")
+            read = config.model_copy(update={"prompts": plan.input_path}) if hub else config
+            children = {}
+            for node in nodes:
+                assignment = NodeAssignment(
+                    name=node.name, ranges=ranges, weights=weights, lease_s=lease_s,
+                    lease_run=str(parent.id),
+                )  # fmt: skip
+                children[node.name] = str(start_node(node, read, assignment, blocks, parent).id)
+            report = watch_nodes(run, plan, children, lease_s, poll_s)
+            if not report.complete:
+                raise UserError(
+                    f"dataset incomplete: node(s) {', '.join(report.failed) or 'none'} failed and "
+                    f"no node is left working; run again to resume ({shared.output})"
+                )
+            outcomes, failed = report.nodes, report.failed
+        else:
+            outcomes, failed = [], []
+        result = audit(shared.output, shared.audit, tokenizer_path=tokenizer, storage=run.storage)
+        if failed:
+            logger.error(
+                "dataset complete, but node(s) %s failed: see the multinode-nodes artifact",
+                ", ".join(failed),
             )
-        outcomes, failed = report.nodes, report.failed
-    else:
-        outcomes, failed = [], []
-    result = audit(shared.output, shared.audit, tokenizer_path=tokenizer, storage=run.storage)
-    if failed:
-        logger.error(
-            "dataset complete, but node(s) %s failed: see the multinode-nodes artifact",
-            ", ".join(failed),
+        if result.verdict == "fail":
+            return Failed(message=result.failure_message())
+        errors = round((result.check("error_rows").figure or 0.0) * result.rows)
+        return MultinodeSummary(
+            output=shared.output,
+            rows_ok=result.rows - errors,
+            rows_failed=errors,
+            nodes=outcomes,
+            failed_nodes=failed,
+            verdict=result.verdict,
         )
-    if result.verdict == "fail":
-        return Failed(message=result.failure_message())
-    errors = round((result.check("error_rows").figure or 0.0) * result.rows)
-    return MultinodeSummary(
-        output=shared.output,
-        rows_ok=result.rows - errors,
-        rows_failed=errors,
-        nodes=outcomes,
-        failed_nodes=failed,
-        verdict=result.verdict,
-    )

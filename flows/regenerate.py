@@ -20,6 +20,7 @@ from regen.run import OpenedRun
 from tasks.audit import audit
 from tasks.export import export
 from tasks.generate import generate, plan_run
+from tasks.lease import hold_output
 from tasks.setup import provision, reap_orphans, stage_model, start_fleet
 
 
@@ -79,49 +80,52 @@ def regenerate_completions(
     # Every stage below shares this storage (a storage block's, with its own credentials).
     hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
     run = OpenedRun(config, opened=resolved.storage, hf_token=hf_token)
-    provision(run, CODE_PACKAGES)
-    # The plan before the model: an output another run made, an input the live gate stops on
-    # its rejects and a rerun with nothing left to generate cost no staging (minutes of a
-    # rented node for a large model), and launch no fleet.
-    plan = plan_run(run)
-    api_key = config.engine.api_key or generate_api_key()
-    generation = GenerationSummary.empty()
-    if plan.pending and not plan.stopped:
-        model_path = stage_model(config, hf_token=hf_token)
-        # Read after staging: the staged model's own tokenizer (see `OpenedRun.tokenizer`).
+    provision(run, CODE_PACKAGES, node.lease_run if node else None)
+    # One run per output: a second run stops here, before the plan writes anything or a model
+    # is staged; a node of a multi-node run shares its parent's lease.
+    with hold_output(run, node.lease_run if node else None):
+        # The plan before the model: an output another run made, an input the live gate stops on
+        # its rejects and a rerun with nothing left to generate cost no staging (minutes of a
+        # rented node for a large model), and launch no fleet.
+        plan = plan_run(run)
+        api_key = config.engine.api_key or generate_api_key()
+        generation = GenerationSummary.empty()
+        if plan.pending and not plan.stopped:
+            model_path = stage_model(config, hf_token=hf_token)
+            # Read after staging: the staged model's own tokenizer (see `OpenedRun.tokenizer`).
+            tokenizer = run.tokenizer
+            with start_fleet(run, model_path, api_key) as fleet:
+                generation = generate(run, plan, fleet, api_key, tokenizer, node)
         tokenizer = run.tokenizer
-        with start_fleet(run, model_path, api_key) as fleet:
-            generation = generate(run, plan, fleet, api_key, tokenizer, node)
-    tokenizer = run.tokenizer
-    if node is not None:
-        return (
-            Failed(message=f"FAIL: {generation.stopped}")
-            if generation.stopped
-            else RunSummary(
-                output=config.output,
-                rows_ok=generation.ok,
-                rows_failed=generation.failed,
-                completion_tokens=generation.completion_tokens,
-                tokens_per_s=generation.tokens_per_s,
-                verdict=f"not audited here: node {node.name} of a multi-node run",
+        if node is not None:
+            return (
+                Failed(message=f"FAIL: {generation.stopped}")
+                if generation.stopped
+                else RunSummary(
+                    output=config.output,
+                    rows_ok=generation.ok,
+                    rows_failed=generation.failed,
+                    completion_tokens=generation.completion_tokens,
+                    tokens_per_s=generation.tokens_per_s,
+                    verdict=f"not audited here: node {node.name} of a multi-node run",
+                )
             )
+        # A run the live gate stopped is audited too, on every row it generated, and fails
+        # naming the gate that stopped it.
+        report = audit(config.output, config.audit, tokenizer, storage=run.storage)
+        if report.verdict == "fail":
+            return Failed(message=report.failure_message())
+        failed = round((report.check("error_rows").figure or 0.0) * report.rows)
+        # A failed audit returned above: an unfit dataset is never exported.
+        targets = config.export.targets() if config.export else []
+        for dest, options in targets:
+            export(config.output, dest, options, tokenizer, storage=run.storage)
+        return RunSummary(
+            output=config.output,
+            rows_ok=report.rows - failed,
+            rows_failed=failed,
+            completion_tokens=generation.completion_tokens,
+            tokens_per_s=generation.tokens_per_s,
+            verdict=report.verdict,
+            exports=[dest for dest, _ in targets],
         )
-    # A run the live gate stopped is audited too, on every row it generated, and fails
-    # naming the gate that stopped it.
-    report = audit(config.output, config.audit, tokenizer, storage=run.storage)
-    if report.verdict == "fail":
-        return Failed(message=report.failure_message())
-    failed = round((report.check("error_rows").figure or 0.0) * report.rows)
-    # A failed audit returned above: an unfit dataset is never exported.
-    targets = config.export.targets() if config.export else []
-    for dest, options in targets:
-        export(config.output, dest, options, tokenizer, storage=run.storage)
-    return RunSummary(
-        output=config.output,
-        rows_ok=report.rows - failed,
-        rows_failed=failed,
-        completion_tokens=generation.completion_tokens,
-        tokens_per_s=generation.tokens_per_s,
-        verdict=report.verdict,
-        exports=[dest for dest, _ in targets],
-    )

@@ -36,13 +36,17 @@ def reap_orphans(work_dir: Path) -> list[int]:
 
 
 @task(name="provision", persist_result=False, cache_policy=NONE)
-def provision(run: OpenedRun, packages: Sequence[str]) -> PreflightReport:
-    """Run every check (`packages`: the code the run imports, named by the flow), publish the
-    table, and stop the run before a GPU is touched."""
+def provision(
+    run: OpenedRun, packages: Sequence[str], lease_run: str | None = None
+) -> PreflightReport:
+    """Run every check (`packages`: the code the run imports, named by the flow; `lease_run`:
+    the multi-node run whose lease a node shares), publish the table, and stop the run before
+    a GPU is touched."""
     logger = get_run_logger()
     report = run_checks(
-        run.config, packages=packages, open_output=lambda: run.storage, hf_token=run.hf_token
-    )
+        run.config, packages=packages, open_output=lambda: run.storage, hf_token=run.hf_token,
+        lease_run=lease_run,
+    )  # fmt: skip
     verdict = "PASS" if report.ok else f"FAIL {report.summary()}"
     create_table_artifact(
         table=report.table(),

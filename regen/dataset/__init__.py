@@ -4,7 +4,7 @@ protocol, the prompt cache and the reader everyone uses (`read_committed`).
 Nothing outside this package builds or parses a key of the layout or lists data files.
 """
 
-from regen.dataset.commit import commit_shard, error_rows, replace_shard
+from regen.dataset.commit import ShardCommitted, commit_shard, error_rows, replace_shard
 from regen.dataset.keys import (
     AUDIT_MARKDOWN_KEY,
     AUDIT_REPORT_KEY,
@@ -82,6 +82,7 @@ __all__ = [
     "InputChanges",
     "Manifest",
     "RunInfo",
+    "ShardCommitted",
     "ShardPlan",
     "cache_prompts",
     "claim_key",

@@ -24,6 +24,17 @@ from regen.schema import row_schema
 from regen.storage import Storage
 
 
+class ShardCommitted(ValueError):
+    """The shard was committed meanwhile by another run: its rows stand, this run's are
+    dropped. Never worth a retry, never this run's failure."""
+
+    def __init__(self, shard: int, existing: Manifest) -> None:
+        by = f"node {existing.node}" if existing.node else "another run"
+        super().__init__(f"shard {shard} is already committed (by {by}, at {existing.written_at})")
+        self.shard = shard
+        self.existing = existing
+
+
 def commit_shard(
     storage: Storage,
     shard: int,
@@ -37,7 +48,7 @@ def commit_shard(
     """Write the shard's data, then its manifest. Refuses a shard already committed."""
     existing = read_manifest(storage, shard)
     if existing is not None and existing.fingerprint == fingerprint:
-        raise ValueError(f"shard {shard} is already committed; use replace_shard")
+        raise ShardCommitted(shard, existing)
     return _write(
         storage, shard, rows, fingerprint, timings, generation=1, node=node, revision=revision
     )

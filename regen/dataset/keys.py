@@ -3,7 +3,8 @@
 A root holds `run.json` and `plan.parquet` (what the run is), `rejects/`, `progress.json`,
 `shards/shard-NNNNNN.json` (a shard's manifest, its commit mark) and its data
 `shards/shard-NNNNNN[.gG].parquet` (generation G >= 2 after a replace), `claims/` and
-`nodes/` (a multi-node run's leases and heartbeats), `superseded/<fingerprint>/` (an older
+`nodes/` (a multi-node run's leases and heartbeats), `lease/` (the one run that holds the
+root, `regen.output_lease`), `superseded/<fingerprint>/` (an older
 run moved aside), `audit/` (each shard's audit summary), `canary/` (the canary's rows) and
 `report/` (the audit report; `report/stopped.json` when the live gate stopped the run).
 Shard numbers are zero-padded to six digits and grow past them, so every pattern takes six
@@ -21,6 +22,8 @@ SHARDS_PREFIX = "shards/"
 SUPERSEDED_PREFIX = "superseded/"
 CLAIMS_PREFIX = "claims/"
 NODES_PREFIX = "nodes/"
+LEASE_PREFIX = "lease/"
+"""The output's lease: which run holds the root. Never moved aside with a superseded run."""
 CANARY_PREFIX = "canary/"
 AUDIT_PREFIX = "audit/"
 REPORT_PREFIX = "report/"
@@ -36,6 +39,7 @@ _PROGRESS = "progress.json"
 _MANIFEST = re.compile(r"^shards/shard-(\d{6,})\.json$")
 _DATA = re.compile(r"^shards/shard-(\d{6,})(?:\.g(\d+))?\.parquet$")
 _CLAIM = re.compile(r"^claims/shard-(\d{6,})\.(\d{9,})\.json$")
+_LEASE = re.compile(r"^lease/run\.(\d{9,})\.json$")
 
 
 def key_url(root: str, key: str) -> str:
@@ -82,6 +86,17 @@ def parse_claim_key(key: str) -> tuple[int, int] | None:
     """(shard, generation) of a claim key, or None for any other key."""
     match = _CLAIM.match(key)
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def lease_key(generation: int) -> str:
+    # Zero-padded, as a claim's: the sorted listing is in generation order.
+    return f"{LEASE_PREFIX}run.{generation:09d}.json"
+
+
+def parse_lease_key(key: str) -> int | None:
+    """The generation of an output lease key, or None for any other key."""
+    match = _LEASE.match(key)
+    return int(match.group(1)) if match else None
 
 
 def heartbeat_key(node: str) -> str:

@@ -13,7 +13,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from regen.dataset._encode import parquet_bytes, utc_now
-from regen.dataset.keys import PLAN_KEY, RUN_KEY, SUPERSEDED_PREFIX, superseded_prefix
+from regen.dataset.keys import (
+    LEASE_PREFIX,
+    PLAN_KEY,
+    RUN_KEY,
+    SUPERSEDED_PREFIX,
+    superseded_prefix,
+)
 from regen.errors import FingerprintMismatch, UserError
 from regen.fingerprint import changed_components, run_fingerprint
 from regen.storage import Storage
@@ -225,7 +231,8 @@ def open_run(storage: Storage, new_info: RunInfo, plan: ShardPlan, *, new_output
 
 def supersede(storage: Storage, old_fingerprint: str) -> None:
     """Move every key of the old run under superseded/<fingerprint>/, run.json last."""
-    keys = [k for k in storage.list() if not k.startswith(SUPERSEDED_PREFIX)]
+    # The lease is the output's, not the old run's: the run superseding it holds it now.
+    keys = [k for k in storage.list() if not k.startswith((SUPERSEDED_PREFIX, LEASE_PREFIX))]
     target = superseded_prefix(old_fingerprint)
     for key in keys:
         storage.write_bytes(target + key, storage.read_bytes(key))

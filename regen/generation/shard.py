@@ -19,6 +19,7 @@ import polars as pl
 from regen.canary import CanaryStopped
 from regen.dataset import (
     Manifest,
+    ShardCommitted,
     commit_shard,
     prompts_for_shard,
     read_manifest,
@@ -58,8 +59,9 @@ storage hiccup to pass, short beside a shard's minutes of generation."""
 
 def worth_retrying(err: BaseException) -> bool:
     """Whether a shard that failed with `err` is tried again: a dead, unauthorised or closed
-    fleet fails every retry alike; a storage hiccup may not."""
-    return not isinstance(err, FleetError)
+    fleet fails every retry alike; a storage hiccup may not; a shard another run committed
+    stays committed."""
+    return not isinstance(err, (FleetError, ShardCommitted))
 
 
 OnCommit = Callable[[Commit], None]
@@ -96,6 +98,11 @@ def generate_shard(
         )  # fmt: skip
     except CanaryStopped as stop:
         log.warning("shard %06d: not committed: %s", shard, stop)
+        return ShardOutcome.lost(shard, time.monotonic() - start)
+    except ShardCommitted as done:
+        # Another run got there first (one that held the output before this one took its
+        # lease over): its rows stand, and this run did not fail.
+        log.warning("shard %06d: %s; this run's rows for it are not committed", shard, done)
         return ShardOutcome.lost(shard, time.monotonic() - start)
 
 

@@ -51,6 +51,7 @@ def run_checks(
     packages: Sequence[str],
     open_output: Callable[[], Storage] | None = None,
     hf_token: str | None = None,
+    lease_run: str | None = None,
 ) -> PreflightReport:
     """All checks, each isolated: one that raises becomes a failed row, the others still run.
 
@@ -58,6 +59,7 @@ def run_checks(
     layers that import this library (and that a run runs too) are theirs to name.
     `open_output` opens the output the run will keep using, so it is opened once.
     `hf_token` reads a Hub prompt set (None: huggingface_hub's own, HF_TOKEN).
+    `lease_run`: a node of a multi-node run names its parent, whose lease it shares.
     """
     size = model_bytes(config)
     checks: list[tuple[str, Callable[[], CheckRow]]] = [
@@ -71,7 +73,7 @@ def run_checks(
             else []
         ),
         ("prompts", lambda: check_prompts(config, hf_token=hf_token)),
-        ("storage", lambda: check_storage(config, open_output)),
+        ("storage", lambda: check_storage(config, open_output, lease_run)),
         ("engine", lambda: check_engine(config)),
         ("gpus", lambda: check_gpus(config, gpu_probe or NvmlProbe(), size)),
         ("ports", lambda: check_ports(config)),

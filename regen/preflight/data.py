@@ -14,14 +14,28 @@ if TYPE_CHECKING:
 
 
 def check_storage(
-    config: RegenConfig, open_output: Callable[[], Storage] | None = None
+    config: RegenConfig,
+    open_output: Callable[[], Storage] | None = None,
+    lease_run: str | None = None,
 ) -> CheckRow:
-    """`open_output`: the run's own opening of its output, so the run opens it once."""
+    """`open_output`: the run's own opening of its output, so the run opens it once;
+    `lease_run`: the run whose lease on the output this one shares (a node of a multi-node
+    run), not another run."""
+    from regen.output_lease import held_line, live_holder
     from regen.storage import open_storage, probe
 
     storage = open_output() if open_output else open_storage(config.output)
     probe(storage)
     figure = f"{storage.uri} writable and readable"
+    holder = live_holder(storage)
+    if holder is not None and holder.run_id != lease_run:
+        # Another run is writing there now: this one would be refused at its plan.
+        return CheckRow(
+            name="storage",
+            status="fail",
+            figure=held_line(storage, holder),
+            hint="one run per output",
+        )
     made_by = _other_run(config, storage)
     if made_by is None:
         return CheckRow(name="storage", status="pass", figure=figure)

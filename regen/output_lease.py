@@ -1,0 +1,259 @@
+"""One run per output: a lease on the dataset root, taken before anything is staged or launched.
+
+Two runs on one output (a second tmux pane, a deployment run beside a CLI run) each generated
+every shard, and the second then failed on commits the first had made: the GPU hours of a
+whole run thrown away. The lease makes the second run stop at its plan, in one line naming the
+holder, before it costs anything.
+
+The lease is a sequence of generation files `lease/run.<n>.json` (keys of
+`regen.dataset.keys`), the highest the live record, each made with `Storage.create_exclusive`
+(a hard link locally, `If-None-Match: *` on S3), as the multi-node shard claims of
+`regen.claims` are: of two runs racing for generation `n + 1`, exactly one creates it. Taking,
+renewing and releasing each create the next generation; older ones are pruned.
+
+A holder is dead, and its lease taken over with a log line, when it released it, when it is on
+this host and its process (pid and start time) is gone (a kill -9, a reboot: no need to wait),
+or when its heartbeat is older than `lease_s` (another host, which this one cannot look into).
+The nodes of a multi-node run share the parent's lease: they `join` it by its run id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import psutil
+
+from regen.dataset.keys import LEASE_PREFIX, key_url, lease_key, parse_lease_key
+from regen.errors import UserError
+from regen.storage import Storage
+from regen.ticker import Ticker
+
+log = logging.getLogger(__name__)
+
+LEASE_S = 120.0
+"""How long a holder on another host may go without a heartbeat before it counts as dead."""
+
+
+class OutputHeld(UserError):
+    """Another run, alive, holds the output."""
+
+
+class LeaseLost(RuntimeError):
+    """This run's lease was taken over (it stalled past `lease_s`, another host took it)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds the lease: enough to find the process, and the run in Prefect's UI."""
+
+    run_id: str
+    host: str
+    pid: int
+    pid_started: float
+    since: float
+    flow_run_id: str | None = None
+
+    @classmethod
+    def this_process(cls, run_id: str | None = None, flow_run_id: str | None = None) -> Holder:
+        me = psutil.Process()
+        return cls(
+            run_id=run_id or uuid.uuid4().hex,
+            host=socket.gethostname(),
+            pid=me.pid,
+            pid_started=me.create_time(),
+            since=time.time(),
+            flow_run_id=flow_run_id,
+        )
+
+    def describe(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
+        run = f", flow run {self.flow_run_id}" if self.flow_run_id else ""
+        return f"pid {self.pid} on {self.host} since {since}{run}"
+
+    def process_gone(self) -> bool:
+        """On this host only: whether the holder's process (pid and start time) has ended."""
+        try:
+            proc = psutil.Process(self.pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+            return abs(proc.create_time() - self.pid_started) >= 1.0
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One generation of the lease; `holder` None is a release."""
+
+    generation: int
+    holder: Holder | None
+    heartbeat_at: float
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> LeaseRecord:
+        raw = json.loads(data)
+        holder = raw.get("holder")
+        return cls(
+            generation=int(raw["generation"]),
+            holder=Holder(**holder) if isinstance(holder, dict) else None,
+            heartbeat_at=float(raw["heartbeat_at"]),
+        )
+
+
+def read_lease(storage: Storage) -> LeaseRecord | None:
+    """The live (highest) generation, or None if no run ever held the output."""
+    keys = [k for k in storage.list(LEASE_PREFIX) if parse_lease_key(k) is not None]
+    if not keys:
+        return None
+    try:
+        return LeaseRecord.from_json(storage.read_bytes(keys[-1]))
+    except FileNotFoundError:  # pruned by a racer between the listing and the read
+        return read_lease(storage)
+    except (ValueError, TypeError, KeyError) as err:
+        raise UserError(f"{key_url(storage.uri, keys[-1])}: unreadable lease ({err})") from None
+
+
+def why_dead(record: LeaseRecord, now: float, lease_s: float = LEASE_S) -> str | None:
+    """Why the record's holder no longer holds the output, or None while it does."""
+    holder = record.holder
+    if holder is None:
+        return "released"
+    if holder.host == socket.gethostname() and holder.process_gone():
+        return f"its process (pid {holder.pid} on {holder.host}) is gone"
+    age = now - record.heartbeat_at
+    if age > lease_s:
+        return f"no heartbeat for {age:.0f} s (lease {lease_s:g} s)"
+    return None
+
+
+def held_line(storage: Storage, holder: Holder, lease_s: float = LEASE_S) -> str:
+    """The one line a refused run prints: who holds the output, and how to take it over."""
+    return (
+        f"{storage.uri}: output held by another run: {holder.describe()}; "
+        f"wait for it to end or stop it: a dead holder's lease is taken over by the next run "
+        f"(at once on {holder.host}, {lease_s:g} s after its last heartbeat from elsewhere)"
+    )
+
+
+class OutputLease:
+    """This run's hold on one output: `take` (or `join`), renewed from a thread, `release`."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        holder: Holder,
+        *,
+        lease_s: float = LEASE_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.storage = storage
+        self.holder = holder
+        self.lease_s = lease_s
+        self.clock = clock
+        self.lost: str | None = None
+        """Set by a renewal that found another run's record: this run must stop committing."""
+        self._joined = False
+        self._ticker = Ticker("output-lease", lease_s / 3, self.renew)
+
+    def _create(self, generation: int, holder: Holder | None) -> bool:
+        record = LeaseRecord(generation, holder, self.clock())
+        created = self.storage.create_exclusive(lease_key(generation), record.to_json())
+        if created:
+            for key in self.storage.list(LEASE_PREFIX):
+                old = parse_lease_key(key)
+                if old is not None and old < generation - 1:
+                    self.storage.delete(key)
+        return created
+
+    def _ours(self, record: LeaseRecord | None) -> bool:
+        return (
+            record is not None
+            and record.holder is not None
+            and (record.holder.run_id == self.holder.run_id)
+        )
+
+    def take(self) -> str | None:
+        """Hold the output, or raise OutputHeld naming the live holder. Returns the line to
+        log when a dead holder's lease was taken over, else None."""
+        for _ in range(5):  # a racer's generation between our read and create: read again
+            current = read_lease(self.storage)
+            if self._ours(current):
+                return None
+            dead = None
+            if current is not None:
+                dead = why_dead(current, self.clock(), self.lease_s)
+                if dead is None:
+                    assert current.holder is not None
+                    raise OutputHeld(held_line(self.storage, current.holder, self.lease_s))
+            generation = 0 if current is None else current.generation + 1
+            if self._create(generation, self.holder):
+                if current is None or current.holder is None:
+                    return None
+                return f"took over the lease of {current.holder.describe()}: {dead}"
+        raise OutputHeld(f"{self.storage.uri}: the output's lease keeps changing hands; try again")
+
+    def join(self) -> None:
+        """A node of a multi-node run: the parent (run id `holder.run_id`) holds the lease."""
+        current = read_lease(self.storage)
+        if not self._ours(current):
+            holder = current.holder if current is not None else None
+            if holder is not None:
+                raise OutputHeld(held_line(self.storage, holder, self.lease_s))
+            gone = "released or never taken"
+            raise OutputHeld(f"{self.storage.uri}: the multi-node run's lease is {gone}")
+        self._joined = True
+
+    def renew(self) -> None:
+        """A heartbeat: the next generation, if the lease is still this run's."""
+        if self._joined or self.lost:
+            return
+        current = read_lease(self.storage)
+        if current is None or not self._ours(current):
+            holder = current.holder if current is not None else None
+            self.lost = f"taken over by {holder.describe()}" if holder else "released by another"
+            log.error("output lease lost: %s", self.lost)
+            return
+        if not self._create(current.generation + 1, self.holder):
+            self.renew()  # a racer's generation: read it and judge again
+
+    def release(self) -> None:
+        """Give the output up, so the next run need not wait; a no-op if no longer ours."""
+        if self._joined:
+            return
+        current = read_lease(self.storage)
+        if current is not None and self._ours(current):
+            self._create(current.generation + 1, None)
+
+    @contextmanager
+    def renewing(self) -> Iterator[OutputLease]:
+        """Renew the taken lease from a thread for the body, release it at the end however
+        the body ends (a Ctrl-C included; a kill -9 leaves it to be taken over)."""
+        self._ticker.start()
+        try:
+            yield self
+        finally:
+            self._ticker.stop()
+            self.release()
+
+
+def live_holder(storage: Storage, lease_s: float = LEASE_S) -> Holder | None:
+    """The holder of the output if it is alive and not this process, for `regen check`."""
+    record = read_lease(storage)
+    if record is None or record.holder is None or why_dead(record, time.time(), lease_s):
+        return None
+    if record.holder.pid == os.getpid() and record.holder.host == socket.gethostname():
+        return None
+    return record.holder
