@@ -87,7 +87,8 @@ def _config(
 
 def _served(config: RegenConfig) -> int:
     """Requests the run's emulators answered, from their logs (every lifetime of each)."""
-    logs = sorted((config.work_dir / "logs").glob("server-*.log"))
+    # Each run's servers log under its own directory (regen.fleet.commands.run_dir).
+    logs = sorted(config.work_dir.glob("runs/*/logs/server-*.log"))
     counts = [int(n) for p in logs for n in _SERVED.findall(p.read_text())]
     if len(logs) != len(config.engine.gpus) or len(counts) < len(logs):
         raise SystemExit(f"live_gate: a server of {config.work_dir} did not log its count")

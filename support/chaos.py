@@ -25,6 +25,7 @@ import psutil
 import yaml
 
 from regen.dataset import parse_manifest_key
+from regen.fleet.orphans import pid_files
 from regen.ports import port_is_free
 
 
@@ -171,7 +172,7 @@ def wait_until(
 def server_records(work_dir: Path) -> list[dict[str, Any]]:
     """The PID files of the servers a run started (read them before killing it)."""
     records = []
-    for path in sorted((work_dir / "pids").glob("server-*.json")):
+    for path in pid_files(work_dir):
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, ValueError):

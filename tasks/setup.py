@@ -8,6 +8,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
+from prefect.runtime import flow_run
 from pydantic import SecretStr
 
 from regen.config import RegenConfig
@@ -87,7 +88,7 @@ def start_fleet(run: OpenedRun, model_path: Path, api_key: SecretStr) -> Fleet:
         logger.info(
             "launching %d %s server(s) on ports %d-%d, logs in %s",
             *(len(commands), config.engine.kind, commands[0].port, commands[-1].port),
-            config.work_dir / "logs",
+            commands[0].log_path.parent,
         )
 
     def publish(fleet: Fleet) -> None:
@@ -99,6 +100,9 @@ def start_fleet(run: OpenedRun, model_path: Path, api_key: SecretStr) -> Fleet:
         for row in fleet.report:
             logger.info("fleet %s", row.summary())
 
+    # The flow run's id keys the servers' private files: a second run from this checkout
+    # (another model on the node's other GPUs) shares none of them.
     return bring_up_fleet(
-        config, model_path, api_key, run.storage, on_launch=launching, on_ready=publish
-    )
+        config, model_path, api_key, run.storage, on_launch=launching, on_ready=publish,
+        run_id=str(flow_run.id),
+    )  # fmt: skip

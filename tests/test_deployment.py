@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from regen.dataset import manifested_shards, read_committed
+from regen.fleet.orphans import pid_files
 from regen.fleet.process import group_alive
 from regen.naming import artifact_key
 from regen.ports import port_is_free, quiet_port_range
@@ -123,7 +124,7 @@ def _failure(stack: Stack, run: Any) -> str:
 
 def _server_processes(work_dir: Path) -> list[int]:
     """Process groups named by the fleet's PID files that still have a live process."""
-    records = (json.loads(p.read_text()) for p in (work_dir / "pids").glob("server-*.json"))
+    records = (json.loads(p.read_text()) for p in pid_files(work_dir))
     return [r["pgid"] for r in records if group_alive(r["pgid"])]
 
 

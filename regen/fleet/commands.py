@@ -27,15 +27,17 @@ log = logging.getLogger(__name__)
 REMOVED_FLAGS = MappingProxyType({"--cuda-graph-max-bs": "--cuda-graph-max-bs-decode"})
 DEPRECATED_FLAGS = frozenset({"--disable-cuda-graph"})
 # SGLang's CPU path (`--device cpu`): the torch-native attention and sampling backends, the
-# only ones that run without CUDA, and no CUDA graphs (the CPU has none to capture).
+# only ones that run without CUDA, and no graphs (0.5.23's spelling of the deprecated
+# --disable-cuda-graph). SGLang picks the same on a CPU; saying so keeps argv self-evident.
 CPU_FLAGS = (
     "--device", "cpu",
     "--attention-backend", "torch_native",
     "--sampling-backend", "pytorch",
-    "--disable-decode-cuda-graph",
-    "--disable-prefill-cuda-graph",
+    "--cuda-graph-backend-decode", "disabled",
+    "--cuda-graph-backend-prefill", "disabled",
 )  # fmt: skip
-# What sglang's CPU build reads instead of a flag: without it the scheduler looks for CUDA.
+# What sglang reads instead of a flag: without it the scheduler crashes importing CUDA-only
+# layers (rotary embeddings from vllm) and the server exits 137.
 CPU_ENV = MappingProxyType({"SGLANG_USE_CPU_ENGINE": "1"})
 # Flags whose spelling differs from the one the builder sets but that set the same thing.
 _ALIASES = MappingProxyType({"--model": "--model-path"})
@@ -112,6 +114,8 @@ def _sglang_flags(config: RegenConfig, model_path: Path, port: int, key_file: Pa
     # Always explicit: with speculative decoding on, 0.5.23 silently forces 48 otherwise.
     if engine.device == "cpu":
         flags += CPU_FLAGS
+    if engine.max_total_tokens is not None:
+        flags += ["--max-total-tokens", str(engine.max_total_tokens)]
     flags += [
         "--max-running-requests", str(engine.max_running_requests),
         "--context-length", str(engine.context_length),
@@ -169,17 +173,33 @@ def check_extra_args(extra_args: list[str], builder_flags: set[str]) -> None:
             log.warning("engine.extra_args: %s is deprecated in sglang 0.5.23", name)
 
 
+RUNS_DIR = "runs"
+"""Under the work dir: one directory per run, so two runs from one checkout share no file."""
+
+
+def run_dir(work_dir: Path, run_id: str) -> Path:
+    """A run's private directory (`secrets/`, `pids/`, `logs/` of its servers): two runs from
+    one checkout (two models on one node) once shared `secrets/server-1.yaml` and broke each
+    other with a wrong-key 401 and a missing config file."""
+    return Path(work_dir) / RUNS_DIR / run_id
+
+
 def build_server_commands(
-    config: RegenConfig, model_path: Path, api_key: SecretStr, work_dir: Path
+    config: RegenConfig,
+    model_path: Path,
+    api_key: SecretStr,
+    work_dir: Path,
+    run_id: str | None = None,
 ) -> list[ServerCommand]:
     """One command per GPU (or per CPU server) on base_port + i; the emulator gets the same
-    flags plus `--emu-*`."""
+    flags plus `--emu-*`. With `run_id` the servers' files go under `run_dir`, else under
+    `work_dir` itself."""
     engine = config.engine
     if engine.kind == "external":
         raise ConfigError("engine.kind external: regen attaches to engine.urls, it launches none")
     if api_key.get_secret_value().startswith("-"):
         raise ConfigError("engine.api_key: must not start with '-' (SGLang would read a flag)")
-    work_dir = Path(work_dir)
+    work_dir = run_dir(work_dir, run_id) if run_id else Path(work_dir)
     commands = []
     for index, gpu in enumerate(engine.slots):
         port = engine.base_port + index

@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from regen.fleet.commands import RUNS_DIR
 from regen.fleet.process import FLEET_ID_ENV, group_alive, signal_group
 from regen.owned import wait_gone
 
@@ -101,12 +102,21 @@ class Orphan:
         return f"{self.name} (port {self.port}): pid{'s' if len(self.pids) > 1 else ''} {pids}"
 
 
+def pid_files(work_dir: Path) -> list[Path]:
+    """Every server PID file under `work_dir`: each run's (`runs/<run>/pids/`, see
+    `regen.fleet.commands.run_dir`) and those of the layout before runs had their own."""
+    root = Path(work_dir)
+    return sorted(root.glob("pids/server-*.json")) + sorted(
+        root.glob(f"{RUNS_DIR}/*/pids/server-*.json")
+    )
+
+
 def find_orphans(work_dir: Path) -> list[Orphan]:
-    """The servers recorded under `work_dir/pids` whose owner is gone; a fleet whose owner
-    still runs (a parallel run) is none of them. An orphan with no process left still counts:
-    its PID file is what the reaper removes."""
+    """The servers recorded under `work_dir` (every run's) whose owner is gone; a fleet whose
+    owner still runs (a parallel run) is none of them. An orphan with no process left still
+    counts: its PID file is what the reaper removes."""
     found = []
-    for path in sorted((Path(work_dir) / "pids").glob("server-*.json")):
+    for path in pid_files(work_dir):
         record = _read(path)
         if record is None:
             log.warning("ignoring unreadable PID file %s", path)
@@ -156,7 +166,8 @@ def reap_orphans(work_dir: Path, grace_s: float = 5.0) -> list[int]:
         time.sleep(0.05)
     for orphan in found:
         orphan.path.unlink(missing_ok=True)
-        (Path(work_dir) / "secrets" / f"{orphan.name}.yaml").unlink(missing_ok=True)
+        # The key file beside it: <dir>/pids/server-0.json -> <dir>/secrets/server-0.yaml.
+        (orphan.path.parent.parent / "secrets" / f"{orphan.name}.yaml").unlink(missing_ok=True)
     return sorted(victims)
 
 

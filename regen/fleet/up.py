@@ -29,18 +29,20 @@ def bring_up_fleet(
     *,
     on_launch: Callable[[list[ServerCommand]], None] = lambda _: None,
     on_ready: Callable[[Fleet], None] = lambda _: None,
+    run_id: str | None = None,
 ) -> Fleet:
     """Servers that answered a real generation, benchmarked, `report/fleet.json` written.
 
     `on_launch` sees the commands before any server starts (none on an external fleet);
     `on_ready` sees the measured fleet (to publish it). If anything after the fleet came up
     fails, `on_ready` included, the fleet is torn down before the error is raised: the caller
-    owns the teardown (a `with` block) only of a fleet it was handed.
+    owns the teardown (a `with` block) only of a fleet it was handed. `run_id` keeps the
+    servers' key, PID and log files in that run's own directory (`commands.run_dir`).
     """
     if config.engine.kind == "external":
         fleet = attach_fleet(config, api_key)
     else:
-        commands = build_server_commands(config, model_path, api_key, config.work_dir)
+        commands = build_server_commands(config, model_path, api_key, config.work_dir, run_id)
         on_launch(commands)
         fleet = launch_fleet(config, commands, api_key)
     try:
