@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install nvidia contract-env trainers-env rehearse test test-fast lint typecheck bench bench-smoke clean
+.PHONY: install nvidia contract-env engine-env trainers-env rehearse test test-fast lint typecheck bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -23,6 +23,11 @@ nvidia: install
 # The real sglang 0.5.23 (CPU torch) in its own venv, for tests/contract/; cached by its pins.
 contract-env:
 	@tests/contract/build_env.sh
+
+# The real sglang 0.5.23 server on a CPU (torch 2.13.0+cpu, a stand-in for the CUDA-only
+# sgl_kernel) in its own venv, for tests/engine/; cached by its pins. Tiny model: support/tiny_model.py.
+engine-env:
+	@tests/engine/build_env.sh
 
 # SpecForge 0.2.0 and speculators 0.9.0 (CPU torch) in their own venv, for tests/trainers/.
 trainers-env:
@@ -60,4 +65,4 @@ bench-smoke: install
 	@for b in benches/[!_]*.py; do echo "== $$b --smoke"; $(VENV)/bin/python $$b --smoke || exit 1; done
 
 clean:
-	rm -rf $(VENV) .venv-sglang .venv-trainers out .regen .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .venv-sglang .venv-engine .venv-trainers out .regen .pytest_cache .ruff_cache .mypy_cache
