@@ -142,6 +142,25 @@ def test_incident_fails_on_empty_answers_thinking_and_collapse(tmp_path: Path) -
     assert "2 empty/trivial answers" in result.to_markdown()
 
 
+def test_not_judged_checks_are_measured_but_never_fail_a_gate(tmp_path: Path) -> None:
+    """A dress rehearsal's random text fails every quality check by design: the checks it
+    names are still measured and shown, with no threshold, so neither gate acts on them."""
+    ds = make_dataset(tmp_path, defects={"incident": 0.87})
+    config = AuditConfig(not_judged=["empty_answer", "empty_thinking", "answer_collapse"])
+    result = run_audit(ds.storage, config)
+    judged = run_audit(ds.storage, AuditConfig())
+    failed = {c.name for c in judged.checks if c.status == "fail"}
+    assert {"empty_answer", "empty_thinking", "answer_collapse"} <= failed
+    assert {c.name for c in result.checks if c.status == "fail"} == failed - set(config.not_judged)
+    for name in ("empty_answer", "empty_thinking", "answer_collapse"):
+        check = result.check(name)
+        assert check.status == "skipped" and check.fail is None, name
+        assert check.figure == pytest.approx(0.87, abs=0.01), name
+        assert check.detail.startswith("not judged (audit.not_judged)")
+    with pytest.raises(ValidationError, match="completeness"):
+        AuditConfig(not_judged=["completeness"])  # type: ignore[list-item]
+
+
 def test_loss_mask_counts_tokens_with_the_tokenizer(tmp_path: Path, tokenizer: Path) -> None:
     ds = make_dataset(tmp_path, defects={"incident": 0.5, "error": 0.02})
     result = run_audit(ds.storage, AuditConfig(), tokenizer_path=tokenizer)

@@ -214,7 +214,7 @@ def _quarantine(
     threshold and at least one other server is left to carry the run."""
     config = settings.config
     counts = {s: c for s, c in summary.servers.items() if s not in quarantined}
-    if len(counts) < 2:
+    if len(counts) < 2 or "server_outlier" in config.not_judged:
         return []
     worst, _ = server_outliers(counts, config, settings.thinking)
     if worst is None or worst.excess < config.server_outlier.fail:

@@ -172,7 +172,7 @@ def row_checks(summary: Summary, settings: AuditSettings) -> list[Check]:
     config, thinking = settings.config, settings.thinking
     columns = length_columns(thinking)
     lengths = length_quantiles(summary, columns)
-    return [
+    checks = [
         error_rows_check(summary, config),
         empty_answer_check(summary, config),
         empty_thinking_check(summary, config, thinking),
@@ -185,6 +185,14 @@ def row_checks(summary: Summary, settings: AuditSettings) -> list[Check]:
         loss_mask_check(summary.loss, config, settings.model.missing),
         template_parity_check(summary.parity, settings.model, config, len(summary.sources)),
     ]
+    return [_not_judged(c) if c.name in config.not_judged else c for c in checks]
+
+
+def _not_judged(check: Check) -> Check:
+    """Measured, shown, never graded: no threshold, so no gate acts on it."""
+    detail = f"not judged (audit.not_judged): {check.detail}"
+    update = {"status": "skipped", "warn": None, "fail": None, "detail": detail}
+    return check.model_copy(update=update)
 
 
 def length_quantiles(summary: Summary, columns: list[str]) -> dict[str, Quantiles]:

@@ -22,6 +22,15 @@ class Threshold(BaseModel):
         return self
 
 
+# The checks `not_judged` may name: every row check. Completeness and rejects are not among
+# them: every input id once is the dataset's one promise, whatever its text.
+RowCheck = Literal[
+    "error_rows", "empty_answer", "empty_thinking", "think_leak", "truncation",
+    "truncated_in_thinking", "repetition", "answer_collapse", "tiny_length", "server_outlier",
+    "loss_mask", "template_parity",
+]  # fmt: skip
+
+
 class AuditConfig(BaseModel):
     """What the gate tolerates before it calls a dataset unfit for training."""
 
@@ -74,6 +83,11 @@ class AuditConfig(BaseModel):
         "deterministic); 0 renders every row.",
     )
     max_examples: int = Field(default=5, ge=0)
+    not_judged: list[RowCheck] = Field(
+        default_factory=list,
+        description="Checks measured and reported but never graded, here or by the live gate: "
+        "for text that cannot pass them, such as a random-weight model's in a dress rehearsal.",
+    )
     live: Literal["stop", "warn", "off"] = Field(
         default="stop",
         description="While generating, a check over its fail threshold stops the run (stop), "
