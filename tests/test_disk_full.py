@@ -91,3 +91,75 @@ def test_disk_full_keeps_committed_shards_and_commits_no_partial(small_disk: Sto
     assert not leftovers
     if isinstance(small_disk, LocalStorage):
         assert not [p for p in small_disk.root.rglob("*.tmp")], "a temp file was left behind"
+
+
+@pytest.fixture
+def tiny_mount(tmp_path: Path) -> Iterator[Path]:
+    """A real 300 KB tmpfs (root only: skipped where it cannot be mounted)."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.timeout(300)
+def test_a_rehearsal_on_a_full_disk_stops_at_once_in_one_line(
+    tmp_path: Path, tiny_mount: Path, regen_env: dict[str, str]
+) -> None:
+    """The issue's run: output on a tiny file system. Before, ENOSPC was retried twice (each
+    regenerating the shard) and the last line listed committed shards as failed."""
+    from regen.rehearsal import bundled
+    from support.chaos import write_chaos_config
+    from support.dataset import dataset_ids
+    from tests.support.cli import run_regen
+
+    config = write_chaos_config(tmp_path / "regen.yaml", tmp_path / "work", time_scale=0.01)
+    out = tiny_mount / "out"
+    prompts = str(bundled("sample_prompts.jsonl"))
+    args = ["rehearse", "--config", str(config), "--out", str(out), "--servers", "2"]
+    done = run_regen([*args, "--prompts", prompts], regen_env, tmp_path, timeout=280)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said[-4000:]
+    line = [x for x in said.splitlines() if x.startswith("regen: run failed")]
+    assert len(line) == 1 and "disk full on tmpfs at " in line[0], said[-4000:]
+    assert "which holds the output" in line[0] and "free" in line[0]
+    assert "Retry 1/" not in said and "already committed" not in said
+    print(line[0])
+    ids = dataset_ids(LocalStorage(out))
+    assert ids.missing_data == [] and ids.doubled() == []
+
+
+def test_a_full_disk_is_never_retried_and_starts_no_new_shard() -> None:
+    from concurrent import futures
+
+    from regen.diskfull import DiskFull, disk_full, is_disk_full
+    from regen.generation.loop import run_all
+    from regen.generation.outcome import ShardOutcome
+    from regen.generation.shard import worth_retrying
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/")
+    assert is_disk_full(full) and not worth_retrying(full)
+    assert not worth_retrying(disk_full(full, "/", None))
+    started: list[int] = []
+
+    def submit(shard: int, lease: object) -> futures.Future[ShardOutcome]:
+        started.append(shard)
+        future: futures.Future[ShardOutcome] = futures.Future()
+        if shard == 0:
+            future.set_exception(disk_full(full, "/data/out", 10**9))
+        else:
+            future.set_result(ShardOutcome.lost(shard, 0.0))
+        return future
+
+    result = run_all(list(range(10)), submit, window=1)
+    assert started == [0], "a shard started after the disk was full"
+    assert isinstance(result.fatal, DiskFull) and "needs about 1.0 GB" in str(result.fatal)

@@ -77,5 +77,7 @@ def generate_plan(
         )  # fmt: skip
         log.info(result.headline(node.name))
     live.canary_verdict()  # in by now (every shard waited for it); raises what failed it
+    if result.fatal is not None:
+        raise result.fatal  # a full disk: its one line, not "N shard(s) failed"
     stopped = live.record.gate_line() if live.record else None
     return summarize(result.outcomes, result.failures, began, stopped)

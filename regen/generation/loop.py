@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from regen.balance import ShardPicker
 from regen.claims import LeaseKeeper, ShardClaims
+from regen.diskfull import DiskFull
 from regen.generation.lease import Lease
 from regen.generation.outcome import ShardOutcome
 from regen.nodes import NodeAssignment
@@ -33,12 +34,17 @@ class NodeResult:
 
     outcomes: list[ShardOutcome] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    fatal: DiskFull | None = None
+    """A failure no other shard can get past (a full disk): no new shard starts after it."""
 
     def settle(self, shard: int, future: futures.Future[ShardOutcome]) -> ShardOutcome | None:
         """The outcome, or None with the failure recorded: a shard that failed after its
         retries does not stop the others from committing."""
         try:
             return future.result()
+        except DiskFull as err:
+            self.fatal = self.fatal or err
+            return None
         except Exception as err:
             self.failures.append(f"shard {shard:06d}: {err}")
             return None
@@ -62,7 +68,12 @@ def run_all(
     todo = iter(shards)
     running: dict[futures.Future[ShardOutcome], int] = {}
     while True:
-        while not stop() and len(running) < window and (shard := next(todo, None)) is not None:
+        while (
+            not stop()
+            and result.fatal is None
+            and len(running) < window
+            and (shard := next(todo, None)) is not None
+        ):
             running[submit(shard, None)] = shard
         if not running:
             result.outcomes.sort(key=lambda o: o.shard)
@@ -99,11 +110,16 @@ def run_claimed(
         lease = Lease(claims, keeper)
         running: dict[futures.Future[ShardOutcome], int] = {}
         while True:
-            while not stop() and len(running) < window and (shard := picker.next()) is not None:
+            while (
+                not stop()
+                and result.fatal is None
+                and len(running) < window
+                and (shard := picker.next()) is not None
+            ):
                 keeper.hold(shard)
                 running[submit(shard, lease)] = shard
             if not running:
-                if stop() or not picker.outstanding():
+                if stop() or result.fatal is not None or not picker.outstanding():
                     break
                 # Others hold these: wait for their commits, or for their leases to run out.
                 time.sleep(poll_s)

@@ -25,6 +25,7 @@ from regen.dataset import (
     read_manifest,
     replace_shard,
 )
+from regen.diskfull import DiskFull, disk_full, is_disk_full
 from regen.errors import FleetError
 from regen.generation.lease import Lease
 from regen.generation.outcome import ShardOutcome
@@ -59,9 +60,18 @@ storage hiccup to pass, short beside a shard's minutes of generation."""
 
 def worth_retrying(err: BaseException) -> bool:
     """Whether a shard that failed with `err` is tried again: a dead, unauthorised or closed
-    fleet fails every retry alike; a storage hiccup may not; a shard another run committed
-    stays committed."""
-    return not isinstance(err, (FleetError, ShardCommitted))
+    fleet fails every retry alike, as does a full disk; a storage hiccup may not; a shard
+    another run committed stays committed."""
+    return not isinstance(err, (FleetError, ShardCommitted, DiskFull)) and not is_disk_full(err)
+
+
+def _bytes_per_row(storage: Storage, shard: int) -> float | None:
+    """Bytes a committed row takes, from the last committed manifest before `shard`."""
+    for other in range(shard - 1, max(shard - 50, -1), -1):
+        manifest = read_manifest(storage, other)
+        if manifest is not None and manifest.rows:
+            return manifest.size / manifest.rows
+    return None
 
 
 OnCommit = Callable[[Commit], None]
@@ -99,6 +109,13 @@ def generate_shard(
     except CanaryStopped as stop:
         log.warning("shard %06d: not committed: %s", shard, stop)
         return ShardOutcome.lost(shard, time.monotonic() - start)
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        # Not retried: the shard's rows would be generated again only to fail the same write.
+        remaining = len(plan.pending) * max(plan.shard_size, 1)
+        per_row = _bytes_per_row(storage, shard)
+        raise disk_full(err, storage.uri, int(remaining * per_row) if per_row else None) from None
     except ShardCommitted as done:
         # Another run got there first (one that held the output before this one took its
         # lease over): its rows stand, and this run did not fail.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ def check_storage(
 
     storage = open_output() if open_output else open_storage(config.output)
     probe(storage)
-    figure = f"{storage.uri} writable and readable"
+    figure = f"{storage.uri} writable and readable{_free_space(storage)}"
     holder = live_holder(storage)
     if holder is not None and holder.run_id != lease_run:
         # Another run is writing there now: this one would be refused at its plan.
@@ -52,6 +53,15 @@ def check_storage(
         figure=made_by,
         hint="use a new output, or generation.new_output: true to start over there",
     )
+
+
+def _free_space(storage: Storage) -> str:
+    """`, 12.3 GB free` for a local output (a full disk stops a run: say how much is left)."""
+    from regen.storage import LocalStorage
+
+    if not isinstance(storage, LocalStorage):
+        return ""
+    return f", {shutil.disk_usage(storage.root).free / 1e9:.1f} GB free"
 
 
 def _other_run(config: RegenConfig, storage: Storage) -> str | None:
