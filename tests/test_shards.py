@@ -104,10 +104,32 @@ def test_open_run_writes_resumes_and_names_the_changed_setting(tmp_path: Path) -
     assert open_run(storage, again, plan, new_output=False).created == info.created
 
     changed = new_run_info(parse_config(_config(max_tokens=2048)), ps, plan)
+    # Refused once the first run has committed a shard (the manifest is the commit mark).
+    storage.write_bytes(manifest_key(0), b"{}")
     with pytest.raises(FingerprintMismatch) as err:
         open_run(storage, changed, plan, new_output=False)
     assert "run.json was made with sampling.max_tokens=4096, this run has 2048" in str(err.value)
     assert "generation.new_output: true" in str(err.value)
+
+
+def test_an_output_whose_run_committed_nothing_is_taken_over_by_another_config(
+    tmp_path: Path,
+) -> None:
+    """A canary stop or a crash before the first shard: the output holds no run's data, so a
+    fixed config reuses it; what the first run left (its canary rows) is moved aside."""
+    ps = _prompts(tmp_path, 10)
+    plan = plan_shards(ps, 4)
+    storage = LocalStorage(tmp_path / "out")
+    first = new_run_info(parse_config(_config(max_tokens=4096)), ps, plan)
+    open_run(storage, first, plan, new_output=False)
+    storage.write_bytes(f"canary/canary-{first.fingerprint}.parquet", b"rows")
+    fixed = new_run_info(parse_config(_config(max_tokens=2048)), ps, plan)
+    assert open_run(storage, fixed, plan, new_output=False) == fixed
+    assert json.loads(storage.read_bytes(RUN_KEY))["fingerprint"] == fixed.fingerprint
+    assert storage.list("canary/") == []
+    assert storage.exists(
+        f"superseded/{first.fingerprint}/canary/canary-{first.fingerprint}.parquet"
+    )
 
 
 def test_a_run_without_token_ids_resumes_with_them(tmp_path: Path) -> None:

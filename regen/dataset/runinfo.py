@@ -17,7 +17,9 @@ from regen.dataset.keys import (
     LEASE_PREFIX,
     PLAN_KEY,
     RUN_KEY,
+    SHARDS_PREFIX,
     SUPERSEDED_PREFIX,
+    parse_manifest_key,
     superseded_prefix,
 )
 from regen.errors import FingerprintMismatch, UserError
@@ -200,7 +202,8 @@ def _revision(info: RunInfo, plan: ShardPlan) -> dict[str, Any]:
 def open_run(storage: Storage, new_info: RunInfo, plan: ShardPlan, *, new_output: bool) -> RunInfo:
     """Claim the dataset root for this run, or resume the run that made it.
 
-    A root made with another fingerprint is refused, naming what changed. With `new_output`
+    A root made with another fingerprint is refused, naming what changed, unless its run
+    committed nothing (`has_committed`): that root is taken over as below. With `new_output`
     the user says "start over here": everything of the old run moves under
     `superseded/<old fingerprint>/` (copied, then deleted; run.json last, so a crash midway is
     finished by running again) and the run starts fresh.
@@ -215,7 +218,7 @@ def open_run(storage: Storage, new_info: RunInfo, plan: ShardPlan, *, new_output
         if not storage.exists(PLAN_KEY):
             storage.write_bytes(PLAN_KEY, parquet_bytes(plan.assignments))
         return old
-    if old is not None and not new_output:
+    if old is not None and not new_output and has_committed(storage):
         changes = changed_components(old.components, new_info.components)
         raise FingerprintMismatch(
             f"{storage.uri}: run.json was made with {'; '.join(changes[:3]) or 'another run'}; "
@@ -227,6 +230,13 @@ def open_run(storage: Storage, new_info: RunInfo, plan: ShardPlan, *, new_output
     storage.write_bytes(PLAN_KEY, parquet_bytes(plan.assignments))
     storage.write_bytes(RUN_KEY, new_info.to_json())
     return new_info
+
+
+def has_committed(storage: Storage) -> bool:
+    """Whether any shard is committed at the root. A root whose run committed nothing (a canary
+    stop, a crash before the first shard) holds no run's data: another config may take it
+    over, its leftovers (canary rows, run.json) moved under superseded/, never reused."""
+    return any(parse_manifest_key(k) is not None for k in storage.list(SHARDS_PREFIX))
 
 
 def supersede(storage: Storage, old_fingerprint: str) -> None:

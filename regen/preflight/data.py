@@ -68,6 +68,7 @@ def _other_run(config: RegenConfig, storage: Storage) -> str | None:
     """What the output's run.json says that this run would be refused for, after staging,
     by the plan's `open_run`; None when there is no run.json or it is this run's."""
     from regen.dataset import config_fingerprint, read_run
+    from regen.dataset.runinfo import has_committed
     from regen.fingerprint import changed_components
     from regen.rehearsal import is_rehearsal_model
 
@@ -75,8 +76,8 @@ def _other_run(config: RegenConfig, storage: Storage) -> str | None:
     if not run.get("fingerprint"):
         return None
     digest, components = config_fingerprint(config)
-    if run["fingerprint"] == digest:
-        return None
+    if run["fingerprint"] == digest or not has_committed(storage):
+        return None  # this run's, or a run's that committed nothing: the plan takes it over
     old = run.get("components")
     changes = changed_components(old if isinstance(old, dict) else {}, components)
     made_with = f"run.json was made with {'; '.join(changes[:3]) or 'another run'}"
