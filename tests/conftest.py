@@ -80,12 +80,12 @@ def prefect_harness() -> Iterator[None]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say, in one line each, that the contract or trainers suite did not run and how to make
-    it run."""
-    from support import trainers
+    """Say, in one line each, that the contract, engine or trainers suite did not run and how
+    to make it run."""
+    from support import engine, trainers
     from support.driver import required
     from tests.contract import _sglang
 
-    for suite in (_sglang, trainers):
+    for suite in (_sglang, engine, trainers):
         if not suite.env_ready() and not required():
             terminalreporter.write_line(suite.MISSING)

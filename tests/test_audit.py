@@ -158,7 +158,7 @@ def test_not_judged_checks_are_measured_but_never_fail_a_gate(tmp_path: Path) ->
         assert check.figure == pytest.approx(0.87, abs=0.01), name
         assert check.detail.startswith("not judged (audit.not_judged)")
     with pytest.raises(ValidationError, match="completeness"):
-        AuditConfig(not_judged=["completeness"])  # type: ignore[list-item]
+        AuditConfig(not_judged=["completeness"])
 
 
 def test_loss_mask_counts_tokens_with_the_tokenizer(tmp_path: Path, tokenizer: Path) -> None:
