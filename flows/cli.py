@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from regen.cli import add_config, add_library_verbs
-from regen.errors import UserError
+from regen.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
     from regen.config import RegenConfig
@@ -64,6 +64,26 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="SPEC",
         help="Fault injected into every emulator, e.g. empty-answer=0.87 (repeatable).",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["emulator", "sglang"],
+        default="emulator",
+        help="sglang: a dress rehearsal on the real SGLang server on this CPU, serving a tiny "
+        "twin of the configured model (its tokenizer and chat template, random weights) with "
+        "the config's reasoning parser and launch flags (GPU-only flags dropped and listed), "
+        "over the first --sample prompts; the text is random, so its quality is not judged. "
+        "Default 2 servers; dataset <work_dir>/rehearsal/<dataset>-sglang.",
+    )
+    p.add_argument(
+        "--engine-python",
+        help="With --engine sglang: the interpreter of a venv whose sglang serves on a CPU "
+        "(`make engine-env` builds .venv-sglang); default the config's engine.python.",
+    )
+    p.add_argument(
+        "--sample",
+        type=_positive,
+        help="With --engine sglang: how many prompts from the head of the set (default 200).",
     )
     p.set_defaults(func=_rehearse)
 
@@ -117,12 +137,19 @@ def prefect_env() -> None:
 def _rehearse(args: argparse.Namespace) -> int:
     from regen.rehearsal import plan_rehearsal
 
+    if args.engine != "sglang" and (args.engine_python or args.sample):
+        raise ConfigError("--engine-python and --sample are for --engine sglang")
+    if args.engine == "sglang" and args.emu_fault:
+        raise ConfigError("--emu-fault injects faults into emulators; --engine sglang runs none")
     rehearsal = plan_rehearsal(
         config_path=args.config,
         prompts=args.prompts,
         out=args.out,
         servers=args.servers,
         faults=args.emu_fault,
+        engine_kind=args.engine,
+        engine_python=args.engine_python,
+        sample=args.sample,
     )
     output = rehearsal.config.output
     if rehearsal.source is not None:
@@ -139,6 +166,11 @@ def _rehearse(args: argparse.Namespace) -> int:
         print(f"rehearsal: writing to {output}; {rehearsal.source.output} is not touched")
     else:
         print(f"rehearsal: writing to {output}")
+    if rehearsal.dress is not None:
+        from regen.dress import prepare
+
+        prepare(rehearsal.dress)
+        print("\n".join(rehearsal.dress.notice()), flush=True)
     return _run_flow(rehearsal.config)
 
 

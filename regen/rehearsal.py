@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from regen.config import RegenConfig, parse_config, read_config_data
+from regen.dress import DressPlan, dress, rehearsal_ports
 from regen.errors import ConfigError
 from regen.naming import dataset_slug, slugify
-from regen.ports import free_port_range, quiet_port_range
 
 # Where a rehearsal without a config writes; one with a config writes under its work_dir.
 DEFAULT_OUTPUT = "out/rehearsal"
@@ -42,6 +42,8 @@ class Rehearsal:
 
     config: RegenConfig
     source: RegenConfig | None
+    dress: DressPlan | None = None
+    """Set for a dress rehearsal (`engine_kind="sglang"`): the twin to build before the run."""
 
 
 def plan_rehearsal(
@@ -51,8 +53,16 @@ def plan_rehearsal(
     out: str | None = None,
     servers: int | None = None,
     faults: list[str] | None = None,
+    engine_kind: str = "emulator",
+    engine_python: str | None = None,
+    sample: int | None = None,
 ) -> Rehearsal:
     """A user's config validated as is, then turned into a rehearsal; or a default one.
+
+    `engine_kind="sglang"` is a dress rehearsal (regen.dress): the real SGLang server on this CPU
+    (`engine_python`'s, default the config's engine.python) serving a tiny twin of the model,
+    over the first `sample` prompts; its dataset gets a `-sglang` suffix, so it never resumes
+    an emulator rehearsal's.
 
     A user's own file keeps its prompts, sampling and audit settings; the engine becomes the
     emulator and the model the bundled emulated one (same served name), so the rehearsal
@@ -81,6 +91,8 @@ def plan_rehearsal(
                 "run will; give another --out"
             )
         output = out
+    elif engine_kind == "sglang":
+        output = f"{output}-sglang"
     elif faults:
         # Another fault is another experiment: it never resumes a clean rehearsal's dataset
         # (which would pass with nothing generated) nor a stopped one's.
@@ -91,6 +103,13 @@ def plan_rehearsal(
         # output names a real run, and neither is the rehearsal's to write.
         data["export"]["dest"] = f"{output.rstrip('/')}-export"
 
+    if engine_kind == "sglang":
+        plan = dress(data, source, servers=servers, engine_python=engine_python, sample=sample)
+        return Rehearsal(
+            config=parse_config(data, name),
+            source=source if config_path is not None else None,
+            dress=plan,
+        )
     work_dir = source.work_dir
     # The real model stays where it is: a rehearsal stages the emulated one under its name.
     served = source.model.served_name
@@ -106,8 +125,7 @@ def plan_rehearsal(
     engine["kind"] = "emulator"
     engine["gpus"] = list(range(count))
     engine.setdefault("startup_timeout_s", 60)
-    start = int(engine.get("base_port", 0))
-    engine["base_port"] = free_port_range(count, start) if start else quiet_port_range(count)
+    engine["base_port"] = rehearsal_ports(engine, count)
     for gpu_only in ("python", "urls", "launcher"):  # the emulator runs in this interpreter
         engine.pop(gpu_only, None)
     emulator = engine.setdefault("emulator", {})

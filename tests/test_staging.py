@@ -375,3 +375,14 @@ def test_a_remote_models_tokenizer_is_fetched_alone_where_nothing_is_staged(
     assert resolve_tokenizer(model, tmp_path / "tok") == tmp_path / "never-staged"
     pinned = model.model_copy(update={"tokenizer_path": tmp_path / "mine"})
     assert resolve_tokenizer(pinned, None) == tmp_path / "mine"
+
+
+def test_a_dress_rehearsal_fetches_the_tokenizer_files_and_no_weight(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    """The twin of a Hub model needs its tokenizer and template only: not one byte of weights."""
+    from regen.dress import fetch_tokenizer
+
+    target = fetch_tokenizer("hf://org/qwen", None, tmp_path / "tok", None)
+    assert sorted(p.name for p in target.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    assert sorted(hub.sent) == ["tokenizer.json", "tokenizer_config.json"]
