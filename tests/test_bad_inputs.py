@@ -547,7 +547,7 @@ def test_half_the_rows_rejected_stops_before_generating(
     assert "Traceback" not in proc.stderr
     out = tmp_path / "out"
     assert not list((out / "shards").glob("*.json")) if (out / "shards").exists() else True
-    assert not list((tmp_path / ".regen" / "logs").glob("server-*.log")), "no fleet launched"
+    assert not list((tmp_path / ".regen").glob("runs/*/logs/server-*.log")), "no fleet launched"
     audit = json.loads((out / "report" / "audit.json").read_text())
     assert audit["verdict"] == "fail" and audit["gate"] == "canary"
     rejects = next(c for c in audit["checks"] if c["name"] == "rejects")

@@ -31,7 +31,9 @@ PROMPTS = f"hf://datasets/{REPO}"
 
 
 def _served(work: Path) -> int:
-    logs = sorted((work / "logs").glob("server-*.log"))
+    """Requests the last run's emulators answered, from their logs (each run has its own)."""
+    last = max(work.glob("runs/*"), key=lambda run: run.stat().st_mtime)
+    logs = sorted(last.glob("logs/server-*.log"))
     counts = [_SERVED.findall(p.read_text()) for p in logs]
     assert logs and all(counts), "every server logs its count when it shuts down"
     return sum(int(c[-1]) for c in counts)
@@ -120,4 +122,4 @@ def test_rehearse_names_an_unknown_repo_in_one_line(
     lines = [line for line in proc.stderr.splitlines() if line.startswith("regen: run failed")]
     assert len(lines) == 1, proc.stderr
     assert "hf://datasets/org/nope: repository not found, or private" in lines[0]
-    assert not (tmp_path / ".regen" / "logs").exists(), "a server was launched"
+    assert not list((tmp_path / ".regen").glob("runs/*/logs")), "a server was launched"

@@ -64,7 +64,8 @@ def _config(tmp_path: Path, **extra: Any) -> RegenConfig:
 
 def _served(config: RegenConfig) -> int:
     """Requests the last launch's emulators answered, from their logs."""
-    logs = sorted((config.work_dir / "logs").glob("server-*.log"))
+    last = max(config.work_dir.glob("runs/*"), key=lambda run: run.stat().st_mtime)
+    logs = sorted(last.glob("logs/server-*.log"))
     counts = [_SERVED.findall(p.read_text()) for p in logs]
     assert logs and all(counts), "every server logs its count when it shuts down"
     return sum(int(c[-1]) for c in counts)

@@ -50,7 +50,7 @@ def _config(tmp_path: Path, prompts: int, *, servers: int = 4, **extra: Any) -> 
 
 def _served(config: RegenConfig) -> int:
     """Requests the run's emulators answered, from their logs (written as they shut down)."""
-    logs = sorted((config.work_dir / "logs").glob("server-*.log"))
+    logs = sorted(config.work_dir.glob("runs/*/logs/server-*.log"))
     counts = [_SERVED.findall(p.read_text()) for p in logs]
     assert logs and all(counts), "every server logs its count when it shuts down"
     return sum(int(c[-1]) for c in counts)
