@@ -27,7 +27,7 @@ def is_disk_full(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno in _FULL
 
 
-def _human(size: float) -> str:
+def human_size(size: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if size < 1000 or unit == "TB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
@@ -53,9 +53,9 @@ def disk_full(err: OSError, root: str, still_needs: int | None) -> DiskFull:
     existing = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
     free = shutil.disk_usage(existing).free
     quota = " (quota)" if err.errno == errno.EDQUOT else ""
-    need = f"; the run still needs about {_human(still_needs)}" if still_needs else ""
+    need = f"; the run still needs about {human_size(still_needs)}" if still_needs else ""
     return DiskFull(
         f"{root}: disk full{quota} on {_device(existing.resolve())}, which holds the output: "
-        f"{_human(free)} free{need}; free space or grow it, then run again (committed shards "
+        f"{human_size(free)} free{need}; free space or grow it, then run again (committed shards "
         "are kept)"
     )

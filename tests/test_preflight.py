@@ -254,7 +254,106 @@ def test_storage_row_probes_the_output_the_run_opened(tmp_path: Path) -> None:
     rows = run_checks(cfg, packages=[], open_output=lambda: opened).rows
     row = next(r for r in rows if r.name == "storage")
     assert row.status == "pass" and row.figure.startswith(f"{opened.uri} writable and readable")
-    assert row.figure.endswith(" GB free")  # a full disk stops a run: the row says what is left
+    assert " free; the run still writes about " in row.figure  # a full disk stops a run
+
+
+def _prompts(tmp_path: Path, rows: int) -> str:
+    path = tmp_path / f"prompts-{rows}.jsonl"
+    lines = [
+        f'{{"id": "p{i}", "messages": [{{"role": "user", "content": "q{i}"}}]}}'
+        for i in range(rows)
+    ]
+    path.write_text("\n".join(lines))  # no final line end: the last line counts all the same
+    return str(path)
+
+
+def _estimate_config(tmp_path: Path, rows: int, max_tokens: int) -> RegenConfig:
+    return make_config(
+        tmp_path, prompts=_prompts(tmp_path, rows), sampling={"max_tokens": max_tokens}
+    )
+
+
+def test_storage_row_estimates_the_output_from_max_tokens_when_nothing_is_committed(
+    tmp_path: Path,
+) -> None:
+    """Before, the row said only the free space: whether the run fits was left to the disk-full
+    stop, GPU hours later. 3 prompts x 4,096 max_tokens x 8 B a token is 98.3 KB."""
+    from regen.preflight.space import BYTES_PER_TOKEN
+
+    row = check_storage(_estimate_config(tmp_path, rows=3, max_tokens=4096))
+    assert row.status == "pass", row
+    per_row = 4096 * BYTES_PER_TOKEN
+    assert f"the run still writes about {3 * per_row / 1000:.1f} KB" in row.figure, row.figure
+    assert f"(3 rows x {per_row:,} B a row: max_tokens 4,096 x {BYTES_PER_TOKEN} B)" in row.figure
+
+
+@pytest.mark.parametrize(("share", "status"), [(0.8, "warn"), (2.0, "fail")])
+def test_storage_row_warns_below_one_and_a_half_estimates_and_fails_below_one(
+    tmp_path: Path, share: float, status: str
+) -> None:
+    """The estimate set against this disk's real free space: 0.8 of it leaves less than the
+    1.5x headroom (warn); twice it cannot fit (fail), before a GPU is rented."""
+    from regen.preflight.space import BYTES_PER_TOKEN
+
+    free = shutil.disk_usage(tmp_path).free
+    cfg = _estimate_config(tmp_path, rows=1, max_tokens=int(free * share / BYTES_PER_TOKEN))
+    row = check_storage(cfg)
+    assert row.status == status, row
+    assert " free; the run still writes about " in row.figure and "full disk" in row.hint
+
+
+def test_storage_row_takes_bytes_per_row_from_the_committed_shards(tmp_path: Path) -> None:
+    """A resumed output: what its shards really take a row, times the rows not yet committed,
+    not the max_tokens default (here a thousand times larger)."""
+    import polars as pl
+
+    from regen.dataset import commit_shard, config_fingerprint
+    from regen.dataset.keys import RUN_KEY
+    from regen.schema import row_schema
+    from regen.storage import LocalStorage
+
+    cfg = _estimate_config(tmp_path, rows=10, max_tokens=1_000_000)
+    storage = LocalStorage(tmp_path / "out")
+    digest, _ = config_fingerprint(cfg)
+    storage.write_bytes(RUN_KEY, f'{{"fingerprint": "{digest}"}}'.encode())
+    n, answer = 2, uuid.uuid4().hex * 20
+    rows = pl.DataFrame(
+        {
+            "id": ["p0", "p1"],
+            "shard": [0] * n,
+            "messages": [[{"role": "user", "content": "q"}]] * n,
+            "content": [answer] * n,
+            "reasoning_content": [answer] * n,
+            "finish_reason": ["stop"] * n,
+            "prompt_tokens": [3] * n,
+            "completion_tokens": [100] * n,
+            "reasoning_tokens": [50] * n,
+            "model": ["m"] * n,
+            "server": ["server-0"] * n,
+            "attempts": [1] * n,
+            "latency_s": [0.1] * n,
+            "error": [None] * n,
+            "turns": [[]] * n,
+        },
+        schema=row_schema(),
+    )
+    commit_shard(storage, 0, rows, fingerprint=digest, timings={})
+    size = sum(p.stat().st_size for p in (tmp_path / "out" / "shards").glob("*.parquet"))
+    row = check_storage(cfg)
+    assert row.status == "pass", row
+    assert f"(8 rows x {size / 2:,.0f} B a row in 1 committed shards)" in row.figure, row.figure
+
+
+def test_storage_row_on_s3_says_free_space_is_not_checked(tmp_path: Path) -> None:
+    """S3 has no free space to read: the row says so rather than judging a local disk."""
+    from support.s3 import moto_server
+
+    with moto_server() as moto:
+        bucket = moto.create_bucket("regen-space")
+        storage = moto.storage(bucket, "out")
+        row = check_storage(make_config(tmp_path), open_output=lambda: storage)
+    assert row.status == "pass", row
+    assert "free space not checked (object storage has none to read)" in row.figure, row.figure
 
 
 # --- engine: real interpreters, one with a fake sglang ----------------------------------------

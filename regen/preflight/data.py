@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -27,7 +26,6 @@ def check_storage(
 
     storage = open_output() if open_output else open_storage(config.output)
     probe(storage)
-    figure = f"{storage.uri} writable and readable{_free_space(storage)}"
     holder = live_holder(storage)
     if holder is not None and holder.run_id != lease_run:
         # Another run is writing there now: this one would be refused at its plan.
@@ -38,30 +36,46 @@ def check_storage(
             hint="one run per output",
         )
     made_by = _other_run(config, storage)
-    if made_by is None:
-        return CheckRow(name="storage", status="pass", figure=figure)
-    if config.generation.new_output:
+    if made_by is not None and not config.generation.new_output:
+        return CheckRow(
+            name="storage",
+            status="fail",
+            figure=made_by,
+            hint="use a new output, or generation.new_output: true to start over there",
+        )
+    space, status = _space(config, storage)
+    figure = f"{storage.uri} writable and readable{space}"
+    if status == "fail":
+        return CheckRow(name="storage", status="fail", figure=figure, hint=_SPACE_HINT)
+    if made_by is not None:
         return CheckRow(
             name="storage",
             status="warn",
-            figure=f"{made_by}; generation.new_output moves it under superseded/",
+            figure=f"{made_by}; generation.new_output moves it under superseded/{space}",
             hint="a fresh dataset starts here",
         )
-    return CheckRow(
-        name="storage",
-        status="fail",
-        figure=made_by,
-        hint="use a new output, or generation.new_output: true to start over there",
-    )
+    if status == "warn":
+        return CheckRow(name="storage", status="warn", figure=figure, hint=_SPACE_HINT)
+    return CheckRow(name="storage", status="pass", figure=figure)
 
 
-def _free_space(storage: Storage) -> str:
-    """`, 12.3 GB free` for a local output (a full disk stops a run: say how much is left)."""
+_SPACE_HINT = "free space under the output, or write it to a bigger disk: a full disk stops the run"
+
+
+def _space(config: RegenConfig, storage: Storage) -> tuple[str, str]:
+    """(`, 12.3 GB free, the run still writes about ...`, status) for a local output: a full
+    disk stops a run, so the row says what is left and what the rest of the run needs. S3
+    has no free space to read: the row says so and judges nothing."""
+    from regen.diskfull import human_size
+    from regen.preflight.space import estimate_output, free_bytes, judge_space
     from regen.storage import LocalStorage
 
     if not isinstance(storage, LocalStorage):
-        return ""
-    return f", {shutil.disk_usage(storage.root).free / 1e9:.1f} GB free"
+        return ", free space not checked (object storage has none to read)", "pass"
+    free = free_bytes(storage.root)
+    estimate = estimate_output(config, storage)
+    needs = estimate.describe() if estimate else "output size not estimated: prompts not local"
+    return f", {human_size(free)} free; {needs}", judge_space(free, estimate)
 
 
 def _other_run(config: RegenConfig, storage: Storage) -> str | None:
