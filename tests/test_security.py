@@ -240,16 +240,16 @@ def test_no_secret_or_prompt_text_in_files_or_output(watched: Watched, prefect_h
         "out/plan.parquet",
     ):
         assert expected in names, (expected, sorted(names))
-    assert any(n.startswith(".regen/logs/server-") for n in names), sorted(names)
+    assert any(re.match(r"\.regen/runs/[^/]+/logs/server-", n) for n in names), sorted(names)
     needles = {**NEEDLES, "prompt marker": MARKER}
-    logs = watched.work / ".regen" / "logs"
+    logs = set(watched.work.glob(".regen/runs/*/logs"))
     hits = [
         f"{what} in {path.relative_to(watched.work)}"
         for path in files
         for what, needle in needles.items()
         # The servers' own logs hold the key by design (0.5.23 logs its resolved arguments):
-        # they stay 0600 in work_dir/logs, and the key must be in no other file.
-        if needle in _text(path) and not (what == "api key" and logs in path.parents)
+        # they stay 0600 in the run's logs/, and the key must be in no other file.
+        if needle in _text(path) and not (what == "api key" and path.parent in logs)
     ]
     hits += [f"{what} in stdout/stderr" for what, n in needles.items() if n in watched.printed]
     # Prefect's database holds the flow's parameters (the config), logs and artifacts.
@@ -263,8 +263,8 @@ def test_no_secret_or_prompt_text_in_files_or_output(watched: Watched, prefect_h
 
 def test_the_key_is_in_the_private_server_logs_only(watched: Watched) -> None:
     """The scan above must be able to fail: the emulator logs its arguments as sglang 0.5.23
-    does, key included, so the key is there to be found, in 0600 files under work_dir/logs."""
-    logs = sorted((watched.work / ".regen" / "logs").glob("server-*.log"))
+    does, key included, so the key is there to be found, in 0600 files in the run's logs/."""
+    logs = sorted(watched.work.glob(".regen/runs/*/logs/server-*.log"))
     assert logs
     for log in logs:
         assert f"'api_key': '{API_KEY}'" in log.read_text(), log.name
@@ -287,10 +287,11 @@ def test_nothing_written_is_world_writable(watched: Watched) -> None:
         if not stat.S_ISLNK(mode) and mode & stat.S_IWOTH:
             loose.append(f"{path.relative_to(watched.work)} {stat.filemode(mode)}")
     assert loose == []
-    for private in (".regen/logs", ".regen/secrets", ".regen/pids"):
-        mode = (watched.work / private).stat().st_mode
+    [run] = watched.work.glob(".regen/runs/*")
+    for private in ("logs", "secrets", "pids"):
+        mode = (run / private).stat().st_mode
         assert mode & 0o077 == 0, (private, stat.filemode(mode))
-    assert list((watched.work / ".regen" / "secrets").iterdir()) == [], "a key file was left"
+    assert list((run / "secrets").iterdir()) == [], "a key file was left"
 
 
 def test_repo_holds_no_key_or_secret_literal() -> None:

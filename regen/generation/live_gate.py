@@ -121,14 +121,14 @@ class LiveAudit:
             # alone on a few rows. It is generated as is and judged with the rest of the
             # dataset by the final audit. Canary rows a cut-short run stored are still used.
             self.canary = read_canary(self.storage, self.plan.fingerprint)
-            self.reused = self.canary.height
+            self.reused = _among(self.canary, sample)
             self._log.info(
                 "canary: none, the %d prompts to generate are fewer than its %d; judged with "
                 "the dataset's %d committed rows", sample.height, size, self.plan.committed_rows,
             )  # fmt: skip
             return
         pending = send_canary(self.dispatcher, self.storage, self.plan.fingerprint, sample)
-        self.reused = pending.stored.height
+        self.reused = _among(pending.stored, sample)
         verdict: futures.Future[Verdict] = futures.Future()
         self._held = HeldForCanary(self.dispatcher, sample, verdict, ahead)
         self._judging = threading.Thread(
@@ -218,3 +218,9 @@ class LiveAudit:
         )
         write_stop_record(self.storage, self.record)
         self._log.error("live gate: %s", self.record.reason())
+
+
+def _among(rows: pl.DataFrame, sample: pl.DataFrame) -> int:
+    """How many stored canary rows stand in for prompts of this plan's sample (the store
+    also holds rows of shards committed since, which no shard takes again)."""
+    return rows.join(sample.select("id"), on="id", how="semi").height
