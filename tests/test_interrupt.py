@@ -173,8 +173,9 @@ interrupts = Interrupts(
     grace_s=float(sys.argv[1]),
 )
 with interrupts.installed():
-    print("ready", flush=True)
     try:
+        # Ready inside the try: a signal sent at once must land where the run catches it.
+        print("ready", flush=True)
         time.sleep(60)
     except KeyboardInterrupt:
         print("unwinding", flush=True)
