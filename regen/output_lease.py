@@ -246,7 +246,12 @@ class OutputLease:
             yield self
         finally:
             self._ticker.stop()
-            self.release()
+            try:
+                self.release()
+            except Exception as err:
+                # A full disk fails the release too: it must not hide why the run ended, and a
+                # lease left behind is taken over (at once on this host, its pid being gone).
+                log.warning("output lease not released: %s", err)
 
 
 def live_holder(storage: Storage, lease_s: float = LEASE_S) -> Holder | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,11 +97,13 @@ def test_disk_full_keeps_committed_shards_and_commits_no_partial(small_disk: Sto
 
 @pytest.fixture
 def tiny_mount(tmp_path: Path) -> Iterator[Path]:
-    """A real 300 KB tmpfs (root only: skipped where it cannot be mounted)."""
+    """A real 16 MB tmpfs (root only: skipped where it cannot be mounted): room for what
+    `regen check` estimates the run writes, so the disk fills during the run, as it does when
+    something else on the node takes the space."""
     mount = tmp_path / "tiny"
     mount.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)],
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
         capture_output=True,
         check=False,
     )
@@ -120,15 +124,27 @@ def test_a_rehearsal_on_a_full_disk_stops_at_once_in_one_line(
     from regen.rehearsal import bundled
     from support.chaos import write_chaos_config
     from support.dataset import dataset_ids
-    from tests.support.cli import run_regen
 
-    config = write_chaos_config(tmp_path / "regen.yaml", tmp_path / "work", time_scale=0.01)
+    config = write_chaos_config(tmp_path / "regen.yaml", tmp_path / "work", time_scale=0.2)
     out = tiny_mount / "out"
     prompts = str(bundled("sample_prompts.jsonl"))
     args = ["rehearse", "--config", str(config), "--out", str(out), "--servers", "2"]
-    done = run_regen([*args, "--prompts", prompts], regen_env, tmp_path, timeout=280)
-    said = done.stdout + done.stderr
-    assert done.returncode == 1, said[-4000:]
+    run = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args, "--prompts", prompts],
+        cwd=tmp_path, env=regen_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        # Once a shard has committed, something else on the node takes the rest of the disk.
+        deadline = time.monotonic() + 200
+        while not list((out / "shards").glob("*.json")) if (out / "shards").exists() else True:
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0]
+            time.sleep(0.05)
+        _fill(tiny_mount / "filler")
+        said, _ = run.communicate(timeout=240)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, said[-4000:]
     line = [x for x in said.splitlines() if x.startswith("regen: run failed")]
     assert len(line) == 1 and "disk full on tmpfs at " in line[0], said[-4000:]
     assert "which holds the output" in line[0] and "free" in line[0]
@@ -136,6 +152,19 @@ def test_a_rehearsal_on_a_full_disk_stops_at_once_in_one_line(
     print(line[0])
     ids = dataset_ids(LocalStorage(out))
     assert ids.missing_data == [] and ids.doubled() == []
+
+
+def _fill(path: Path) -> None:
+    """Write zeros until the file system is full."""
+    chunk = b"\0" * 65536
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, chunk)
+    except OSError as err:
+        assert err.errno == errno.ENOSPC, err
+    finally:
+        os.close(fd)
 
 
 def test_a_full_disk_is_never_retried_and_starts_no_new_shard() -> None:
