@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from regen.ports import port_is_free
 from regen.preflight import check_ports
 from regen.sglang_api.probe import ProbeSettings
 from regen.storage import LocalStorage
-from tests.support.fleet import MODEL_DIR, fleet_config
+from tests.support.fleet import MODEL_DIR, fleet_config, start_owner
 
 FAST = ProbeSettings(generation_timeout_s=5, interval_s=0.1)
 
@@ -230,25 +229,9 @@ while True:
 """
 
 
-def _start_owner(tmp_path: Path, config: RegenConfig) -> tuple[subprocess.Popen[str], dict]:
-    script = tmp_path / "owner.py"
-    script.write_text(textwrap.dedent(OWNER))
-    (tmp_path / "config.json").write_text(config.model_dump_json())
-    owner = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "config.json")],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert owner.stdout is not None
-    line = owner.stdout.readline()
-    assert line, f"owner exited with {owner.wait()}"
-    return owner, json.loads(line)
-
-
 def test_kill_9_of_the_owner_leaves_orphans_the_next_run_reaps(tmp_path: Path) -> None:
     config = fleet_config(tmp_path, 2)
-    owner, fleet = _start_owner(tmp_path, config)
+    owner, fleet = start_owner(tmp_path, config, OWNER)
     assert reap_orphans(config.work_dir) == []  # its owner is alive: not an orphan
     assert check_ports(config).status == "fail"  # a live run's ports: not ours to take
     owner.kill()

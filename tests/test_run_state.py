@@ -9,10 +9,6 @@ directory.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +21,7 @@ from regen.fleet.commands import run_dir
 from regen.fleet.orphans import find_orphans
 from regen.ports import port_is_free
 from regen.sglang_api.probe import ProbeSettings
-from tests.support.fleet import MODEL_DIR, fleet_config
+from tests.support.fleet import MODEL_DIR, fleet_config, start_owner
 
 FAST = ProbeSettings(generation_timeout_s=5, interval_s=0.1)
 
@@ -92,17 +88,7 @@ def _gone(pid: int) -> bool:
 @pytest.mark.timeout(120)
 def test_the_reaper_finds_a_killed_runs_servers_in_its_run_directory(tmp_path: Path) -> None:
     config: RegenConfig = fleet_config(tmp_path, 2)
-    script = tmp_path / "owner.py"
-    script.write_text(textwrap.dedent(OWNER))
-    (tmp_path / "config.json").write_text(config.model_dump_json())
-    owner = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "config.json")],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert owner.stdout is not None
-    fleet = json.loads(owner.stdout.readline())
+    owner, fleet = start_owner(tmp_path, config, OWNER)
     try:
         assert reap_orphans(config.work_dir) == []  # its owner lives: another run's, not ours
         owner.kill()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +49,24 @@ def fleet_config(
             },
         }
     )
+
+
+def start_owner(
+    tmp_path: Path, config: RegenConfig, script: str
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """Run `script` (which launches a fleet from the config file named in argv[1] and prints
+    its pids and ports as one JSON line) as the fleet's owner, a process a test can kill -9."""
+    path = tmp_path / "owner.py"
+    path.write_text(textwrap.dedent(script))
+    (tmp_path / "config.json").write_text(config.model_dump_json())
+    owner = subprocess.Popen(
+        [sys.executable, str(path), str(tmp_path / "config.json")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert owner.stdout is not None
+    line = owner.stdout.readline()
+    assert line, f"owner exited with {owner.wait()}"
+    fleet: dict[str, Any] = json.loads(line)
+    return owner, fleet
