@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING, Any, cast
 
@@ -25,23 +26,28 @@ if TYPE_CHECKING:
     from flows.regenerate import RunSummary
 
 
-class _UserErrorsInOneLine(logging.Filter):
-    """A user's mistake is a one-line message on the terminal, not Prefect's traceback."""
+class _NoTracebackForTheUser(logging.Filter):
+    """A user's mistake is a one-line message on the terminal, not Prefect's traceback; so is
+    whatever an interrupted run raises while it unwinds (the user asked it to stop)."""
+
+    def __init__(self, interrupts: Interrupts) -> None:
+        super().__init__()
+        self.interrupts = interrupts
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, UserError):
+        if isinstance(exc, UserError) or (exc is not None and self.interrupts.received):
             record.exc_info = None
             record.exc_text = None
         return True
 
 
-def _quiet_user_tracebacks() -> None:
+def _quiet_tracebacks(interrupts: Interrupts) -> None:
     from prefect.logging.configuration import setup_logging
 
     setup_logging()
     for handler in logging.getLogger().handlers:
-        handler.addFilter(_UserErrorsInOneLine())
+        handler.addFilter(_NoTracebackForTheUser(interrupts))
 
 
 def _reap_ephemeral_servers() -> None:
@@ -67,9 +73,6 @@ def run_regenerate(config: RegenConfig) -> int:
     from flows.ephemeral import detach_ephemeral_server, stop_ephemeral_server
     from flows.regenerate import regenerate_completions
 
-    _reap_ephemeral_servers()
-    _quiet_user_tracebacks()
-    detach_ephemeral_server()
     # Ctrl-C, SIGTERM and SIGHUP unwind the run (every `finally` stops the fleet); the
     # watchdog bounds the unwinding, whatever Prefect's API does meanwhile.
     interrupts = Interrupts(
@@ -77,14 +80,30 @@ def run_regenerate(config: RegenConfig) -> int:
         stop_fleet=lambda: reap_orphans(config.work_dir),
         on_force=stop_ephemeral_server,
     )
+    _reap_ephemeral_servers()
+    _quiet_tracebacks(interrupts)
+    detach_ephemeral_server()
     try:
         with interrupts.installed():
             state = regenerate_completions(config, return_state=True)
     except KeyboardInterrupt as err:
-        sig = interrupts.received or signal_of(err)
-        print(resume_line(sig, config.output, argv()), file=sys.stderr)
-        interrupts.said = True
-        return exit_code(sig)
+        return _interrupted(interrupts, config, signal_of(err))
+    if interrupts.received is not None:
+        # The interrupt landed where Prefect turns it into another error (a task starting:
+        # `ValueError: Task run is not set`) and the flow ended Failed: still the user's stop.
+        return _interrupted(interrupts, config, interrupts.received)
+    return _outcome(state, config)
+
+
+def _interrupted(interrupts: Interrupts, config: RegenConfig, raised: signal.Signals) -> int:
+    sig = interrupts.received or raised
+    print(resume_line(sig, config.output, argv()), file=sys.stderr)
+    interrupts.said = True
+    return exit_code(sig)
+
+
+def _outcome(state: State[Any], config: RegenConfig) -> int:
+    """What the terminal shows of the flow's final state, and the exit code."""
     if state.is_completed():
         # Completed means the flow returned its summary; a failed gate returns a Failed state.
         summary = cast("RunSummary", state.result())

@@ -236,3 +236,53 @@ def test_handlers_are_put_back() -> None:
     with Interrupts(line=str, stop_fleet=lambda: None).installed():
         assert signal.getsignal(signal.SIGTERM) is not before
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# A Ctrl-C that lands while Prefect starts a task run is turned by Prefect 3.9.1 into
+# `ValueError: Task run is not set` (task_engine.handle_crash before the run exists), and the
+# flow ends Failed instead of raising. This stands a real flow in for the run's, its task
+# signalling the process and raising what Prefect raises there.
+_RACE = """
+import os, signal, sys
+from prefect import flow, task
+import flows.regenerate
+from flows.runner import run_regenerate
+from regen.config import ModelConfig, RegenConfig
+
+@task
+def starting() -> None:
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        signal.pause()
+    except KeyboardInterrupt:
+        raise ValueError("Task run is not set") from None
+
+@flow
+def stand_in(config: RegenConfig) -> None:
+    starting()
+
+flows.regenerate.regenerate_completions = stand_in
+config = RegenConfig(model=ModelConfig(source=sys.argv[1], served_name="m"), prompts=sys.argv[1],
+                     output=sys.argv[2], work_dir=sys.argv[3])
+sys.exit(run_regenerate(config))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_an_interrupt_prefect_turns_into_another_error_still_ends_as_an_interrupt(
+    tmp_path: Path, regen_env: dict[str, str]
+) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = subprocess.run(
+        [sys.executable, "-c", _RACE, str(tmp_path), str(out), str(work)],
+        env=regen_env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        start_new_session=True,
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == exit_code(signal.SIGINT), said[-4000:]
+    lines = [line for line in said.splitlines() if line.startswith("regen: interrupted by")]
+    assert len(lines) == 1 and str(out) in lines[0], said[-4000:]
+    assert "Traceback" not in said and "regen: run failed" not in said, said[-4000:]
