@@ -11,10 +11,13 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
 from regen.audit import AuditResult, run_audit, write_report
+from regen.audit.report import plot_pngs
 from regen.audit.thresholds import AuditConfig
 from regen.canary import stopped_run
 from regen.naming import artifact, dataset_markdown
 from regen.storage import Storage, open_storage
+from tasks.cards import publish_markdown
+from tasks.pictures import embedded
 
 
 @task(name="audit", persist_result=False, cache_policy=NONE)
@@ -29,20 +32,27 @@ def audit(
     the rows it generated, its canary's included, and fails naming the gate."""
     logger, storage = get_run_logger(), storage or open_storage(output)
     result = run_audit(storage, config, tokenizer_path=tokenizer_path, stopped=stopped_run(storage))
-    write_report(storage, result)
+    plots = plot_pngs(result)
+    write_report(storage, result, plots)
+    # The plots carried in the artifact: report/*.png are out of the UI's reach.
     create_markdown_artifact(
-        markdown=result.to_markdown() + f"\n\nReport files: `{storage.uri}/report/`\n",
+        markdown=result.to_markdown()
+        + f"\nReport files: `{storage.uri}/report/`\n\n"
+        + embedded(plots),
         **artifact("audit-report", output, f"audit {result.headline()}"),
     )
-    # The plan's "N to generate" is history now: the dataset as the run leaves it.
-    committed = f"{result.rows - result.uncommitted:,} rows committed"
+    # The plan's "N to generate" is history now: the dataset as the run leaves it, on the
+    # plan's card (one dataset card per run).
+    committed = result.rows - result.uncommitted
     planned = f" of {result.planned:,} planned" if result.planned is not None else ""
-    create_markdown_artifact(
-        markdown=dataset_markdown(
-            storage.uri, f"{committed}{planned}; audit {result.headline()}",
+    publish_markdown(
+        "dataset",
+        output,
+        dataset_markdown(
+            storage.uri, f"{committed:,} rows committed{planned}; audit {result.headline()}",
             stopped=result.stopped is not None,
         ),
-        **artifact("dataset", output, "where the data is"),
+        result.dataset_card(),
     )  # fmt: skip
     for check in result.ordered_checks():
         log = logger.error if check.status == "fail" else logger.info

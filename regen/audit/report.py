@@ -2,28 +2,42 @@
 
 from __future__ import annotations
 
-import io
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from regen.audit.result import AuditResult
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, AUDIT_REPORT_KEY, report_figure_key
+from regen.plots import plots_markdown, png
 from regen.storage import Storage
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def write_report(storage: Storage, result: AuditResult) -> list[str]:
-    """Write report/audit.json, report/audit.md and report/*.png; the keys written."""
+def write_report(
+    storage: Storage, result: AuditResult, plots: Mapping[str, bytes] | None = None
+) -> list[str]:
+    """Write report/audit.json, report/audit.md and report/*.png; the keys written. audit.md
+    shows each plot by its file beside it (`lengths.png`); `plots` are `plot_pngs(result)`
+    when the caller has drawn them already (the Prefect task embeds the same bytes)."""
+    plots = plot_pngs(result) if plots is None else plots
+    # report/audit.md sits beside the plots: a relative link renders wherever the folder does.
+    linked = plots_markdown({name: report_figure_key(name).rpartition("/")[2] for name in plots})
     files = {
         AUDIT_REPORT_KEY: result.to_json().encode(),
-        AUDIT_MARKDOWN_KEY: result.to_markdown().encode(),
+        AUDIT_MARKDOWN_KEY: "\n".join(filter(None, [result.to_markdown(), linked])).encode(),
     }
-    for name, figure in _figures(result).items():
-        files[report_figure_key(name)] = _png(figure)
+    for name, data in plots.items():
+        files[report_figure_key(name)] = data
     for key, data in files.items():
         storage.write_bytes(key, data)
     return sorted(files)
+
+
+def plot_pngs(result: AuditResult) -> dict[str, bytes]:
+    """The audit's plots as PNG bytes by name (`lengths`, `finish_reasons`, `servers`), each
+    only when there is something to draw."""
+    return {name: png(figure) for name, figure in _figures(result).items()}
 
 
 def _figures(result: AuditResult) -> dict[str, Figure]:
@@ -62,9 +76,3 @@ def _figures(result: AuditResult) -> dict[str, Figure]:
         ax.legend(fontsize="small")
         figures["servers"] = fig
     return figures
-
-
-def _png(figure: Figure) -> bytes:
-    buf = io.BytesIO()
-    figure.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
