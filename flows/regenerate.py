@@ -32,7 +32,10 @@ class RunSummary(BaseModel):
     rows_failed: int
     completion_tokens: int
     tokens_per_s: float
+    """The run's average output rate: the figure every artifact of the run quotes."""
     verdict: str
+    rows_generated: int = 0
+    """Rows this run generated; 0 when an earlier run had committed every one."""
     exports: list[str] = []
     """Where the `export:` section's formats were written (after a passing audit)."""
 
@@ -108,6 +111,7 @@ def regenerate_completions(
                     completion_tokens=generation.completion_tokens,
                     tokens_per_s=generation.tokens_per_s,
                     verdict=f"not audited here: node {node.name} of a multi-node run",
+                    rows_generated=generation.rows,
                 )
             )
         # A run the live gate stopped is audited too, on every row it generated, and fails
@@ -127,5 +131,6 @@ def regenerate_completions(
             completion_tokens=generation.completion_tokens,
             tokens_per_s=generation.tokens_per_s,
             verdict=report.verdict,
+            rows_generated=generation.rows,
             exports=[dest for dest, _ in targets],
         )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 from regen.config import RegenConfig
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, key_url
 from regen.errors import UserError
+from regen.figures import sig
 from regen.fleet import reap_orphans
 from regen.interrupt import Interrupts, argv, exit_code, resume_line, signal_of
 from regen.owned import reap_owned, tag_children
@@ -108,16 +109,25 @@ def _outcome(state: State[Any], config: RegenConfig) -> int:
         # Completed means the flow returned its summary; a failed gate returns a Failed state.
         summary = cast("RunSummary", state.result())
         print(f"dataset: {summary.output}")
-        print(
-            f"rows: {summary.rows_ok} ok, {summary.rows_failed} failed; "
-            f"{summary.completion_tokens} tokens at {summary.tokens_per_s:.0f} tok/s"
-        )
+        rows = f"{summary.rows_ok:,} ok, {summary.rows_failed:,} failed"
+        print(f"rows: {rows}; {_generated(summary)}")
         print(f"audit: {summary.verdict} (report: {key_url(summary.output, AUDIT_MARKDOWN_KEY)})")
         return 0
     ended = (state.name or state.type.value).lower()
     print(f"regen: run {ended}: {failure_reason(state)}", file=sys.stderr)
     print(f"dataset: {config.output} (committed shards are kept)", file=sys.stderr)
     return 1
+
+
+def _generated(summary: RunSummary) -> str:
+    """What this run generated, at the rate its artifacts quote; a rerun with nothing left to
+    do says so, not `0 tokens at 0 tok/s`."""
+    if summary.rows_generated == 0 and summary.completion_tokens == 0:
+        return "nothing left to generate (every row was committed by an earlier run)"
+    return (
+        f"this run generated {summary.rows_generated:,} rows, "
+        f"{summary.completion_tokens:,} output tokens at {sig(summary.tokens_per_s)} tok/s"
+    )
 
 
 def failure_reason(state: State[Any]) -> str:

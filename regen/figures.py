@@ -7,6 +7,7 @@ the same figure reads the same in a log line, an artifact and report/audit.md.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Collection, Iterable, Sequence
 
 NONE = "–"
@@ -37,6 +38,47 @@ def duration(seconds: float | None) -> str:
     if seconds < 5400:
         return f"{sig(seconds / 60)} min"
     return f"{sig(seconds / 3600)} h"
+
+
+def count(value: float | None) -> str:
+    """A count as it is, thousands separated (`4,096`, never `4,100`): token counts and row
+    counts are exact, and a length shown rounded up past its bound (p99 `4,100` beside a
+    max_tokens of 4096) reads as a bug."""
+    return NONE if value is None else f"{round(value):,}"
+
+
+def compact(value: float | None) -> str:
+    """A rate short enough for a card: three significant digits with a k or M suffix
+    (64,321 -> `64.3k`, 1,234,567 -> `1.23M`), as `sig` below 1,000."""
+    if value is None or math.isnan(value):
+        return NONE
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{sig(value / scale)}{suffix}"
+    return sig(value)
+
+
+def clock(at: float, now: float | None = None) -> str:
+    """A moment in UTC as a person plans by it: `00:55 UTC` today, `Dec 08 00:55 UTC` on
+    another day (of `now`, default the present)."""
+    moment, today = time.gmtime(at), time.gmtime(time.time() if now is None else now)
+    same_day = moment[:3] == today[:3]
+    return time.strftime("%H:%M UTC" if same_day else "%b %d %H:%M UTC", moment)
+
+
+def eta(at: float, seconds: float | None) -> str:
+    """`ETA 00:55 UTC (24 s)`: when the rest is done as a clock time, and how long from `at`
+    (the moment the rate was measured)."""
+    if seconds is None:
+        return f"ETA {NONE}"
+    # Whole seconds and minutes: an ETA is no more precise, and a card has no room for it.
+    if seconds < 90:
+        ahead = f"{seconds:.0f} s"
+    elif seconds < 5400:
+        ahead = f"{seconds / 60:.0f} min"
+    else:
+        ahead = duration(seconds)
+    return f"ETA {clock(at + seconds, now=at)} ({ahead})"
 
 
 def gb(nbytes: float) -> str:

@@ -54,11 +54,15 @@ def artifact_key(kind: str, output: str) -> str:
 
 def artifact(kind: str, output: str, description: str) -> dict[str, str]:
     """The `key` and `description` of a dataset's artifact, as Prefect's `create_*_artifact`
-    take them: every description starts with the dataset's name, for the artifacts page."""
-    return {
-        "key": artifact_key(kind, output),
-        "description": f"{dataset_name(output)}: {description}",
-    }
+    take them. A card shows about 50 characters of its description, so the description leads
+    with its figure (`82 % · ETA 00:55 UTC (24 s) · …`); the dataset's name closes it (the
+    key, the card's title, holds the dataset's slug already)."""
+    return {"key": artifact_key(kind, output), "description": described(description, output)}
+
+
+def described(description: str, output: str) -> str:
+    """An artifact's description: its figure first, then the dataset's name."""
+    return f"{description} · {dataset_name(output)}"
 
 
 def node_name(node: str | None = None) -> str:
@@ -72,9 +76,23 @@ def _prompts_name(prompts: str) -> str:
 
 
 def run_name(config: RegenConfig, node: str | None = None) -> str:
-    """`rehearsal-<model>-<prompts>` on emulators, `<node>-<model>-<prompts>` on GPUs."""
+    """`rehearsal-<model>-<prompts>` on emulators, `<node>-<model>-<prompts>` on GPUs; a
+    rehearsal with faults is named for them (`…-prompts6k-empty-answer-0-87`), so a clean and
+    a fault run of one prompts file are told apart in the runs list."""
     head = "rehearsal" if config.engine.kind == "emulator" else node_name(node)
-    return f"{head}-{slugify(config.model.served_name)}-{_prompts_name(config.prompts)}"
+    name = f"{head}-{slugify(config.model.served_name)}-{_prompts_name(config.prompts)}"
+    faults = _faults(config)
+    # Prefect shows long names whole, but a runs list reads the head: a cap keeps it a name.
+    return f"{name}-{slugify('-'.join(faults))[:60].strip('-')}" if faults else name
+
+
+def _faults(config: RegenConfig) -> list[str]:
+    """The rehearsal's injected faults, those of one server named for it (`server-2:...`)."""
+    if config.engine.kind != "emulator":
+        return []
+    emulator = config.engine.emulator
+    by_server = sorted(emulator.server_faults.items())
+    return [*emulator.faults, *(f"server-{i}:{f}" for i, fs in by_server for f in fs)]
 
 
 def run_tags(config: RegenConfig, *nodes: str) -> list[str]:
@@ -84,6 +102,7 @@ def run_tags(config: RegenConfig, *nodes: str) -> list[str]:
         f"model:{config.model.served_name}",
         f"dataset:{dataset_name(config.output)}",
         *(f"node:{node_name(n)}" for n in (nodes or (None,))),
+        *(f"fault:{f}" for f in _faults(config)),
     ]
 
 
@@ -99,8 +118,11 @@ def s3_console_url(uri: str) -> str | None:
 
 def dataset_markdown(uri: str, summary: str, *, stopped: bool = False) -> str:
     """Where a run's data is: the first thing a user watching the run wants to open; for a
-    run the live gate `stopped`, where it says why and where the canary's rows wait."""
+    run the live gate `stopped`, where it says why and where the canary's rows wait; then how
+    the trainers get it (`regen export`, and what a trainer reads)."""
     root = uri.rstrip("/")
+    # The dataset's sibling: never inside it, where a later run's listing would find it.
+    tokenized = f"{root}-export/tokenized"
     lines = [
         f"**Dataset `{dataset_name(uri)}`**: {summary}",
         "",
@@ -118,4 +140,16 @@ def dataset_markdown(uri: str, summary: str, *, stopped: bool = False) -> str:
     console = s3_console_url(root)
     if console:
         lines.append(f"- S3 console: [{root}/]({console})")
+    lines += [
+        "",
+        "**For the trainers** (after a passing audit; `regen export --help` lists the formats):",
+        "",
+        "```",
+        f"regen export {root} -f tokenized --single-file -o {tokenized}",
+        "```",
+        "",
+        f"SpecForge: `data.prompts_path={tokenized}/tokenized.jsonl` (the server's own tokens "
+        "and loss mask); speculators: `-f hf-dataset --token-freq`, then "
+        "`datasets.load_from_disk` on its folder.",
+    ]
     return "\n".join(lines) + "\n"

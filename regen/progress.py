@@ -23,7 +23,7 @@ from rich.progress import Progress, TaskID
 
 from regen.client.stats import DispatchStats
 from regen.dataset.keys import progress_key
-from regen.figures import duration, markdown_table, pct, sig
+from regen.figures import NONE, compact, duration, eta, markdown_table, pct, sig
 from regen.storage import Storage
 from regen.ticker import Ticker
 
@@ -37,11 +37,17 @@ class ServerProgress:
     in_flight: int
     slots: int
     tokens_per_s: float
+    output_tokens: int = 0
+    """This run's output tokens from the server: over the elapsed time, its run average."""
 
 
 @dataclass(frozen=True, slots=True)
 class ProgressSnapshot:
-    """`done` includes rows committed by earlier runs (`already_done`); rates are this run's."""
+    """`done` includes rows committed by earlier runs (`already_done`); rates are this run's.
+
+    Two counts of rows, never mixed: `done` rows were generated (answered by a server),
+    `rows_committed` are in the dataset (their shard's manifest is written). A stopped run
+    generated rows it never committed; every report names which one it shows."""
 
     updated_at: float
     elapsed_s: float
@@ -57,6 +63,7 @@ class ProgressSnapshot:
     rows_committed: int
     output_tokens: int
     tokens_per_s: float
+    """The last minute's rate while the run goes; once it has ended, the run's average."""
     rows_per_s: float
     eta_s: float | None
     servers: tuple[ServerProgress, ...]
@@ -68,18 +75,91 @@ class ProgressSnapshot:
 
     @property
     def fraction(self) -> float:
+        """The share of the plan generated."""
         return min(self.done / self.total, 1.0) if self.total else 1.0
+
+    @property
+    def committed_fraction(self) -> float:
+        """The share of the plan in the dataset."""
+        return min(self.rows_committed / self.total, 1.0) if self.total else 1.0
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.ended and self.ended.startswith("stopped"))
+
+    @property
+    def shown_fraction(self) -> float:
+        """What a progress bar shows: the share generated, but for a stopped run the share
+        committed (its generated rows past the last commit are not in the dataset)."""
+        return self.committed_fraction if self.stopped else self.fraction
+
+    def as_ended(self, how: str) -> ProgressSnapshot:
+        """The snapshot of a run that is over: no ETA (a stopped one would show the time its
+        rest would have taken), and every rate its run average, not the last minute's drain
+        (a server finishing its last rows looked sick beside its peers)."""
+        span = self.elapsed_s
+
+        def mean(tokens: int) -> float:
+            return tokens / span if span > 0 else 0.0
+
+        return replace(
+            self,
+            ended=how,
+            eta_s=None,
+            tokens_per_s=mean(self.output_tokens),
+            servers=tuple(replace(s, tokens_per_s=mean(s.output_tokens)) for s in self.servers),
+        )
 
     def to_json(self) -> bytes:
         return json.dumps({**asdict(self), "fraction": self.fraction}, indent=2).encode()
 
-    def headline(self) -> str:
-        """Rows done, speed and ETA in one line: the log's and every report's first words."""
+    def rows_line(self) -> str:
+        """`496 / 6,000 rows generated (8.27 %), 0 committed`: both counts, each named."""
         return (
-            f"{self.done:,} / {self.total:,} rows ({pct(self.fraction)}), "
-            f"{self.failed:,} failed this run; {sig(self.tokens_per_s)} output tok/s; "
-            + (self.ended or f"ETA {duration(self.eta_s)}")
+            f"{self.done:,} / {self.total:,} rows generated ({pct(self.fraction)}), "
+            f"{self.rows_committed:,} committed"
         )
+
+    def rate_line(self) -> str:
+        """The one throughput figure: the last minute's, or the run's average once over."""
+        return f"{sig(self.tokens_per_s)} output tok/s" + (" (run average)" if self.ended else "")
+
+    def headline(self) -> str:
+        """Rows generated and committed, speed and ETA in one line: the log's and every
+        report's first words."""
+        return f"{self.rows_line()}, {self.failed:,} failed this run; {self.rate_line()}; " + (
+            self.ended or eta(self.updated_at, self.eta_s)
+        )
+
+    def quality(self) -> str:
+        """The rolling audit in a word: `quality ok`, `quality warn`, `quality FAIL`, or `–`
+        before its first shard."""
+        checks = (self.audit or {}).get("checks", {})
+        if not self.audit:
+            return f"quality {NONE}"
+        statuses = {v.get("status") for v in checks.values()}
+        if self.audit.get("quarantined") and "fail" not in statuses:
+            return "quality warn"
+        worst = "FAIL" if "fail" in statuses else "warn" if "warn" in statuses else "ok"
+        return f"quality {worst}"
+
+    def card(self) -> str:
+        """The figure a Prefect card shows before it cuts (~50 characters), most telling first:
+        `82 % · ETA 00:55 UTC (24 s) · 64.3k tok/s · quality ok`; the rest follows it."""
+        rate = f"{compact(self.tokens_per_s)} tok/s"
+        if self.stopped:
+            assert self.ended is not None
+            return (
+                f"stopped · {self.rows_committed:,} / {self.total:,} committed "
+                f"({self.done:,} generated) · {self.ended.removeprefix('stopped: ')}"
+            )
+        if self.ended:
+            return (
+                f"{pct(self.fraction)} · {self.ended} in {duration(self.elapsed_s)} · "
+                f"{rate} · {self.quality()}"
+            )
+        ahead = eta(self.updated_at, self.eta_s)
+        return f"{pct(self.fraction)} · {ahead} · {rate} · {self.quality()}"
 
     def audit_line(self) -> str:
         """The rolling audit in one line: rows behind it, each failing or warning check."""
@@ -96,24 +176,24 @@ class ProgressSnapshot:
         )
 
     def to_markdown(self) -> str:
-        """The end of generation: the headline's rates are the last minute's, so the whole
-        run's mean follows it (a short run has no minute-long window to speak of)."""
-        mean = self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else None
+        """The end of generation: the headline (a run that is over shows its run averages,
+        the one throughput every report quotes), the audit, then each server."""
+        rates = "run average" if self.ended else "last minute"
         lines = [
             f"**{self.headline()}**",
             "",
-            f"This run: {self.output_tokens:,} output tokens in {duration(self.elapsed_s)}, "
-            f"{sig(mean)} tok/s on average; {self.retries:,} retries.",
+            f"This run: {self.output_tokens:,} output tokens in {duration(self.elapsed_s)}; "
+            f"{self.retries:,} retries.",
             "",
             self.audit_line(),
             "",
             *markdown_table(
-                ["server", "state", "in flight", "tok/s"],
+                ["server", "state", "in flight", f"tok/s ({rates})"],
                 (
                     (s.name, s.state, f"{s.in_flight}/{s.slots}", sig(s.tokens_per_s))
                     for s in self.servers
                 ),
-                numeric={"in flight", "tok/s"},
+                numeric={"in flight", f"tok/s ({rates})"},
             ),
         ]
         return "\n".join(lines)
@@ -206,6 +286,7 @@ class ProgressMeter:
                     in_flight=s.in_flight,
                     slots=s.slots,
                     tokens_per_s=rate(s.output_tokens, _at(oldest.server_tokens, i)),
+                    output_tokens=s.output_tokens,
                 )
                 for i, s in enumerate(stats.servers)
             ),
@@ -289,12 +370,8 @@ class ProgressWriter:
         self._ended = how
 
     def snapshot(self) -> ProgressSnapshot:
-        snap = self._meter.snapshot(self._dispatcher.stats())
-        if self._ended is not None:
-            # A run that is over has no ETA (a stopped one would show the time its rest would
-            # have taken).
-            return replace(snap, audit=self._audit, ended=self._ended, eta_s=None)
-        return replace(snap, audit=self._audit)
+        snap = replace(self._meter.snapshot(self._dispatcher.stats()), audit=self._audit)
+        return snap if self._ended is None else snap.as_ended(self._ended)
 
     def write_now(self) -> ProgressSnapshot:
         with self._write_lock:

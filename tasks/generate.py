@@ -24,6 +24,7 @@ from prefect.states import State
 from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
+from regen.figures import compact, duration
 from regen.fleet import Fleet
 from regen.fleet_live import LiveReport
 from regen.generation import run_plan
@@ -34,11 +35,14 @@ from regen.generation.lease import Lease
 from regen.generation.outcome import GenerationSummary, ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.generation.shard import OnCommit, RowSource
-from regen.naming import artifact, dataset_markdown, dataset_name
+from regen.naming import artifact, dataset_markdown, described
 from regen.nodes import NodeAssignment
+from regen.plots import live_plots
 from regen.progress import ProgressSnapshot
 from regen.run import OpenedRun
 from regen.storage import Storage
+from tasks.cards import publish_markdown
+from tasks.pictures import embedded
 
 
 @task(name="plan-shards", persist_result=False, cache_policy=NONE)
@@ -49,10 +53,14 @@ def plan_run(run: OpenedRun) -> RunPlan:
     logger.info(plan.headline())
     if plan.stopped:
         logger.error("live gate: %s", plan.stopped)
-    figures = f"{plan.num_rows:,} prompts in {plan.num_shards:,} shards"
-    markdown(
-        markdown=dataset_markdown(run.storage.uri, f"{figures}, {len(plan.pending):,} to generate"),
-        **artifact("dataset", run.output, "where the data is"),
+    # The run's one dataset card: the audit rewrites it with what the run left (tasks.cards).
+    todo = plan.num_rows - plan.committed_rows
+    figures = f"{plan.num_rows:,} prompts in {plan.num_shards:,} shards, {todo:,} to generate"
+    publish_markdown(
+        "dataset",
+        run.output,
+        dataset_markdown(run.storage.uri, figures),
+        f"{todo:,} / {plan.num_rows:,} rows to generate",
     )
     return plan
 
@@ -119,14 +127,14 @@ def _feeding(
     run: OpenedRun, plan: RunPlan, fleet: Fleet, api_key: SecretStr, node: str | None = None
 ) -> Iterator[Feed]:
     """The run's feed, its progress and live figures shown as artifacts."""
-    name, logger = dataset_name(run.output), get_run_logger()
+    logger = get_run_logger()
     progress_id = create_progress_artifact(
-        0.0, **artifact("generation-progress", run.output, "share of prompts done")
+        0.0, **artifact("generation-progress", run.output, "0 % · waiting for the first answers")
     )
     every_s = f"every {run.config.generation.live_interval_s:g} s"
     live_id = markdown(
         "Waiting for the first scrape of the servers' `/metrics`.",
-        **artifact("fleet-live", run.output, f"live fleet figures {every_s}"),
+        **artifact("fleet-live", run.output, f"waiting for the first scrape, {every_s}"),
     )
     history_id = create_table_artifact(
         [], **artifact("throughput", run.output, f"output tok/s over the run, {every_s}")
@@ -136,20 +144,28 @@ def _feeding(
     assert isinstance(history_id, UUID)
 
     def progress(snapshot: ProgressSnapshot) -> None:
-        said = snapshot.audit or snapshot.ended
+        # The bar and its card say the same share: generated, or a stopped run's committed.
         update_progress_artifact(
             artifact_id=progress_id,
-            progress=round(100 * snapshot.fraction, 2),
-            description=f"{name}: {snapshot.audit_line()}" if said else None,
+            progress=round(100 * snapshot.shown_fraction, 2),
+            description=described(f"{snapshot.card()} · {snapshot.rows_line()}", run.output),
         )
 
     def live(report: LiveReport) -> None:
         logger.info(report.log_line())
         update = ArtifactUpdate(
-            data=report.to_markdown(), description=f"{name}: live {report.progress.headline()}"
+            # Throughput over the run drawn in: a small PNG, redrawn each scrape (regen.plots).
+            data=report.to_markdown() + "\n" + embedded(live_plots(report)),
+            description=described(report.card(), run.output),
         )
         # A table artifact's data is its rows as JSON (what create_table_artifact stores).
-        history = ArtifactUpdate(data=json.dumps(report.history_table()))
+        rate = f"{compact(report.progress.tokens_per_s)} tok/s"
+        history = ArtifactUpdate(
+            data=json.dumps(report.history_table()),
+            description=described(
+                f"{rate} · over {duration(report.progress.elapsed_s)}, {every_s}", run.output
+            ),
+        )
         with get_client(sync_client=True) as client:
             client.update_artifact(live_id, update)
             client.update_artifact(history_id, history)
@@ -161,7 +177,7 @@ def _feeding(
     assert feed.final is not None
     markdown(
         feed.final.to_markdown(),
-        **artifact("generation-summary", run.output, feed.final.headline()),
+        **artifact("generation-summary", run.output, feed.final.card()),
     )
 
 
@@ -197,4 +213,6 @@ def generate(
         )  # fmt: skip
         # Said by the last progress and live reports, written as the feed closes.
         feed.progress.end(f"stopped: {summary.stopped}" if summary.stopped else "finished")
-        return summary
+    assert feed.final is not None
+    # One total throughput: the final snapshot's run average, which every artifact quotes.
+    return summary.model_copy(update={"tokens_per_s": feed.final.tokens_per_s})

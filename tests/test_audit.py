@@ -218,7 +218,7 @@ def test_completeness_missing_duplicate_and_unplanned_ids_fail(tmp_path: Path) -
     assert {i for i, r in shown.items() if r == "appears 2 times"} == set(ds.duplicated)
     assert all(shown[i].startswith("missing (missing from its shard") for i in ds.dropped)
     assert shown["x000000"] == "not in plan.parquet"
-    assert "3 of 2000 planned ids missing; 2 duplicate rows" in check.detail
+    assert "3 of 2,000 planned ids missing; 2 duplicate rows" in check.detail
 
 
 def test_completeness_uncommitted_shard_is_not_read_and_fails(tmp_path: Path) -> None:

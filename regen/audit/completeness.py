@@ -23,7 +23,7 @@ def completeness_check(features: pl.DataFrame, view: DatasetView, config: AuditC
         Example(id=i, reason=f"appears {n} times")
         for i, n in dups.head(k).select("id", "n").iter_rows()
     ]
-    parts = [f"{extra_rows} duplicate rows"]
+    parts = [f"{extra_rows:,} duplicate rows"]
     if view.manifest_without_data:
         parts.append(f"manifest without data: shards {_list(view.manifest_without_data)}")
     if view.unusable_manifests:
@@ -51,9 +51,9 @@ def completeness_check(features: pl.DataFrame, view: DatasetView, config: AuditC
     examples += [Example(id=i, reason="not in plan.parquet") for i in unplanned.head(k)["id"]]
     bad = extra_rows + missing.height + unplanned.height
     parts = [
-        f"{missing.height} of {plan.height} planned ids missing",
+        f"{missing.height:,} of {plan.height:,} planned ids missing",
         *parts,
-        f"{unplanned.height} ids not in the plan",
+        f"{unplanned.height:,} ids not in the plan",
         f"uncommitted shards: {_list(uncommitted) if uncommitted else 'none'}",
     ]
     failed = bad or uncommitted or broken
@@ -75,7 +75,7 @@ def error_rows_check(summary: Summary, config: AuditConfig) -> Check:
     return graded(
         "error_rows", "1 error rows", rate, config.error_rate,
         examples=[e.model_copy() for e in errors.examples],
-        detail=f"{errors.n} of {summary.rows} rows are errors",
+        detail=f"{errors.n:,} of {summary.rows:,} rows are errors",
     )  # fmt: skip
 
 

@@ -63,6 +63,7 @@ def _row_facts(config: AuditConfig) -> list[pl.Expr]:
         pl.col("shard"),
         pl.col("server").fill_null("<unknown>"),
         (~ok).alias("is_error"),
+        pl.col("error").str.slice(0, 400),  # an error example's reason; the head says why
         pl.col("finish_reason").fill_null("<none>"),
         pl.col("prompt_tokens"),
         pl.col("reasoning_tokens"),

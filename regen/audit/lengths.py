@@ -12,6 +12,7 @@ import numpy as np
 from regen.audit.result import Check, Histogram, Quantiles, graded, skipped
 from regen.audit.summary_model import Summary
 from regen.audit.thresholds import AuditConfig
+from regen.figures import count
 
 
 def length_columns(thinking: bool) -> list[str]:
@@ -93,4 +94,4 @@ def tiny_length_check(
 
 
 def _g(value: float | None) -> str:
-    return "–" if value is None else f"{value:g}"
+    return count(value)

@@ -17,6 +17,7 @@ from regen.audit.lengths import quantile
 from regen.audit.result import Check, graded, skipped
 from regen.audit.summary_model import LossFigures
 from regen.audit.thresholds import AuditConfig
+from regen.figures import count
 from regen.lossmask import ROW_COLUMNS, ChatTemplate, lacks_ids, load_template, samples
 from regen.lossmask.ids import sample_sizes
 
@@ -127,8 +128,8 @@ def loss_mask_check(found: LossFigures, config: AuditConfig, missing: str) -> Ch
         rate,
         config.loss_mask_short,
         examples=[e.model_copy() for e in found.short.examples],
-        detail=f"{found.short.n} of {measured} samples learn from <= {limit} tokens; "
-        f"p1 {p1:g}, p50 {p50:g}, p99 {p99:g}; {_sources(found, missing)}",
+        detail=f"{found.short.n:,} of {measured:,} samples learn from <= {limit:,} tokens; "
+        f"p1 {count(p1)}, p50 {count(p50)}, p99 {count(p99)}; {_sources(found, missing)}",
     )
 
 

@@ -23,7 +23,7 @@ def _flag_check(
         rate,
         threshold,
         examples=[e.model_copy() for e in hits.examples],
-        detail=f"{hits.n} of {ok} completions {detail}",
+        detail=f"{hits.n:,} of {ok:,} completions {detail}",
     )
 
 
@@ -131,5 +131,5 @@ def answer_collapse_check(summary: Summary, config: AuditConfig) -> Check:
         examples=[Example(id=i, reason=f"answer {snippet!r}") for i in shown],
         # The answer itself is shown only in the report's examples: model output can echo
         # the prompt, and the detail goes to logs.
-        detail=f"most common answer on {top_n} of {ok} completions",
+        detail=f"most common answer on {top_n:,} of {ok:,} completions",
     )

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from regen.audit.thresholds import Threshold
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, CANARY_PREFIX, key_url
-from regen.figures import markdown_table, pct, sig
+from regen.figures import count, markdown_table, pct
 from regen.status import Status
 
 Verdict = Literal["pass", "warn", "fail"]
@@ -105,6 +105,13 @@ class AuditResult(BaseModel):
         stop = f" (stopped by the {self.gate} gate)" if self.gate != "final" else ""
         return f"{self.verdict.upper()}{stop} {figures}{more}"
 
+    def dataset_card(self) -> str:
+        """The dataset card's figure: rows committed (of those planned), then the verdict:
+        `240 / 240 rows committed · audit PASS`."""
+        committed = f"{self.rows - self.uncommitted:,}"
+        planned = f" / {self.planned:,}" if self.planned is not None else ""
+        return f"{committed}{planned} rows committed · audit {self.verdict.upper()}"
+
     def failure_message(self) -> str:
         """A failed gate's state message, one wording for every gate: `FAIL:`, which gate,
         each failing figure against its threshold, and where the data was kept (nothing is
@@ -154,7 +161,8 @@ class AuditResult(BaseModel):
             lines += ["", "## Lengths (tokens)", ""]
             lines += markdown_table(
                 ["column", "p1", "p50", "p99"],
-                ((col, sig(q.p1), sig(q.p50), sig(q.p99)) for col, q in self.lengths.items()),
+                # Exact: a rounded p99 could pass its bound (4,100 for a max_tokens of 4096).
+                ((col, count(q.p1), count(q.p50), count(q.p99)) for col, q in self.lengths.items()),
                 numeric={"p1", "p50", "p99"},
             )
         if self.servers:

@@ -40,7 +40,7 @@ from regen.audit.template_parity import parity_figures
 from regen.audit.thresholds import AuditConfig
 from regen.storage import Storage
 
-SUMMARY_FORMAT = 1
+SUMMARY_FORMAT = 2
 """Raised when what a summary holds or how it is computed changes: old ones are recomputed."""
 
 LENGTH_COLUMNS = ["prompt_tokens", "reasoning_tokens", "completion_tokens", "answer_tokens"]
@@ -196,7 +196,8 @@ def audit_rows(
         if sources is not None
         else {int(s): "" for s in rows["shard"].unique().drop_nulls()},
         rows=features.height,
-        errors=hits(features, pl.col("is_error"), pl.lit("error row")),
+        # An error row's example says why (`HTTP 400: ... maximum context length ...`).
+        errors=hits(features, pl.col("is_error"), error_reason()),
         finish_reasons={r: int(n) for r, n in finish.iter_rows()},
         completions=ok.height,
         flags=flags,
@@ -220,6 +221,22 @@ def audit_rows(
         ),
         parity=parity_figures(rows, settings.model, settings.parity_rows, k),
     )
+
+
+ERROR_REASON_CHARS = 160
+"""An error example's reason at most: the server's message names the cause in its first words
+(a 200,000-character prompt's HTTP 400 quotes none of it)."""
+
+
+def error_reason() -> pl.Expr:
+    """`error row: <the row's error>`, cut to `ERROR_REASON_CHARS`, one line."""
+    text = pl.col("error").fill_null("").str.replace_all(r"\s+", " ").str.strip_chars()
+    cut = (
+        pl.when(text.str.len_chars() > ERROR_REASON_CHARS)
+        .then(text.str.slice(0, ERROR_REASON_CHARS - 1) + pl.lit("…"))
+        .otherwise(text)
+    )
+    return pl.when(text == "").then(pl.lit("error row")).otherwise(pl.lit("error row: ") + cut)
 
 
 def merge(summaries: Iterable[Summary]) -> Summary:

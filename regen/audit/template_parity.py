@@ -75,10 +75,10 @@ def template_parity_check(
         rate,
         config.template_parity,
         examples=found.examples,
-        detail=f"{found.differ} of {found.compared} stored prompts differ from the template in "
-        f"{model.template.path.name} ({found.rows} rows of {found.shards} of {shards} shards "
+        detail=f"{found.differ:,} of {found.compared:,} stored prompts differ from the template in "
+        f"{model.template.path.name} ({found.rows:,} rows of {found.shards:,} of {shards:,} shards "
         "checked"
-        + (f"; {found.without} rows there store no prompt ids)" if found.without else ")"),
+        + (f"; {found.without:,} rows there store no prompt ids)" if found.without else ")"),
     )
 
 
