@@ -1,4 +1,4 @@
-"""The verbs of `regen` that need no Prefect: check, audit, export, emulator.
+"""The verbs of `regen` that need no Prefect: audit, export, status, estimate, emulator.
 
 They are the library's; `flows/cli.py` builds the command line around them, with the verbs
 that run a flow or touch Prefect, and is the `regen` console script. Each verb is thin: the
@@ -30,6 +30,23 @@ def _not_negative(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _not_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
 def _tokenizer(text: str) -> Path:
     """`--tokenizer`: a model directory with a tokenizer.json, or the file itself; anything
     else is argparse's usage error (exit 2), never a failed audit's 1 after the reading."""
@@ -49,7 +66,8 @@ def add_config(p: argparse.ArgumentParser, required: bool) -> None:
 
 
 def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
-    """Add audit, export and emulator to the `regen` parser's verbs, in this order."""
+    """Add audit, export, status, estimate and emulator to the `regen` parser's verbs, in
+    this order."""
     p = verbs.add_parser(
         "audit",
         help="Audit an existing dataset; exit 1 when the gate fails.",
@@ -132,6 +150,56 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=_export)
 
     p = verbs.add_parser(
+        "status",
+        help="A run at a glance from its output alone: progress, ETA, tok/s, live gate, holder.",
+        description="Read a dataset root (a directory or s3://bucket/prefix) as any shell or "
+        "machine can, no Prefect needed: progress.json (rows generated, the last minute's "
+        "output tok/s, the ETA as a UTC clock time and a duration, the rolling audit), the "
+        "output's lease (the run that holds it: pid, host, flow run, and whether it is "
+        "alive), the committed shards' manifests, and once over the stop or the audit's "
+        "verdict. Exit 0 when the root holds a run, 1 when it holds none.",
+    )
+    p.add_argument("dataset", help="Dataset root, a directory or s3://bucket/prefix.")
+    p.set_defaults(func=_status)
+
+    p = verbs.add_parser(
+        "estimate",
+        help="How long the config's prompt set takes on N GPUs, and its dataset's size.",
+        description="Read and validate the prompts as the run's plan does, count the answers "
+        "regeneration.turns asks for, and at a per-GPU decode rate (--tok-s-per-gpu, or "
+        "measured on the node by the fleet's benchmark: --rate-from a dataset whose "
+        "report/fleet.json has it) print the hours on each --gpus count (default the "
+        "config's servers) and the output's size (regen check's estimate). Every answer at "
+        "sampling.max_tokens is an upper bound; --mean-tokens gives the likely time beside "
+        "it. Nothing is launched and the output is not touched.",
+    )
+    add_config(p, required=True)
+    rate = p.add_mutually_exclusive_group(required=True)
+    rate.add_argument(
+        "--tok-s-per-gpu", type=_positive_float, metavar="R", help="Output tok/s one GPU decodes."
+    )
+    rate.add_argument(
+        "--rate-from",
+        metavar="DATASET",
+        help="A dataset (directory or s3://) made on the node: its fleet benchmark's median "
+        "server speed (report/fleet.json, engine.bench).",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_positive_int,
+        action="append",
+        metavar="N",
+        help="GPUs to estimate for (repeatable; default the config's servers).",
+    )
+    p.add_argument(
+        "--mean-tokens",
+        type=_positive_float,
+        metavar="T",
+        help="A typical answer's output tokens (e.g. an earlier audit's completion p50).",
+    )
+    p.set_defaults(func=_estimate)
+
+    p = verbs.add_parser(
         "emulator",
         help="One SGLang-compatible emulator server (same as python -m regen.emulator).",
         description="`regen emulator --help` lists the emulator's own flags.",
@@ -181,6 +249,37 @@ def _audit(args: argparse.Namespace) -> int:
         print(f"stopped: {result.stopped}")
     print(f"verdict: {result.verdict}")
     return 1 if result.verdict == "fail" else 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from regen.run_status import read_status
+    from regen.storage import open_storage
+
+    print("\n".join(read_status(open_storage(args.dataset)).lines()))
+    return 0
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from regen.config import load_config
+    from regen.estimate import Rate, estimate, measured_rate
+    from regen.storage import open_storage
+
+    config = load_config(args.config)
+    if args.mean_tokens is not None and args.mean_tokens > config.sampling.max_tokens:
+        raise ConfigError(
+            f"--mean-tokens {args.mean_tokens:g} is over sampling.max_tokens "
+            f"{config.sampling.max_tokens:,}: no answer is longer"
+        )
+    if args.tok_s_per_gpu is not None:
+        rate = Rate(args.tok_s_per_gpu, "given")
+    else:
+        try:
+            rate = measured_rate(open_storage(args.rate_from))
+        except UserError as err:
+            raise UsageError(str(err)) from None
+    found = estimate(config, rate, gpus=args.gpus, mean_tokens=args.mean_tokens)
+    print("\n".join(found.lines()))
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -73,6 +73,15 @@ def write_fleet_report(storage: Storage, rows: list[FleetRow]) -> None:
     storage.write_bytes(FLEET_KEY, json.dumps(data, indent=2).encode())
 
 
+def read_fleet_report(storage: Storage) -> list[FleetRow] | None:
+    """The fleet that made a dataset (`report/fleet.json`), None when it has none."""
+    try:
+        data = json.loads(storage.read_bytes(FLEET_KEY))
+    except FileNotFoundError:
+        return None
+    return [FleetRow.model_validate(row) for row in data]
+
+
 def fleet_markdown(rows: list[FleetRow]) -> str:
     """The fleet as a table narrow enough for a ~1000 px pane: no URL (the servers are gone
     by the time anyone reads it), figures to 3 significant digits, reasons below the table.

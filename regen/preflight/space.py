@@ -72,9 +72,24 @@ def estimate_output(config: RegenConfig, storage: Storage) -> OutputEstimate | N
         return OutputEstimate(
             left, size / done, f"{size / done:,.0f} B a row in {len(committed)} committed shards"
         )
-    per_row = config.sampling.max_tokens * BYTES_PER_TOKEN
-    basis = f"{per_row:,} B a row: max_tokens {config.sampling.max_tokens:,} x {BYTES_PER_TOKEN} B"
-    return OutputEstimate(left, per_row, basis)
+    return bound_estimate(config, left)
+
+
+def bound_estimate(config: RegenConfig, rows: int, answers: int | None = None) -> OutputEstimate:
+    """`rows` rows before anything is committed: each answer at most `sampling.max_tokens` of
+    `BYTES_PER_TOKEN`, one answer a row unless `answers` says how many the rows hold in all
+    (`regeneration.turns: all` answers every user turn)."""
+    max_tokens = config.sampling.max_tokens
+    per_answer = max_tokens * BYTES_PER_TOKEN
+    if answers is None or answers == rows or rows == 0:
+        basis = f"{per_answer:,} B a row: max_tokens {max_tokens:,} x {BYTES_PER_TOKEN} B"
+        return OutputEstimate(rows, per_answer, basis)
+    per_row = per_answer * answers / rows
+    basis = (
+        f"{per_row:,.0f} B a row: {answers / rows:.3g} answers a row x max_tokens "
+        f"{max_tokens:,} x {BYTES_PER_TOKEN} B"
+    )
+    return OutputEstimate(rows, per_row, basis)
 
 
 def input_rows(prompts: str) -> int | None:

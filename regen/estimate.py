@@ -1,0 +1,140 @@
+"""`regen estimate`: how long a prompt set takes on N GPUs, and how big its dataset gets,
+before the GPUs are rented.
+
+The plan's own figures (the prompts as the run reads and validates them, the answers
+`regeneration.turns` asks for, `sampling.max_tokens`) times a per-GPU decode rate: one given
+(`--tok-s-per-gpu`, from a vendor's figure or an earlier run) or measured on the node by the
+fleet's micro-benchmark (`engine.bench`, each server's `probe tok/s` in a dataset's
+`report/fleet.json`). Every answer at `max_tokens` is an upper bound: few answers reach it, so
+`--mean-tokens` (a typical answer's length, e.g. an earlier audit's completion p50) gives the
+likely figure beside it. The size is the provisioning check's estimate
+(`regen.preflight.space`), one owner for both.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import polars as pl
+
+from regen.config import RegenConfig
+from regen.diskfull import human_size
+from regen.errors import UserError
+from regen.figures import compact, duration, sig
+from regen.preflight.space import OutputEstimate, bound_estimate
+from regen.storage import Storage
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Output tokens a second one GPU decodes, and where the figure came from."""
+
+    tok_s_per_gpu: float
+    basis: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The plan's work at a rate on some GPUs."""
+
+    prompts: int
+    rejected: int
+    answers: int
+    turns: str
+    max_tokens: int
+    mean_tokens: float | None
+    rate: Rate
+    gpus: list[int]
+    size: OutputEstimate
+
+    @property
+    def max_output_tokens(self) -> int:
+        return self.answers * self.max_tokens
+
+    def hours(self, gpus: int, tokens_per_answer: float) -> float:
+        return self.answers * tokens_per_answer / (self.rate.tok_s_per_gpu * gpus) / 3600
+
+    def lines(self) -> list[str]:
+        """The estimate as `label: text` lines."""
+        answers = (
+            f"{self.answers:,} answers (regeneration.turns {self.turns})"
+            if self.answers != self.prompts
+            else f"{self.answers:,} answers"
+        )
+        rows: list[tuple[str, str]] = [
+            ("plan", f"{self.prompts:,} prompts ({self.rejected:,} rejected), {answers}, "
+                     f"max_tokens {self.max_tokens:,}"),
+            ("tokens", self._tokens()),
+            ("rate", f"{sig(self.rate.tok_s_per_gpu)} output tok/s per GPU ({self.rate.basis})"),
+        ]  # fmt: skip
+        for n in self.gpus:
+            rows.append((f"{n} GPU{'s' if n > 1 else ''}", self._time(n)))
+        rows.append(("size", f"at most {human_size(self.size.size)} ({self.size.basis})"))
+        width = max(len(label) for label, _ in rows) + 1
+        return [f"{label + ':':<{width}} {text}" for label, text in rows]
+
+    def _tokens(self) -> str:
+        bound = (
+            f"at most {compact(self.max_output_tokens)} output tokens (every answer at max_tokens)"
+        )
+        if self.mean_tokens is None:
+            return bound
+        likely = compact(self.answers * self.mean_tokens)
+        return f"about {likely} at {sig(self.mean_tokens)} tokens an answer; {bound}"
+
+    def _time(self, gpus: int) -> str:
+        bound = f"at most {duration(self.hours(gpus, self.max_tokens) * 3600)}"
+        if self.mean_tokens is None:
+            return bound
+        return f"about {duration(self.hours(gpus, self.mean_tokens) * 3600)}, {bound}"
+
+
+def answers_per_row(valid: pl.DataFrame, turns: str) -> int:
+    """How many answers the valid rows ask for: one a row for `turns: last`, one a user turn
+    for `turns: all` (every assistant turn regenerated, `regen.conversations`)."""
+    if turns != "all" or not valid.height:
+        return valid.height
+    users = pl.col("messages").list.eval(pl.element().struct.field("role") == "user").list.sum()
+    return int(valid.select(users.sum()).item())
+
+
+def measured_rate(storage: Storage) -> Rate:
+    """The fleet benchmark's per-GPU rate on the node that made a dataset: the median of its
+    healthy servers' `probe tok/s` in `report/fleet.json`."""
+    from regen.fleet.report import read_fleet_report
+
+    rows = read_fleet_report(storage)
+    if rows is None:
+        raise UserError(f"{storage.uri}: no report/fleet.json (no fleet was benchmarked there)")
+    speeds = [r.tok_s for r in rows if r.status == "healthy" and r.tok_s]
+    if not speeds:
+        raise UserError(f"{storage.uri}/report/fleet.json: no server's speed was measured")
+    median = statistics.median(speeds)
+    return Rate(median, f"the fleet benchmark's median of {len(speeds)} servers, {storage.uri}")
+
+
+def estimate(
+    config: RegenConfig,
+    rate: Rate,
+    gpus: list[int] | None = None,
+    mean_tokens: float | None = None,
+) -> Estimate:
+    """The plan's figures for `config`, read as the run reads its prompts, at `rate` on each
+    of `gpus` (default the config's servers)."""
+    from regen.prompts import load_prompts, read_options
+
+    prompts = load_prompts(config.prompts, options=read_options(config.input))
+    turns = config.regeneration.turns
+    answers = answers_per_row(prompts.valid, turns)
+    return Estimate(
+        prompts=prompts.num_valid,
+        rejected=prompts.num_rejected,
+        answers=answers,
+        turns=turns,
+        max_tokens=config.sampling.max_tokens,
+        mean_tokens=mean_tokens,
+        rate=rate,
+        gpus=gpus or [config.engine.num_servers],
+        size=bound_estimate(config, prompts.num_valid, answers),
+    )
