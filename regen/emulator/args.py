@@ -27,6 +27,9 @@ from regen.sglang_api.flags import sglang_flags
 
 DEFAULT_CONTEXT_LENGTH = 40960
 DEFAULT_MAX_RUNNING = 64
+# A 27B model's prefill on one H100-class GPU is of the order of 10K tokens/s; a cache miss on a
+# long conversation then costs its history / 10K seconds of the server's prefill.
+DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
 SPECULATIVE_MAX_RUNNING = 48  # what 0.5.23 forces with speculative decoding and no flag
 # SGLang's own defaults of the flags the emulator reads; the vendored list keeps only shapes.
 _DEFAULTS = {"host": "127.0.0.1", "port": 30000, "log_level": "info"}
@@ -86,6 +89,7 @@ class EmuArgs:
     load_s: float
     tokens_per_s: float
     time_scale: float
+    prefill_tokens_per_s: float
     seed: int
     accept_length: float
     reasoning_tokens: tuple[int, int]
@@ -141,6 +145,12 @@ def _parser() -> argparse.ArgumentParser:
     emu = p.add_argument_group("emulator")
     emu.add_argument("--emu-load-s", type=float, default=0.5, help="Simulated load time.")
     emu.add_argument("--emu-tokens-per-s", type=_positive, default=250.0)
+    emu.add_argument(
+        "--emu-prefill-tokens-per-s",
+        type=_positive,
+        default=DEFAULT_PREFILL_TOKENS_PER_S,
+        help="Simulated prefill rate of the server (uncached prompt tokens/s, one at a time).",
+    )
     emu.add_argument(
         "--emu-time-scale", type=_positive, default=1.0, help="Wall s per simulated s."
     )
@@ -221,6 +231,7 @@ def parse_args(argv: list[str]) -> EmuArgs:
         load_s=ns.emu_load_s,
         tokens_per_s=ns.emu_tokens_per_s,
         time_scale=ns.emu_time_scale,
+        prefill_tokens_per_s=ns.emu_prefill_tokens_per_s,
         seed=ns.emu_seed,
         # As 0.5.23 exports it with speculative decoding off.
         accept_length=ns.emu_accept_length if ns.speculative_algorithm else 0.0,

@@ -21,13 +21,17 @@ class Counters:
     """What was served since start; gauges are passed in when rendering."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, found in the prefix cache
     generation_tokens: int = 0
     requests: int = 0
     latency_sum: float = 0.0
     latency_buckets: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
 
-    def record(self, prompt_tokens: int, completion_tokens: int, latency_s: float) -> None:
+    def record(
+        self, prompt_tokens: int, completion_tokens: int, latency_s: float, cached_tokens: int = 0
+    ) -> None:
         self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
         self.generation_tokens += completion_tokens
         self.requests += 1
         self.latency_sum += latency_s
@@ -51,6 +55,7 @@ def render(
     gen_throughput: float,
     token_usage: float,
     accept_length: float,
+    cache_hit_rate: float = 0.0,
 ) -> str:
     """The exposition text, one sample per series, each labelled with model_name."""
     base = _labels(model)
@@ -81,6 +86,12 @@ def render(
     )
     series("sglang:token_usage", "gauge", "The token usage.", [("", base, token_usage)])
     series(
+        "sglang:cache_hit_rate",
+        "gauge",
+        "The prefix cache hit rate.",
+        [("", base, cache_hit_rate)],
+    )
+    series(
         "sglang:spec_accept_length",
         "gauge",
         "The average acceptance length of speculative decoding.",
@@ -97,6 +108,15 @@ def render(
         "counter",
         "Number of generation tokens processed.",
         [("", req, counters.generation_tokens)],
+    )
+    # A labelled counter has no sample until its first increment (prometheus_client); every
+    # hit here is the GPU's own cache, so cache_source="device" (output_streamer.py).
+    hits = [("", _labels(model, cache_source="device"), float(counters.cached_tokens))]
+    series(
+        "sglang:cached_tokens_total",
+        "counter",
+        "Number of cached prompt tokens by source (device/host/storage).",
+        hits if counters.cached_tokens else [],
     )
     cumulative = 0
     buckets: list[tuple[str, str, float]] = []

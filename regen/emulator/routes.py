@@ -185,6 +185,7 @@ class EmulatorServer:
             gen_throughput=self.scheduler.last_gen_throughput,
             token_usage=self.scheduler.token_usage,
             accept_length=self.args.accept_length,
+            cache_hit_rate=self.scheduler.cache_hit_rate,
         )
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
@@ -194,6 +195,8 @@ class EmulatorServer:
         slots = self.scheduler.slots
         if slots.running or slots.queued:
             return web.Response(status=400, text="Cache not flushed: requests are running.\n")
+        if self.scheduler.cache is not None:
+            self.scheduler.cache.clear()
         return web.Response(
             text="Cache flushed.\nPlease check backend logs for more details. (When there are "
             "running or waiting requests, the operation will not be performed.)\n"
@@ -206,7 +209,9 @@ class EmulatorServer:
             return web.json_response({"error": {"message": "invalid JSON"}}, status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": {"message": "expected an object"}}, status=400)
-        self.scheduler.abort(None if body.get("abort_all") else str(body.get("rid")))
+        # AbortReq: a missing rid is "", which is ignored unless abort_all.
+        rid = body.get("rid") or ""
+        self.scheduler.abort(None if body.get("abort_all") else str(rid))
         return web.Response(status=200)
 
     # -- generation --------------------------------------------------------------------
@@ -243,11 +248,11 @@ class EmulatorServer:
             return error_response(400, f"Duplicate request ID detected: {rid}", VALUE_ERROR)
         plan = self.model.plan(messages, min_tokens, faulty=self.faults.output_faults_on)
         try:
-            out = await self.scheduler.run(rid, plan, budget, prompt, thinking)
+            out, cached = await self.scheduler.run(rid, plan, budget, prompt_ids, thinking)
         except RequestError as err:
             return error_response(err.status, str(err), err.kind)
         latency = time.monotonic() - started
-        self.counters.record(prompt, out.completion_tokens, latency)
+        self.counters.record(prompt, out.completion_tokens, latency, cached)
         parsed: wire.Parsed
         if not self.args.reasoning_parser or not separate or plan.fault == "think-leak":
             parsed = (None, out.text)  # think-leak: as if the parser had missed the tags
@@ -258,13 +263,15 @@ class EmulatorServer:
         if body.get("stream"):
             stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await stream.prepare(request)
-            for event in wire.stream_events(rid, out, parsed, prompt, model, eos, body):
+            cache = cached if self.cache_report else None
+            for event in wire.stream_events(rid, out, parsed, prompt, model, eos, body, cache):
                 await stream.write(event)
             await stream.write_eof()
             self.faults.after_answer()
             return stream
-        meta = self._meta_info(rid, out, prompt, latency)
-        answer = wire.completion(rid, out, parsed, prompt_ids, meta, model, eos, body)
+        meta = self._meta_info(rid, out, prompt, latency, cached)
+        report = self.cache_report
+        answer = wire.completion(rid, out, parsed, prompt_ids, meta, model, eos, body, report)
         # orjson, as SGLang's ORJSONResponse: thousands of token ids per answer.
         response = web.Response(body=orjson.dumps(answer), content_type="application/json")
         await response.prepare(request)
@@ -289,8 +296,17 @@ class EmulatorServer:
             raise RequestError(f"chat template: {err}", kind=VALUE_ERROR) from None
         return self.tokenizer.encode(text)
 
-    def _meta_info(self, rid: str, out: Generation, prompt: int, latency: float) -> dict[str, Any]:
-        return wire.meta_info(rid, out, prompt, latency, self.model.eos_id, self.args.accept_length)
+    def _meta_info(
+        self, rid: str, out: Generation, prompt: int, latency: float, cached: int
+    ) -> dict[str, Any]:
+        return wire.meta_info(
+            rid, out, prompt, latency, self.model.eos_id, self.args.accept_length, cached
+        )
+
+    @property
+    def cache_report(self) -> bool:
+        """--enable-cache-report: usage.prompt_tokens_details carries cached_tokens."""
+        return bool(self.args.server_args.get("enable_cache_report"))
 
     async def generate(self, request: web.Request) -> web.Response:
         """Native /generate: raw text in, raw text out, no chat template and no parser."""
@@ -304,20 +320,21 @@ class EmulatorServer:
             if not isinstance(params, dict):
                 raise RequestError("sampling_params must be an object")
             messages = [{"role": "user", "content": text}]
-            prompt = len(self.tokenizer.encode(text))
+            prompt_ids = self.tokenizer.encode(text)
+            prompt = len(prompt_ids)
             budget = wire.token_budget(prompt, params.get("max_new_tokens"), self.context_length)
             rid = str(body.get("rid") or uuid.uuid4().hex)
             plan = self.model.plan(messages, int(params.get("min_new_tokens") or 0))
-            out = await self.scheduler.run(rid, plan, budget, prompt, thinking=False)
+            out, cached = await self.scheduler.run(rid, plan, budget, prompt_ids, thinking=False)
         except RequestError as err:
             return web.json_response({"error": {"message": str(err)}}, status=err.status)
         latency = time.monotonic() - started
-        self.counters.record(prompt, out.completion_tokens, latency)
+        self.counters.record(prompt, out.completion_tokens, latency, cached)
         return web.json_response(
             {
                 "text": out.text,
                 "output_ids": out.token_ids,
-                "meta_info": self._meta_info(rid, out, prompt, latency),
+                "meta_info": self._meta_info(rid, out, prompt, latency, cached),
             }
         )
 

@@ -17,13 +17,16 @@ from regen.emulator.args import EmuArgs
 from regen.emulator.capacity import Slots
 from regen.emulator.faults import Faults
 from regen.emulator.model import EmulatedModel, Generation, Plan
+from regen.emulator.prefix_cache import PrefixCache
 from regen.emulator.wire import RequestError
 
 log = logging.getLogger("regen.emulator")
 
 
 class Scheduler:
-    """Slots, decode time and aborts: a request holds a slot for one sleep of its decode."""
+    """Slots, prefill and decode time, the prefix cache and aborts: a request holds a slot for
+    its prefill (the uncached part of its prompt, one prefill at a time per server, as SGLang
+    prefills between decode steps) and then one sleep of its decode."""
 
     def __init__(self, args: EmuArgs, model: EmulatedModel, context_length: int) -> None:
         self.model = model
@@ -34,9 +37,19 @@ class Scheduler:
         # Per-request decode speed in simulated tokens/s, and wall seconds per token.
         self.speed = args.tokens_per_s * args.faults.slow
         self.wall_per_token = args.time_scale / self.speed
+        # The server's prefill rate (a slow GPU prefills slowly too), wall seconds per token.
+        self.wall_per_prefill_token = args.time_scale / (
+            args.prefill_tokens_per_s * args.faults.slow
+        )
+        self._prefill = asyncio.Lock()
+        capacity = args.server_args.get("max_total_tokens") or (
+            args.max_running_requests * context_length
+        )
+        self.cache = None if args.server_args.get("disable_radix_cache") else PrefixCache(capacity)
         self.last_gen_throughput = 0.0
         self.tokens_in_use = 0
         self.activity = False
+        self.cache_hit_rate = 0.0  # the last prefill's, as sglang:cache_hit_rate
         self._aborts: dict[str, asyncio.Future[bool]] = {}
 
     @property
@@ -47,46 +60,77 @@ class Scheduler:
     def in_flight(self, rid: str) -> bool:
         return rid in self._aborts
 
-    def abort(self, rid: str | None) -> None:
-        """Cut one request short (None: every one), as /abort_request does."""
-        rids = list(self._aborts) if rid is None else [rid]
+    def abort(self, rid: str | None) -> int:
+        """Cut requests short (None: every one), as /abort_request does in 0.5.23: the
+        tokenizer manager passes an abort on only for a rid it has in flight (an empty or
+        unknown rid does nothing), and the scheduler then cuts every request whose rid *starts
+        with* it (scheduler.py abort_request). Returns how many it cut."""
+        if rid is not None and rid not in self._aborts:
+            return 0
+        rids = [r for r in self._aborts if rid is None or r.startswith(rid)]
+        cut = 0
         for each in rids:
             future = self._aborts.get(each)
             if future is not None and not future.done():
                 future.set_result(True)
+                cut += 1
+        return cut
 
     async def run(
-        self, rid: str, plan: Plan, budget: int, prompt: int, thinking: bool
-    ) -> Generation:
-        """Queue for a slot, then sleep the decode time once; an abort cuts it short."""
+        self, rid: str, plan: Plan, budget: int, prompt_ids: list[int], thinking: bool
+    ) -> tuple[Generation, int]:
+        """Queue for a slot, prefill what the cache lacks, then sleep the decode time once; an
+        abort cuts it short. Returns the output and the prompt's cached tokens."""
         out = self.model.generate(plan, budget=budget, thinking=thinking)
+        prompt = len(prompt_ids)
         full = self.slots.running >= self.slots.limit
         if self.max_queued is not None and full and self.slots.queued >= self.max_queued:
             raise RequestError("The request queue is full.", 503, "ServiceUnavailableError")
         loop = asyncio.get_running_loop()
         aborted: asyncio.Future[bool] = loop.create_future()
         self._aborts[rid] = aborted
+        cached = 0
         try:
             await self.slots.acquire()
             self.activity = True
             self.tokens_in_use += prompt + out.completion_tokens
             self._note_throughput()
-            started = loop.time()
-            seconds = out.completion_tokens * self.wall_per_token
-            timer = loop.call_later(seconds, _settle, aborted, False)
             try:
-                if await aborted:
-                    done = int((loop.time() - started) / self.wall_per_token)
-                    cut = self.model.generate(plan, budget=min(done, budget), thinking=thinking)
-                    out = dataclasses.replace(cut, finish_reason="abort")
+                if not aborted.done():
+                    cached = await self._prefill_once(prompt_ids, aborted)
+                started = loop.time()
+                seconds = out.completion_tokens * self.wall_per_token
+                timer = loop.call_later(seconds, _settle, aborted, False)
+                try:
+                    if await aborted:
+                        done = int((loop.time() - started) / self.wall_per_token)
+                        cut = self.model.generate(plan, budget=min(done, budget), thinking=thinking)
+                        out = dataclasses.replace(cut, finish_reason="abort")
+                finally:
+                    timer.cancel()
+                if self.cache is not None:
+                    self.cache.insert(prompt_ids + out.token_ids)
             finally:
-                timer.cancel()
                 self.tokens_in_use -= prompt + out.completion_tokens
                 self.slots.release()
                 self._note_throughput()
         finally:
             self._aborts.pop(rid, None)
-        return out
+        return out, cached
+
+    async def _prefill_once(self, prompt_ids: list[int], aborted: asyncio.Future[bool]) -> int:
+        """Match the cache, then compute the rest, one prefill at a time per server; the
+        prompt is in the cache from then on (SGLang inserts it once prefilled)."""
+        async with self._prefill:
+            cached = self.cache.match(prompt_ids) if self.cache is not None else 0
+            prompt = len(prompt_ids)
+            self.cache_hit_rate = cached / prompt if prompt else 0.0
+            seconds = (prompt - cached) * self.wall_per_prefill_token
+            if seconds > 0 and not aborted.done():
+                await asyncio.wait([aborted], timeout=seconds)
+            if self.cache is not None:
+                self.cache.insert(prompt_ids)
+        return cached
 
     def _note_throughput(self) -> None:
         # The decode rate the running batch gives, in simulated tokens/s; kept when idle,

@@ -223,10 +223,14 @@ def token_budget(prompt: int, max_tokens: Any, context_length: int) -> int:
 # -- answers -------------------------------------------------------------------------------
 
 
-def usage(prompt: int, out: Generation) -> dict[str, Any]:
-    """SGLang's UsageInfo: reasoning tokens also in OpenAI's place, only when there are some."""
+def usage(prompt: int, out: Generation, cached: int | None = None) -> dict[str, Any]:
+    """SGLang's UsageInfo: reasoning tokens also in OpenAI's place, only when there are some;
+    `prompt_tokens_details` is `{"cached_tokens": N}` with --enable-cache-report (`cached` not
+    None), null otherwise (usage_processor.py)."""
     reasoning = out.reasoning_tokens
+    details = None if cached is None else {"cached_tokens": cached}
     return {
+        "prompt_tokens_details": details,
         "prompt_tokens": prompt,
         "completion_tokens": out.completion_tokens,
         "total_tokens": prompt + out.completion_tokens,
@@ -236,24 +240,36 @@ def usage(prompt: int, out: Generation) -> dict[str, Any]:
 
 
 def meta_info(
-    rid: str, out: Generation, prompt: int, latency: float, eos_id: int, accept_length: float
+    rid: str,
+    out: Generation,
+    prompt: int,
+    latency: float,
+    eos_id: int,
+    accept_length: float,
+    cached: int = 0,
 ) -> dict[str, Any]:
+    """tokenizer_manager's meta_info; `cached_tokens_details` only when some were cached,
+    all from the GPU's cache here (output_streamer.get_cached_tokens_details)."""
     finish: dict[str, Any] = {"type": out.finish_reason}
     if out.finish_reason == "stop":
         finish["matched"] = eos_id
     elif out.finish_reason == "length":
         finish["length"] = out.completion_tokens
-    return {
+    meta: dict[str, Any] = {
         "id": rid,
         "finish_reason": finish,
         "prompt_tokens": prompt,
         "weight_version": WEIGHT_VERSION,
+        "reasoning_tokens": out.reasoning_tokens,
         "completion_tokens": out.completion_tokens,
-        "cached_tokens": 0,
+        "cached_tokens": cached,
         "weight_versions": weight_versions(out.completion_tokens),
         "spec_accept_length": accept_length,
         "e2e_latency": latency,
     }
+    if cached:
+        meta["cached_tokens_details"] = {"device": cached, "host": 0}
+    return meta
 
 
 def weight_versions(completion_tokens: int) -> list[dict[str, Any]]:
@@ -271,6 +287,7 @@ def completion(
     model: str,
     eos_id: int,
     body: dict[str, Any],
+    cache_report: bool = False,
 ) -> dict[str, Any]:
     """A chat.completion; `meta` goes in only when the request asked for it."""
     reasoning, content = parsed
@@ -298,7 +315,7 @@ def completion(
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": {"prompt_tokens_details": None, **usage(len(prompt_ids), out)},
+        "usage": usage(len(prompt_ids), out, meta["cached_tokens"] if cache_report else None),
         # build_endpoint_weight_version_metadata: the version and its spans.
         "metadata": {
             "weight_version": WEIGHT_VERSION,
@@ -315,6 +332,7 @@ def stream_events(
     model: str,
     eos_id: int,
     body: dict[str, Any],
+    cached: int | None = None,
 ) -> list[bytes]:
     """SSE in OpenAI's chunk format: the whole output in a few chunks, then [DONE]."""
     base = {
@@ -338,7 +356,7 @@ def stream_events(
         events.append(_sse({**base, "choices": [choice]}))
     options = body.get("stream_options") or {}
     if isinstance(options, dict) and options.get("include_usage"):
-        events.append(_sse({**base, "choices": [], "usage": usage(prompt, out)}))
+        events.append(_sse({**base, "choices": [], "usage": usage(prompt, out, cached)}))
     events.append(b"data: [DONE]\n\n")
     return events
 

@@ -9,6 +9,8 @@ sglang costs are paid once per test session. Ops:
 - reasoning {text, force}: the qwen3 reasoning parser on a raw generation;
 - weight_metadata {completion_tokens, meta_info}: the response `metadata` and meta_info
   fields tokenizer_manager and serving_chat build for an output no weight update touched;
+- usage {meta_info, cache_report}: the `usage` serving_chat builds for one answer's meta_info
+  (UsageProcessor.calculate_response_usage, with or without --enable-cache-report);
 - http {body}: POST /v1/chat/completions to an app of sglang's route signature and its own
   RequestValidationError handler (http_server.py's source: the module itself needs uvicorn
   and the whole server), so an invalid body gets the status and text the server answers.
@@ -142,6 +144,13 @@ def handle(req: dict[str, Any]) -> Any:
         spans = wv.compute_weight_version_spans([], "default", n)
         wv.add_weight_versions_to_meta_info(meta, spans, num_output_tokens=n)
         return {"meta_info": meta, "metadata": wv.build_endpoint_weight_version_metadata(meta)}
+    if op == "usage":
+        from sglang.srt.entrypoints.openai.usage_processor import UsageProcessor
+
+        usage = UsageProcessor.calculate_response_usage(
+            [{"meta_info": req["meta_info"]}], enable_cache_report=req["cache_report"]
+        )
+        return usage.model_dump()
     if op == "http":
         resp = _chat_app().post(
             "/v1/chat/completions",

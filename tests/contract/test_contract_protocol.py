@@ -116,6 +116,7 @@ SERVERS = {
     "think-leak": ["--emu-time-scale", "0.01", "--emu-fault", "think-leak=1"],
     "repeat-loop": ["--emu-time-scale", "0.01", "--emu-fault", "repeat-loop=1"],
     "http500": ["--emu-time-scale", "0.01", "--emu-fault", "http500=1"],
+    "cache-report": ["--emu-time-scale", "0.01", "--enable-cache-report"],
 }
 
 
@@ -269,6 +270,28 @@ def test_weight_versions_are_sglangs(sglang: Sglang, emus: dict[str, Emu]) -> No
     meta = answer["choices"][0]["meta_info"]
     assert {k: meta[k] for k in real["meta_info"]} == real["meta_info"]
     _check(sglang, "chat", answer)
+
+
+@pytest.mark.parametrize("server", ["plain", "cache-report"])
+def test_cached_tokens_are_reported_as_sglang_reports_them(
+    sglang: Sglang, emus: dict[str, Emu], server: str
+) -> None:
+    """The same prompt twice: the second finds all but its last token in the prefix cache.
+    meta_info's cached_tokens (and its device/host split), and usage as serving_chat builds it
+    from them: prompt_tokens_details only with --enable-cache-report."""
+    body = _body(return_meta_info=True, messages=MULTI_TURN)
+    answers = [emus[server].post(body).json() for _ in range(2)]
+    for answer in answers:
+        meta = answer["choices"][0]["meta_info"]
+        real = sglang.ask("usage", meta_info=meta, cache_report=server == "cache-report")
+        assert answer["usage"] == real, (answer["usage"], real)
+        _check(sglang, "chat", answer)
+    cached = answers[1]["choices"][0]["meta_info"]["cached_tokens"]
+    assert cached == answers[1]["usage"]["prompt_tokens"] - 1
+    assert answers[1]["choices"][0]["meta_info"]["cached_tokens_details"] == {
+        "device": cached,
+        "host": 0,
+    }
 
 
 def test_every_0523_effort_is_accepted(emus: dict[str, Emu]) -> None:
