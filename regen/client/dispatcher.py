@@ -89,14 +89,20 @@ def keepalive_session(limit: int, headers: dict[str, str]) -> aiohttp.ClientSess
 class _Work:
     """One row on its way: where it lives in its shard and how it has fared."""
 
-    __slots__ = ("attempts", "avoid", "job", "pos", "sent")
+    __slots__ = (
+        "attempts", "avoid", "copies", "hedged_to", "home", "job", "pos", "sent", "settled",
+    )  # fmt: skip
 
-    def __init__(self, job: ShardJob, pos: int) -> None:
+    def __init__(self, job: ShardJob, pos: int, home: int = -1) -> None:
         self.job = job
         self.pos = pos
         self.attempts = 0
         self.sent = False  # reached a server once: counted in `sent`, however often retried
         self.avoid = -1  # the server that last failed this row
+        self.home = home  # turns=all: the server that answered this row's previous turn
+        self.copies = 0  # requests of this turn in flight: 2 while hedged
+        self.settled = False  # this turn has its answer (or its error): later answers are dropped
+        self.hedged_to = -1  # the server a hedge copy of this turn went to
 
 
 class _Server:
@@ -113,8 +119,13 @@ class _Server:
         "quarantine_reason",
         "quarantines",
         "running",
+        "samples",
+        "since",
         "slots",
+        "speed",
         "state",
+        "tokens",
+        "took",
     )
 
     def __init__(self, endpoint: Endpoint, slots: int) -> None:
@@ -122,6 +133,13 @@ class _Server:
         self.slots = slots
         self.state = ServerState.HEALTHY
         self.running: dict[asyncio.Task[None], _Work] = {}
+        self.since: dict[asyncio.Task[None], float] = {}  # when each request was sent
+        # Measured from its answers, for hedging: per-request decode speed (tokens/s) and
+        # request time (s), both EWMAs, and how many answers they rest on.
+        self.speed = 0.0
+        self.tokens = 0.0
+        self.took = 0.0
+        self.samples = 0
         self.consecutive_failures = 0
         self.last_failure = ""
         self.completed = 0
@@ -187,6 +205,8 @@ class Dispatcher:
         self._fatal: BaseException | None = None
         self._dead_timer: asyncio.TimerHandle | None = None
         self._dead_since: float | None = None
+        self._hedge_timer: asyncio.TimerHandle | None = None
+        self._side_tasks: set[asyncio.Task[None]] = set()  # aborts sent to servers
         # Counters (written in the loop thread under _lock).
         self._submitted = 0
         self._sent = 0
@@ -195,6 +215,11 @@ class Dispatcher:
         self._aborted = 0
         self._retries = 0
         self._output_tokens = 0
+        self._spare = 0  # requests in flight that no row waits on (a hedge's second copy)
+        self._hedged = 0
+        self._hedge_wins = 0
+        self._home_turns = 0
+        self._moved_turns = 0
 
     # ---- caller side (any thread) -------------------------------------------------------
 
@@ -306,7 +331,7 @@ class Dispatcher:
                 )
                 for s in self._servers
             )
-            in_flight = sum(s.in_flight for s in servers)
+            in_flight = sum(s.in_flight for s in servers) - self._spare  # rows, not copies
             queued = self._submitted - self._ok - self._failed - self._aborted - in_flight
             return DispatchStats(
                 monotonic=time.monotonic(),
@@ -320,6 +345,10 @@ class Dispatcher:
                 request_timeout_s=self._timeout.seconds,
                 servers=servers,
                 sent=self._sent,
+                hedged=self._hedged,
+                hedge_wins=self._hedge_wins,
+                home_turns=self._home_turns,
+                moved_turns=self._moved_turns,
             )
 
     # ---- loop thread ------------------------------------------------------------------
@@ -339,7 +368,12 @@ class Dispatcher:
                 server.probe.cancel()
         if self._dead_timer is not None:
             self._dead_timer.cancel()
+        if self._hedge_timer is not None:
+            self._hedge_timer.cancel()
+        for side in self._side_tasks:
+            side.cancel()
         pending = [s.probe for s in self._servers if s.probe is not None]
+        pending += list(self._side_tasks)
         await asyncio.gather(*pending, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
@@ -363,6 +397,7 @@ class Dispatcher:
                 return
             work = self._take(server)
             if work is None:
+                self._hedge()
                 return
             self._launch(work, server)
 
@@ -411,19 +446,26 @@ class Dispatcher:
         job.cursor += 1
         return _Work(job, pos)
 
-    def _launch(self, work: _Work, server: _Server) -> None:
-        work.attempts += 1
+    def _launch(self, work: _Work, server: _Server, *, hedge: bool = False) -> None:
+        """Send `work` to `server`; a hedge is a second copy of a turn in flight elsewhere,
+        under its own rid, and spends no attempt."""
+        if not hedge:
+            work.attempts += 1
         if not work.sent and work.job.turn_of(work.pos) == 1:
             work.sent = True
             with self._lock:
                 self._sent += 1
-        assert self._loop is not None
-        task = self._loop.create_task(self._attempt(work, server))
-        server.running[task] = work
-
-    async def _attempt(self, work: _Work, server: _Server) -> None:
         job, pos = work.job, work.pos
-        rid = turn_request_id(job.ids[pos], job.turn_of(pos), work.attempts)
+        rid = turn_request_id(job.ids[pos], job.turn_of(pos), work.attempts, hedge=hedge)
+        assert self._loop is not None
+        # The task is named by its rid: an abort names the request by it.
+        task = self._loop.create_task(self._attempt(work, server, rid), name=rid)
+        server.running[task] = work
+        server.since[task] = time.monotonic()
+        work.copies += 1
+
+    async def _attempt(self, work: _Work, server: _Server, rid: str) -> None:
+        job, pos = work.job, work.pos
         body = json.dumps(
             chat_request_body(
                 self._model,
@@ -460,6 +502,18 @@ class Dispatcher:
         task = asyncio.current_task()
         if server.running.pop(task, None) is None:  # type: ignore[arg-type]
             return  # quarantine or shutdown took this row back while we waited
+        server.since.pop(task, None)  # type: ignore[arg-type]
+        self._drop_copy(work)
+        if work.settled or (work.copies and (failure or unexpected or status != 200)):
+            # A hedge's other copy: the row has its answer (this one's is dropped, be it the
+            # abort's), or the copy still running decides it. A broken connection still counts
+            # against the server.
+            if failure:
+                self._count_failure(server, failure)
+            elif not unexpected and status == 200:
+                server.consecutive_failures = 0
+            self._pump()
+            return
         if failure:
             self._transport_failure(work, server, failure, latency)
         elif unexpected:
@@ -481,6 +535,11 @@ class Dispatcher:
                 return
             tokens = completion.completion_tokens or 0
             self._timeout.observe(tokens, latency)
+            self._observe(server, tokens, latency)
+            if work.copies and server.endpoint.index == work.hedged_to:
+                with self._lock:
+                    self._hedge_wins += 1  # the copy beat the straggler
+            self._settle(work)
             more = work.job.complete(
                 work.pos, completion, server.endpoint.name, work.attempts, latency
             )
@@ -490,8 +549,18 @@ class Dispatcher:
                 server.completed += 1
                 server.output_tokens += tokens
             if more:
-                # The next turn goes first: its conversation waits on nothing else.
-                self._retry.appendleft(_Work(work.job, work.pos))
+                # The next turn goes first: its conversation waits on nothing else. It stays
+                # on this server, whose radix cache holds the conversation so far, unless the
+                # server is much busier than the rest.
+                turn = _Work(work.job, work.pos, home=server.endpoint.index)
+                if self._stays_home(server):
+                    with self._lock:
+                        self._home_turns += 1
+                    self._launch(turn, server)
+                else:
+                    with self._lock:
+                        self._moved_turns += 1
+                    self._retry.appendleft(turn)
             self._forget_if_done(work.job)
         elif kind is ResponseKind.REJECTED:
             self._fail_row(work, error_message(status, raw), server, latency)
@@ -508,11 +577,15 @@ class Dispatcher:
             self._retry_or_fail(work, server, error_message(status, raw), latency)
 
     def _transport_failure(self, work: _Work, server: _Server, reason: str, latency: float) -> None:
+        self._retry_or_fail(work, server, reason, latency)
+        self._count_failure(server, reason)
+
+    def _count_failure(self, server: _Server, reason: str) -> None:
+        """A broken connection or a timeout: enough in a row quarantine the server."""
         server.consecutive_failures += 1
         server.last_failure = reason
         with self._lock:
             server.failed_attempts += 1
-        self._retry_or_fail(work, server, reason, latency)
         if server.healthy and server.consecutive_failures >= self._tuning.quarantine_after:
             self._quarantine(server)
 
@@ -529,12 +602,131 @@ class Dispatcher:
         assert self._loop is not None
         self._loop.call_later(delay * self._random.uniform(0.5, 1.5), self._requeue, work)
 
+    def _drop_copy(self, work: _Work) -> None:
+        """One request of `work` ended or was taken back; what still runs of a settled turn,
+        or beside another copy, waits on no row (`_spare`, out of `stats().in_flight`)."""
+        work.copies -= 1
+        if work.settled or work.copies:
+            with self._lock:
+                self._spare -= 1
+
+    def _settle(self, work: _Work) -> None:
+        """The turn has its answer or its error: exactly once, whatever else of it runs. The
+        copies still running are aborted on their servers and end with the abort's answer,
+        which is dropped; their slots stay counted until then."""
+        work.settled = True
+        if not work.copies:
+            return
+        with self._lock:
+            self._spare += work.copies
+        assert self._loop is not None
+        for server in self._servers:
+            for task, other in server.running.items():
+                if other is not work:
+                    continue
+                rid = task.get_name()
+                # SGLang's scheduler aborts every request whose rid starts with this one
+                # (scheduler.py abort_request): never send one that would cut another row.
+                if any(t is not task and t.get_name().startswith(rid) for t in server.running):
+                    continue
+                side = self._loop.create_task(self._send_abort(server.endpoint, rid))
+                self._side_tasks.add(side)
+                side.add_done_callback(self._side_tasks.discard)
+
+    async def _send_abort(self, endpoint: Endpoint, rid: str) -> None:
+        """POST /abort_request {"rid"}: the server frees the slot and answers the request
+        with finish_reason abort. A failed abort costs only that copy's GPU time."""
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=self._tuning.probe_timeout_s)
+        try:
+            async with self._session.post(
+                endpoint.abort_url, json={"rid": rid}, timeout=timeout
+            ) as resp:
+                await resp.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            log.info("abort of %s on %s failed: %s", rid, endpoint.name, err)
+
+    def _observe(self, server: _Server, tokens: int, latency: float) -> None:
+        """A server's measured per-request speed and request time, for hedging: moving
+        averages of its answers' tokens and seconds (a plain mean over the first 1/alpha), the
+        speed their ratio, so a request's fixed overhead weighs as little as it costs."""
+        if tokens <= 0 or latency <= 0:
+            return
+        server.samples += 1
+        alpha = max(self._tuning.speed_ewma_alpha, 1 / server.samples)
+        server.tokens += alpha * (tokens - server.tokens)
+        server.took += alpha * (latency - server.took)
+        server.speed = server.tokens / server.took
+
+    def _stays_home(self, server: _Server) -> bool:
+        """Whether a conversation's next turn stays on `server`, which answered its last:
+        healthy, a slot free, and at most `affinity_slack` of its slots busier than the
+        least loaded healthy server."""
+        t = self._tuning
+        if not t.affinity or not server.healthy or len(server.running) >= server.slots:
+            return False
+        least = min(len(s.running) for s in self._servers if s.healthy)
+        return len(server.running) - least <= t.affinity_slack * server.slots
+
+    def _hedge(self) -> None:
+        """Nothing is queued: give each free slot a copy of a straggler, a request that has
+        run `hedge_after` times its server's mean request time on a server at most
+        `hedge_slow_ratio` as fast as the free one, oldest first. Arms a timer for the next
+        request that will become one."""
+        t = self._tuning
+        if not t.hedge or self._fatal is not None:
+            return
+        if self._hedge_timer is not None:
+            self._hedge_timer.cancel()
+            self._hedge_timer = None
+        now = time.monotonic()
+        wake = float("inf")
+        free = sorted(
+            (s for s in self._servers if s.healthy and len(s.running) < s.slots),
+            key=lambda s: -s.speed,
+        )
+        for target in free:
+            if target.samples < t.hedge_min_samples:
+                continue
+            while len(target.running) < target.slots:
+                best: tuple[float, _Work] | None = None
+                for source in self._servers:
+                    if (
+                        source is target
+                        or source.samples < t.hedge_min_samples
+                        or source.speed > t.hedge_slow_ratio * target.speed
+                    ):
+                        continue
+                    due = t.hedge_after * source.took
+                    for task, work in source.running.items():
+                        if work.copies != 1 or work.settled or not work.job.is_open():
+                            continue
+                        ran = now - source.since[task]
+                        if ran < due:
+                            wake = min(wake, source.since[task] + due)
+                        elif best is None or ran > best[0]:
+                            best = (ran, work)
+                if best is None:
+                    break
+                work = best[1]
+                work.hedged_to = target.endpoint.index
+                with self._lock:
+                    self._hedged += 1
+                    self._spare += 1  # one row, now two requests
+                self._launch(work, target, hedge=True)
+        if wake < float("inf") and any(len(s.running) < s.slots for s in free):
+            assert self._loop is not None
+            self._hedge_timer = self._loop.call_at(
+                self._loop.time() + max(0.0, wake - now), self._pump
+            )
+
     def _requeue(self, work: _Work) -> None:
         if work.job.is_open() and self._fatal is None:
             self._retry.append(work)
             self._pump()
 
     def _fail_row(self, work: _Work, error: str, server: _Server, latency: float) -> None:
+        self._settle(work)
         with self._lock:
             self._failed += 1
         work.job.fail(work.pos, error, server.endpoint.name, work.attempts, latency)
@@ -552,9 +744,13 @@ class Dispatcher:
         with self._lock:
             server.quarantines += 1
             server.running.clear()
+        server.since.clear()
         for task, work in taken:
             task.cancel()
-            work.attempts -= 1  # its server failed, not the row: no attempt spent
+            self._drop_copy(work)
+            if work.settled or work.copies:
+                continue  # a hedge's other copy has the row, or has answered it
+            work.attempts = max(0, work.attempts - 1)  # its server failed, not the row
             work.avoid = server.endpoint.index
             self._retry.append(work)
         if not reason:
@@ -673,8 +869,11 @@ class Dispatcher:
         for server in self._servers:
             for task in server.running:
                 task.cancel()
+            server.since.clear()
             with self._lock:
                 server.running.clear()
+        with self._lock:
+            self._spare = 0
         pending = 0
         for job in self._open_jobs:
             pending += job.remaining

@@ -45,6 +45,13 @@ class DispatchStats:
     servers: tuple[ServerStats, ...]
     sent: int = 0
     """Rows sent to a server at least once (a row queued, never sent, is in `submitted`)."""
+    hedged: int = 0
+    """Second copies sent of a straggler (the tail's hedges); `hedge_wins` answered first."""
+    hedge_wins: int = 0
+    home_turns: int = 0
+    """turns=all: next turns sent to the server that answered the previous one, and those
+    `moved_turns` queued for the least loaded instead (the home server was too busy)."""
+    moved_turns: int = 0
 
     @property
     def done(self) -> int:

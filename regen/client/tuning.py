@@ -30,3 +30,35 @@ class DispatchTuning(BaseModel):
         default=1800.0, gt=0, description="Timeout before any completion has been measured."
     )
     speed_ewma_alpha: float = Field(default=0.05, gt=0, le=1)
+    affinity: bool = Field(
+        default=True,
+        description="turns=all: a conversation's next turn goes to the server that answered "
+        "the last one (its radix cache holds the history), within affinity_slack.",
+    )
+    affinity_slack: float = Field(
+        default=0.25,
+        ge=0,
+        description="How much busier than the least loaded healthy server the home server may "
+        "be, as a share of its slots, and still take the next turn (else the least loaded).",
+    )
+    hedge: bool = Field(
+        default=True,
+        description="Once nothing is queued, copy a straggler on a slow server to a free slot "
+        "of a faster one; the first answer is kept, the other aborted.",
+    )
+    hedge_slow_ratio: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="A server is slow for hedging when its measured per-request decode speed "
+        "is at most this share of the free server's.",
+    )
+    hedge_after: float = Field(
+        default=0.5,
+        ge=0,
+        description="A request is a straggler once it has run this multiple of its server's "
+        "mean request time.",
+    )
+    hedge_min_samples: int = Field(
+        default=8, ge=1, description="Answers a server must have given before its speed is judged."
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CHAT_PATH = "/v1/chat/completions"
+ABORT_PATH = "/abort_request"
 
 
 @dataclass(frozen=True)
@@ -26,3 +27,8 @@ class Endpoint:
     @property
     def chat_url(self) -> str:
         return self.url_of(CHAT_PATH)
+
+    @property
+    def abort_url(self) -> str:
+        """POST {"rid": ...}: SGLang aborts the requests whose rid starts with it."""
+        return self.url_of(ABORT_PATH)

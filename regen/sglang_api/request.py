@@ -20,11 +20,13 @@ def request_id(purpose: str) -> str:
     return f"regen-{purpose}-{uuid.uuid4().hex}"
 
 
-def turn_request_id(sample_id: str, turn: int, attempt: int) -> str:
+def turn_request_id(sample_id: str, turn: int, attempt: int, *, hedge: bool = False) -> str:
     """A row's rid: the sample id, `:t<turn>` after the first turn, `:retry<n>` on a retry
-    (the first try may still be running on some server, and sglang refuses a rid in flight)."""
+    (the first try may still be running on some server, and sglang refuses a rid in flight),
+    `:hedge` on a hedge's second copy (the first runs on another server)."""
     rid = sample_id if turn == 1 else f"{sample_id}:t{turn}"
-    return rid if attempt <= 1 else f"{rid}:retry{attempt - 1}"
+    rid = rid if attempt <= 1 else f"{rid}:retry{attempt - 1}"
+    return f"{rid}:hedge" if hedge else rid
 
 
 def chat_request_body(
