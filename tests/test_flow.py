@@ -164,7 +164,8 @@ def test_a_run_is_named_and_tagged_for_what_it_does(good_run: Run) -> None:
     slug = dataset_slug(good_run.config.output)
     assert set(artifacts) == {f"{kind}-{slug}" for kind in ARTIFACT_KINDS}
     audit = artifacts[f"audit-report-{slug}"].description or ""
-    assert audit == "out: audit PASS 240 rows" or audit.startswith("out: audit WARN "), audit
+    # The figure first (a card shows ~50 characters), the dataset's name last.
+    assert audit == "audit PASS 240 rows · out" or audit.startswith("audit WARN "), audit
 
 
 def test_rehearsal_reads_and_writes_s3(tmp_path: Path, moto: MotoS3) -> None:
@@ -241,7 +242,7 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run
     assert set(mine) and not set(mine) & set(good), (set(mine), set(good))
     assert all(key.endswith(dataset_slug(str(out))) for key in mine)
     assert (mine[f"audit-report-{dataset_slug(str(out))}"].description or "").startswith(
-        f"out: audit FAIL empty/trivial answers {100 * checks['empty_answer']['figure']:.3g} %"
+        f"audit FAIL empty/trivial answers {100 * checks['empty_answer']['figure']:.3g} %"
     )
 
 
