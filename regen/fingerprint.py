@@ -16,6 +16,10 @@ from typing import Any
 # a dataset made without token ids can be resumed with them (its older rows keep null ids,
 # which every reader of turns handles) instead of being refused or started over.
 NOT_FINGERPRINTED = frozenset({"regeneration.token_ids"})
+# Settings added after datasets were made, left out while at their default (no mix), so a
+# config without them keeps the fingerprint those datasets were made with and resumes them;
+# a mix is a component like any other, and a changed one is a different run.
+OMITTED_AT_DEFAULT: dict[str, Any] = {"sampling.mix": [], "regeneration.thinking_mix": {}}
 
 
 def run_fingerprint(
@@ -44,6 +48,9 @@ def run_fingerprint(
         components.update({f"{section}.{key}": value for key, value in sorted(values.items())})
     for key in NOT_FINGERPRINTED:
         components.pop(key, None)
+    for key, default in OMITTED_AT_DEFAULT.items():
+        if components.get(key, default) == default:
+            components.pop(key, None)
     canonical = json.dumps(components, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest(), components
 

@@ -6,7 +6,8 @@ included with its `reasoning_content` (null where thinking was dropped or off). 
 `reasoning_content` and `finish_reason` are those of the final turn; the token counts,
 `attempts` and `latency_s` add up every turn, and `turns` has each turn's own figures (one
 entry with `turns: last`). An error row keeps the turns that succeeded; its `error` names the
-turn that failed.
+turn that failed. `sampling` is the row's sampling setting and thinking mode, drawn from the
+configured mixes (regen.client.setting).
 """
 
 from __future__ import annotations
@@ -43,6 +44,20 @@ end-of-turn token included. Null where the server returned none (an error, an ol
 a server that does not support it); a trainer's `input_ids` and `loss_mask` come from them."""
 
 
+SAMPLING = pl.Struct(
+    {
+        "temperature": pl.Float64,
+        "top_p": pl.Float64,
+        "top_k": pl.Int64,
+        "min_p": pl.Float64,
+        "enable_thinking": pl.Boolean,
+    }
+)
+"""What the row's requests were sampled with: its draw from `sampling.mix` and
+`regeneration.thinking_mix` (the section's values without a mix), the same for every turn.
+Null on rows written before it was recorded."""
+
+
 def row_schema() -> pl.Schema:
     """Columns of a shard file; `error` is null for a completion, the reason for an error row."""
     # Annotated: mypy would infer dict[str, object] from the mix of struct, list and plain types.
@@ -62,5 +77,6 @@ def row_schema() -> pl.Schema:
         "latency_s": pl.Float64,
         "error": pl.String,
         "turns": pl.List(TURN),
+        "sampling": SAMPLING,
     }
     return pl.Schema(columns)

@@ -72,6 +72,7 @@ def _shard_rows(shard: int, n: int = 40) -> pl.DataFrame:
             "latency_s": [0.1] * n,
             "error": [None] * n,
             "turns": [[]] * n,
+            "sampling": [None] * n,
         },
         schema=row_schema(),
     )

@@ -334,6 +334,7 @@ def test_storage_row_takes_bytes_per_row_from_the_committed_shards(tmp_path: Pat
             "latency_s": [0.1] * n,
             "error": [None] * n,
             "turns": [[]] * n,
+            "sampling": [None] * n,
         },
         schema=row_schema(),
     )

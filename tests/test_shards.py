@@ -63,6 +63,7 @@ def _rows(shard: int, ids: list[str], errors: list[str | None] | None = None) ->
             "latency_s": [0.5] * n,
             "error": errors,
             "turns": [[]] * n,
+            "sampling": [None] * n,
         },
         schema=row_schema(),
     )

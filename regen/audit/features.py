@@ -9,8 +9,11 @@ from __future__ import annotations
 import polars as pl
 
 from regen.audit.thresholds import AuditConfig
+from regen.schema import SAMPLING
 
 _TEXT_COLUMNS = ["reasoning_content", "content"]
+UNRECORDED = "unrecorded"
+"""The setting of rows written before rows recorded theirs."""
 # Odd 64-bit multipliers: a rolling combination of word hashes that is order-sensitive.
 _NGRAM_MUL = 0x100000001B3
 _ROW_MUL = 0x9E3779B97F4A7C15
@@ -25,6 +28,25 @@ def normalised_answer() -> pl.Expr:
     return (
         pl.col("content").fill_null("").str.to_lowercase().str.replace_all(r"\s+", " ")
     ).str.strip_chars()
+
+
+def setting_label() -> pl.Expr:
+    """The row's sampling setting and thinking mode as one key, e.g. `temperature=0.6
+    top_p=0.95 top_k=20 min_p=0.0 thinking=on`: what the audit's figures are grouped by."""
+    s = pl.col("sampling").struct
+    thinking = pl.when(s.field("enable_thinking")).then(pl.lit("on")).otherwise(pl.lit("off"))
+    label = pl.format(
+        "temperature={} top_p={} top_k={} min_p={} thinking={}",
+        s.field("temperature"), s.field("top_p"), s.field("top_k"), s.field("min_p"), thinking,
+    )  # fmt: skip
+    return pl.when(pl.col("sampling").is_null()).then(pl.lit(UNRECORDED)).otherwise(label)
+
+
+def thinks() -> pl.Expr:
+    """Whether the row's requests asked for thinking: its recorded enable_thinking; a row
+    without a record follows the run's `regeneration.thinking` (the checks that read this are
+    skipped when that is off)."""
+    return pl.col("sampling").struct.field("enable_thinking").fill_null(True)
 
 
 def answer_tokens() -> pl.Expr:
@@ -62,6 +84,8 @@ def _row_facts(config: AuditConfig) -> list[pl.Expr]:
         pl.col("id"),
         pl.col("shard"),
         pl.col("server").fill_null("<unknown>"),
+        setting_label().alias("setting"),
+        thinks().alias("thinks"),
         (~ok).alias("is_error"),
         pl.col("error").str.slice(0, 400),  # an error example's reason; the head says why
         pl.col("finish_reason").fill_null("<none>"),
@@ -78,7 +102,8 @@ def _row_facts(config: AuditConfig) -> list[pl.Expr]:
         .when(answer_tokens() < config.min_answer_tokens)
         .then(pl.lit("short"))
         .alias("empty_answer"),
-        (ok & _blank("reasoning_content")).alias("empty_thinking"),
+        # A row drawn to thinking off has no reasoning by design.
+        (ok & thinks() & _blank("reasoning_content")).alias("empty_thinking"),
         (ok & leak).alias("think_leak"),
         (ok & truncated).alias("truncated"),
         (ok & truncated & blank_answer).alias("truncated_in_thinking"),
@@ -130,6 +155,8 @@ def repeated_share(texts: pl.Series, ngram: int, min_words: int) -> pl.Series:
 
 def collect_features(rows: pl.LazyFrame, config: AuditConfig) -> pl.DataFrame:
     """The facts frame: one row per committed row, texts dropped after each batch."""
+    if "sampling" not in rows.collect_schema():
+        rows = rows.with_columns(pl.lit(None, SAMPLING).alias("sampling"))
     batches = []
     for batch in rows.select(_row_facts(config)).collect_batches(chunk_size=config.batch_rows):
         shares = [

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from regen.audit.per_setting import worst_defect
 from regen.audit.result import Check, Example
 from regen.audit.run import row_checks
 from regen.audit.servers import server_outliers
@@ -33,11 +34,16 @@ true rate is just at the threshold: 1 most common answer of 4 rows never stops a
 empty answers of 256 do at once, and at thousands of rows the bound is the figure itself."""
 
 
-def _sampled_rows(check: str, summary: Summary) -> int | None:
+def _sampled_rows(check: str, summary: Summary, settings: AuditSettings) -> int | None:
     """The rows a check's figure is a share of, as each check counts them; None for a check
     whose figure is not a sample of the run (judged as it is)."""
     if check == "error_rows":
         return summary.rows
+    if check == "empty_thinking":
+        return summary.thinking_completions or summary.completions
+    if check == "per_setting":  # the rows of the setting whose figure it is
+        worst = worst_defect(summary.by_setting, settings.config)
+        return None if worst is None else worst.n
     if check == "loss_mask":
         return sum(summary.loss.tokens.values())
     if check == "template_parity":
@@ -159,7 +165,7 @@ def gate_decision(
         if check.name in _NOT_LIVE or check.figure is None or summary.rows < limit:
             continue
         healthy = max(0.0, check.figure - share) / (1 - share) if share < 1 else 0.0
-        sampled = _sampled_rows(check.name, summary)
+        sampled = _sampled_rows(check.name, summary, settings)
         rows = None if sampled is None else round(sampled * (1 - share))
         if check.fail is not None and shown_over(healthy, rows, check.fail):
             failing.append(_finding(check, summary.rows))

@@ -10,9 +10,15 @@ from regen.audit.thresholds import AuditConfig, Threshold
 
 
 def _flag_check(
-    name: str, title: str, summary: Summary, threshold: Threshold, detail: str
+    name: str,
+    title: str,
+    summary: Summary,
+    threshold: Threshold,
+    detail: str,
+    of: int | None = None,
 ) -> Check:
-    ok = summary.completions
+    """`of`: the completions the figure is a share of, when not all of them."""
+    ok = summary.completions if of is None else of
     if ok == 0:
         return skipped(name, title, "no completions")
     hits = summary.flags.get(name, Hits())
@@ -53,12 +59,16 @@ def empty_thinking_check(summary: Summary, config: AuditConfig, thinking: bool) 
             "3 empty thinking",
             "no reasoning stored by design (regeneration.thinking is drop or off)",
         )
+    # Over the rows that asked for thinking: none of a thinking_mix's off rows is counted.
+    # A summary made before it was counted (every row thought) reads 0: all completions.
+    of = summary.thinking_completions or summary.completions
     return _flag_check(
         "empty_thinking",
         "3 empty thinking",
         summary,
         config.empty_thinking,
         "have no reasoning although thinking was requested",
+        of=of,
     )
 
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from regen.audit.thresholds import Threshold
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, CANARY_PREFIX, key_url
-from regen.figures import count, markdown_table, pct
+from regen.figures import count, markdown_table, pct, sig
 from regen.status import Status
 
 Verdict = Literal["pass", "warn", "fail"]
@@ -59,6 +59,17 @@ class ServerRates(BaseModel):
     rates: dict[str, float]
 
 
+class SettingFigures(BaseModel):
+    """One sampling setting's rows and the rate of every graded defect (check 9b), and its
+    mean tokens per answer (reasoning: per answer that thought)."""
+
+    setting: str
+    rows: int
+    completions: int
+    rates: dict[str, float]
+    mean_tokens: dict[str, float] = Field(default_factory=dict)
+
+
 class AuditResult(BaseModel):
     """The verdict is the worst check; a skipped check neither passes nor fails."""
 
@@ -71,6 +82,8 @@ class AuditResult(BaseModel):
     histograms: dict[str, Histogram] = Field(default_factory=dict)
     finish_reasons: dict[str, int] = Field(default_factory=dict)
     servers: list[ServerRates] = Field(default_factory=list)
+    per_setting: list[SettingFigures] = Field(default_factory=list)
+    """Figures per sampling setting and thinking mode (one entry without a mix)."""
     stopped: str | None = None
     """Why the live gate stopped the run this audit closes (the rows and checks it named)."""
     gate: Gate = "final"
@@ -176,6 +189,9 @@ class AuditResult(BaseModel):
                 ),
                 numeric={"rows", *keys},
             )
+        if len(self.per_setting) > 1:
+            lines += ["", "## Per sampling setting", ""]
+            lines += setting_table(self.per_setting)
         with_examples = [c for c in ordered if c.examples]
         if with_examples:
             lines += ["", "## Examples"]
@@ -183,6 +199,67 @@ class AuditResult(BaseModel):
                 lines += ["", f"**{c.title}** ({c.status})", ""]
                 lines += [f"- `{e.id}`: {_cell(e.reason)}" for e in c.examples]
         return "\n".join(lines) + "\n"
+
+
+def setting_table(figures: list[SettingFigures]) -> list[str]:
+    """The per-setting markdown table; each setting named by what sets it apart (the keys
+    every setting shares are said once, above the table)."""
+    labels = [f.setting.split() for f in figures]
+    common = set.intersection(*(set(words) for words in labels)) if labels else set()
+    keys = sorted({k for f in figures for k in f.rates})
+    shared = " ".join(w for w in labels[0] if w in common) if labels else ""
+    lines = [f"All settings: `{shared}`.", ""] if shared else []
+    return lines + markdown_table(
+        ["setting", "rows", *keys, "mean answer tokens", "mean reasoning tokens"],
+        (
+            (
+                " ".join(w for w in words if w not in common) or f.setting,
+                f"{f.rows:,}",
+                *(pct(f.rates.get(k)) for k in keys),
+                sig(f.mean_tokens.get("completion_tokens")),
+                sig(f.mean_tokens.get("reasoning_tokens")),
+            )
+            for f, words in zip(figures, labels, strict=True)
+        ),
+        numeric={"rows", *keys, "mean answer tokens", "mean reasoning tokens"},
+    )
+
+
+FailingFigure = tuple[str, float | None, float | None, str, list[Example]]
+"""A failing check as a message names it: name, figure, fail threshold, a note after the figure
+(`(1,000 of 2,000 input rows)`) and its examples."""
+_SHOWN_IDS = 3
+
+
+def figure_lines(figures: list[FailingFigure]) -> list[str]:
+    """One line per failing check: `empty_answer 87.1 % (fail at 5.00 %), e.g. ids a, b, c`.
+    An example already named on an earlier line is not named again: the rows of a collapse
+    are empty, tiny and short-masked at once, and their ids would repeat on every line."""
+    shown: set[str] = set()
+    out = []
+    for name, figure, fail, note, examples in figures:
+        line = f"{name} {pct(figure)}{note}"
+        if fail is not None:
+            line += f" (fail at {pct(fail)})"
+        ids = [e.id for e in examples[:_SHOWN_IDS] if e.id not in shown]
+        shown.update(ids)
+        out.append(line + (f", e.g. {example_ids(ids)}" if ids else ""))
+    return out
+
+
+def short_figures(figures: list[FailingFigure]) -> str:
+    """The first failing figure and how many more: `empty_answer 87.1 % (+4 more)`."""
+    if not figures:
+        return "no check over its fail threshold"
+    name, figure, *_ = figures[0]
+    more = f" (+{len(figures) - 1} more)" if len(figures) > 1 else ""
+    return f"{name} {pct(figure)}{more}"
+
+
+def example_ids(ids: list[str]) -> str:
+    """`ids a, b`; a rejected input row's example is its line (`line 1001, line 1002`)."""
+    joined = ", ".join(ids)
+    return joined if all(i.startswith("line ") for i in ids) else f"ids {joined}"
 
 
 def verdict_of(checks: list[Check]) -> Verdict:

@@ -19,6 +19,7 @@ from regen.audit.completeness import completeness_check, error_rows_check
 from regen.audit.dataset import DatasetView, open_dataset
 from regen.audit.lengths import histograms, length_columns, quantiles, tiny_length_check
 from regen.audit.loss_mask import loss_mask_check
+from regen.audit.per_setting import setting_breakdown, setting_check
 from regen.audit.quality import (
     answer_collapse_check,
     empty_answer_check,
@@ -52,6 +53,11 @@ class StoppedRun:
     """The gate's verdict in one line: `canary gate stopped the run after 256 rows: ...`."""
     rows: pl.DataFrame
     """Rows it generated outside committed shards (the canary's): judged with the rest."""
+    headline: str = ""
+    """The stop in short: `canary gate stopped the run after 256 rows: empty_answer 87.1 %
+    (+4 more)`."""
+    checks: tuple[str, ...] = ()
+    """Its failing checks, one line each, each example id said once."""
 
 
 def run_audit(
@@ -106,6 +112,7 @@ def run_audit(
             stopped.gate,
             uncommitted.height,
         )
+        result.stop_headline, result.stop_checks = stopped.headline or None, [*stopped.checks]
         result.verdict = "fail"
     return result
 
@@ -182,6 +189,7 @@ def row_checks(summary: Summary, settings: AuditSettings) -> list[Check]:
         answer_collapse_check(summary, config),
         tiny_length_check(summary, config, columns, lengths),
         server_check(summary.servers, summary.server_examples, config, thinking),
+        setting_check(summary.by_setting, summary.setting_examples, config),
         loss_mask_check(summary.loss, config, settings.model.missing),
         template_parity_check(summary.parity, settings.model, config, len(summary.sources)),
     ]
@@ -230,4 +238,5 @@ def audit_result(
         histograms=plots,
         finish_reasons=dict(sorted(summary.finish_reasons.items())),
         servers=server_breakdown(summary.servers),
+        per_setting=setting_breakdown(summary.by_setting),
     )

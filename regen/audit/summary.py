@@ -33,6 +33,7 @@ from regen.audit.dataset import (
 from regen.audit.dataset import thinking_requested as run_thinking
 from regen.audit.features import collect_features
 from regen.audit.loss_mask import ModelTemplate, load_model_template, measure_loss_mask, stored_ids
+from regen.audit.per_setting import setting_counts, setting_examples
 from regen.audit.result import Example
 from regen.audit.servers import server_flags, server_rates
 from regen.audit.summary_model import Answers, Hits, LossFigures, ParityFigures, Summary
@@ -40,7 +41,7 @@ from regen.audit.template_parity import parity_figures
 from regen.audit.thresholds import AuditConfig
 from regen.storage import Storage
 
-SUMMARY_FORMAT = 2
+SUMMARY_FORMAT = 3
 """Raised when what a summary holds or how it is computed changes: old ones are recomputed."""
 
 LENGTH_COLUMNS = ["prompt_tokens", "reasoning_tokens", "completion_tokens", "answer_tokens"]
@@ -175,11 +176,15 @@ def audit_rows(
             ),
         ),
     }
+    # Reasoning lengths are those of the answers that thought: a row drawn to thinking off
+    # (regeneration.thinking_mix) has none by design, not a tiny one.
+    thought = ok.filter(pl.col("thinks"))
+    of = {c: thought if c == "reasoning_tokens" else ok for c in LENGTH_COLUMNS}
     tiny = {
-        c: hits(ok, pl.col(c) <= config.tiny_length_tokens, pl.format(f"{c} = {{}}", pl.col(c)))
+        c: hits(of[c], pl.col(c) <= config.tiny_length_tokens, pl.format(f"{c} = {{}}", pl.col(c)))
         for c in LENGTH_COLUMNS
     }
-    lengths = {c: _value_counts(ok[c]) for c in LENGTH_COLUMNS}
+    lengths = {c: _value_counts(of[c][c]) for c in LENGTH_COLUMNS}
     kinds = dict(ok["empty_answer"].drop_nulls().value_counts().iter_rows())
     counts = server_rates(features, config, settings.thinking)
     finish = features.group_by("finish_reason").len()
@@ -207,6 +212,9 @@ def audit_rows(
         answers=_answers(ok, turn_rows, k),
         servers={row.pop("server"): row for row in counts.iter_rows(named=True)},
         server_examples=_server_examples(features, config, settings.thinking, k),
+        thinking_completions=thought.height,
+        by_setting=setting_counts(features, ok, config, settings.thinking),
+        setting_examples=setting_examples(features, ok, config, settings.thinking, k),
         loss=LossFigures(
             turns=loss.turns,
             from_ids=loss.from_ids,
@@ -264,17 +272,8 @@ def merge(summaries: Iterable[Summary]) -> Summary:
             for n in names
         }
 
-    servers: dict[str, dict[str, int]] = {}
-    examples: dict[str, dict[str, list[str]]] = {}
-    for p in parts:
-        for server, figures in p.servers.items():
-            into = servers.setdefault(server, {})
-            for name, n in figures.items():
-                into[name] = into.get(name, 0) + n
-        for server, by_flag in p.server_examples.items():
-            into_ids = examples.setdefault(server, {})
-            for name, ids in by_flag.items():
-                into_ids[name] = (into_ids.get(name, []) + ids)[:k]
+    servers, examples = _add_keyed([(p.servers, p.server_examples) for p in parts], k)
+    by_setting, setting_ids = _add_keyed([(p.by_setting, p.setting_examples) for p in parts], k)
     # Built from validated summaries: validating the merged lists again would cost seconds.
     return Summary.model_construct(
         settings=first.settings,
@@ -294,6 +293,9 @@ def merge(summaries: Iterable[Summary]) -> Summary:
         answers=merge_answers([p.answers for p in parts], k),
         servers=dict(sorted(servers.items())),
         server_examples=examples,
+        thinking_completions=sum(p.thinking_completions for p in parts),
+        by_setting=dict(sorted(by_setting.items())),
+        setting_examples=setting_ids,
         loss=LossFigures(
             turns=sum(p.loss.turns for p in parts),
             from_ids=sum(p.loss.from_ids for p in parts),
@@ -303,6 +305,25 @@ def merge(summaries: Iterable[Summary]) -> Summary:
         ),
         parity=ParityFigures.merge([p.parity for p in parts], k),
     )
+
+
+def _add_keyed(
+    parts: list[tuple[dict[str, dict[str, int]], dict[str, dict[str, list[str]]]]], k: int
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, list[str]]]]:
+    """Counts per key (server, setting) added figure by figure, and their first `k` ids per
+    defect, in the order given."""
+    counts: dict[str, dict[str, int]] = {}
+    examples: dict[str, dict[str, list[str]]] = {}
+    for figures_by_key, ids_by_key in parts:
+        for key, figures in figures_by_key.items():
+            into = counts.setdefault(key, {})
+            for name, n in figures.items():
+                into[name] = into.get(name, 0) + n
+        for key, by_flag in ids_by_key.items():
+            into_ids = examples.setdefault(key, {})
+            for name, ids in by_flag.items():
+                into_ids[name] = (into_ids.get(name, []) + ids)[:k]
+    return counts, examples
 
 
 def merge_answers(parts: list[Answers], k: int, keep: int | None = None) -> Answers:

@@ -132,6 +132,12 @@ class Summary(BaseModel):
     answers: Answers = Field(default_factory=Answers)
     servers: dict[str, dict[str, int]] = Field(default_factory=dict)
     server_examples: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
+    thinking_completions: int = 0
+    """Completions whose row asked for thinking: the denominator of check 3."""
+    by_setting: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """Sampling setting (regen.audit.features.setting_label) -> rows, completions, defect
+    counts and token sums, as `servers` per server."""
+    setting_examples: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
     loss: LossFigures = Field(default_factory=LossFigures)
     parity: ParityFigures = Field(default_factory=ParityFigures)
 

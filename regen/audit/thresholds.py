@@ -27,7 +27,7 @@ class Threshold(BaseModel):
 RowCheck = Literal[
     "error_rows", "empty_answer", "empty_thinking", "think_leak", "truncation",
     "truncated_in_thinking", "repetition", "answer_collapse", "tiny_length", "server_outlier",
-    "loss_mask", "template_parity",
+    "per_setting", "loss_mask", "template_parity",
 ]  # fmt: skip
 
 

@@ -59,6 +59,7 @@ import aiohttp
 import polars as pl
 from pydantic import SecretStr
 
+from regen.client.setting import SettingDraw
 from regen.client.shard_job import ShardJob
 from regen.client.stats import DispatchStats, ServerState, ServerStats
 from regen.client.timeouts import RequestTimeout
@@ -179,6 +180,7 @@ class Dispatcher:
         self._model = model
         self._sampling = sampling
         self._regeneration = regeneration or RegenerationConfig()
+        self._setting = SettingDraw(sampling, self._regeneration)
         self._generation = generation
         self._tuning = tuning or DispatchTuning()
         self._reprobe = reprobe
@@ -271,6 +273,7 @@ class Dispatcher:
             turns=regen.turns,
             keep_reasoning=regen.thinking == "save",
             efforts=regen.reasoning_effort,
+            setting=self._setting,
         )
         if job.size:
             self._loop.call_soon_threadsafe(self._accept, job)
@@ -474,6 +477,7 @@ class Dispatcher:
                 rid=rid,
                 regeneration=self._regeneration,
                 reasoning_effort=job.effort(pos),
+                setting=job.setting(pos),
             )
         ).encode()
         if self._client_timeout.total != self._timeout.seconds:

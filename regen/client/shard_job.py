@@ -19,9 +19,11 @@ from typing import Any, TypedDict
 import polars as pl
 
 from regen.client.effort import pick_effort
+from regen.client.setting import SettingDraw
 from regen.config import ReasoningEffort
 from regen.conversations import Turns
-from regen.schema import OUTPUT_MESSAGE, TURN, row_schema
+from regen.schema import OUTPUT_MESSAGE, SAMPLING, TURN, row_schema
+from regen.sglang_api.request import RowSetting
 from regen.sglang_api.response import Completion
 
 _RESULT_COLUMNS = (
@@ -62,6 +64,8 @@ class ShardJob:
         "_keep_reasoning",
         "_next",
         "_records",
+        "_setting",
+        "_settings",
         "_sums",
         "cursor",
         "future",
@@ -80,6 +84,7 @@ class ShardJob:
         turns: Turns = "last",
         keep_reasoning: bool = True,
         efforts: Mapping[ReasoningEffort, float] | None = None,
+        setting: SettingDraw | None = None,
     ) -> None:
         missing = {"id", "messages"} - set(rows.columns)
         if missing:
@@ -97,6 +102,8 @@ class ShardJob:
         # thinking: drop still thinks, but nothing of it is stored.
         self._keep_reasoning = keep_reasoning
         self._efforts = dict(efforts or {})
+        self._setting = setting
+        self._settings: list[RowSetting | None] = []
         # turns=all only, per row: the conversation so far (output messages), the index of
         # the next input message, the current turn (from 1), TURN records, running sums.
         self._history: list[list[_HistoryMessage]] = []
@@ -118,6 +125,8 @@ class ShardJob:
             return
         self.ids = self._frame["id"].to_list()
         self.messages = self._frame["messages"].to_list()
+        draw = self._setting
+        self._settings = [draw(i) if draw else None for i in self.ids]
         self._columns = {name: [None] * self.size for name in (*_RESULT_COLUMNS, *_ID_COLUMNS)}
         if self._all:
             n = self.size
@@ -168,6 +177,10 @@ class ShardJob:
     def effort(self, pos: int) -> ReasoningEffort | None:
         """The `reasoning_effort` of row `pos`'s current turn (None: send none)."""
         return pick_effort(self._efforts, self.ids[pos], self.turn_of(pos))
+
+    def setting(self, pos: int) -> RowSetting | None:
+        """Row `pos`'s sampling setting and thinking mode (None: the dispatcher's own)."""
+        return self._settings[pos]
 
     def is_open(self) -> bool:
         return not self.future.done()
@@ -284,6 +297,7 @@ class ShardJob:
         self.turn = []
         self._records = []
         self._sums = []
+        self._settings = []
 
     def _result(self) -> pl.DataFrame:
         schema = row_schema()
@@ -327,7 +341,7 @@ class ShardJob:
             "latency_s",
             *_ID_COLUMNS,
         )
-        out = pl.concat([frame, results, ids], how="horizontal")
+        out = pl.concat([frame, results, ids, self._sampling_column()], how="horizontal")
         return (
             out.with_columns(
                 pl.when(pl.col("error").is_null())
@@ -357,5 +371,11 @@ class ShardJob:
                 "turns": pl.List(TURN),
             },
         )
-        out = pl.concat([built, results], how="horizontal")
+        out = pl.concat([built, results, self._sampling_column()], how="horizontal")
         return out.select(schema.names()).cast(schema)
+
+    def _sampling_column(self) -> pl.DataFrame:
+        records = [s.record() if s is not None else None for s in self._settings]
+        return pl.DataFrame(
+            {"sampling": records if self.size else []}, schema={"sampling": SAMPLING}
+        )

@@ -26,6 +26,8 @@ class TurnInput:
     prompt_token_ids: list[int] | None
     response_token_ids: list[int] | None
     """The server's own tokens where stored (null from errors and servers that return none)."""
+    enable_thinking: bool | None = None
+    """The row's recorded thinking mode (its `sampling` draw); None: the run's."""
 
     @property
     def has_ids(self) -> bool:
@@ -69,6 +71,7 @@ def turn_inputs(row: dict[str, Any], only_last: bool = False) -> list[TurnInput]
             reasoning_effort=record.get("reasoning_effort"),
             prompt_token_ids=record.get("prompt_token_ids"),
             response_token_ids=record.get("response_token_ids"),
+            enable_thinking=(row.get("sampling") or {}).get("enable_thinking"),
         )
         for j, record in pairs
     ]

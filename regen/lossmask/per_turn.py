@@ -9,7 +9,9 @@ from regen.lossmask.ids import TURN_IDS, Turns, build_samples, turn_ids
 from regen.lossmask.spans import token_ids_from_template
 from regen.lossmask.template import ChatTemplate
 
-ROW_COLUMNS = ["id", "messages", "content", "reasoning_content", "finish_reason", "error", "turns"]
+ROW_COLUMNS = [
+    "id", "messages", "content", "reasoning_content", "finish_reason", "error", "turns", "sampling",
+]  # fmt: skip
 """The row_schema columns `samples` reads; select these and no text is read twice."""
 
 
@@ -53,7 +55,9 @@ def samples(
         return build_samples(stored)
     positions: list[int] = []
     pending = []
-    for row in need.select("_row", *ROW_COLUMNS).iter_rows(named=True):
+    # A batch without `sampling` (a frame of another reader's making) renders with the run's.
+    columns = [c for c in ROW_COLUMNS if c in need.columns]
+    for row in need.select("_row", *columns).iter_rows(named=True):
         for t in turn_inputs(row, only_last=turns == "last"):
             if not t.has_ids:
                 positions.append(row["_row"])

@@ -18,8 +18,10 @@ from regen.lossmask.template import ChatTemplate
 
 
 def template_kwargs(turn: TurnInput, enable_thinking: bool) -> dict[str, Any]:
-    """What the client sent beside the messages: chat_template_kwargs and reasoning_effort."""
-    kwargs: dict[str, Any] = {"enable_thinking": enable_thinking}
+    """What the client sent beside the messages: chat_template_kwargs and reasoning_effort.
+    `enable_thinking` is the run's, for a turn whose row recorded none."""
+    thinking = enable_thinking if turn.enable_thinking is None else turn.enable_thinking
+    kwargs: dict[str, Any] = {"enable_thinking": thinking}
     if turn.reasoning_effort is not None:
         kwargs["reasoning_effort"] = turn.reasoning_effort
     return kwargs

@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pydantic import SecretStr
 
 from regen.config import RegenerationConfig, SamplingConfig
+
+
+@dataclass(frozen=True)
+class RowSetting:
+    """What one row's requests are sampled with (its draw from the config's mixes,
+    regen.client.setting); recorded on the row as the schema's `sampling` struct."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    enable_thinking: bool
+
+    def record(self) -> dict[str, float | int | bool]:
+        return asdict(self)
 
 
 def auth_headers(api_key: SecretStr) -> dict[str, str]:
@@ -37,20 +53,30 @@ def chat_request_body(
     max_tokens: int | None = None,
     regeneration: RegenerationConfig | None = None,
     reasoning_effort: str | None = None,
+    setting: RowSetting | None = None,
 ) -> dict[str, Any]:
     """`rid` is the sample id, so a request can be found in server logs and aborted by id.
 
-    `reasoning_effort` is sent only when set: a model that takes none is not asked for one."""
-    thinking = (regeneration or RegenerationConfig()).enable_thinking
+    `reasoning_effort` is sent only when set: a model that takes none is not asked for one.
+    `setting` is the row's draw from the mixes; without it, the section's values and
+    `regeneration.thinking` (probes, benches)."""
+    if setting is None:
+        setting = RowSetting(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            enable_thinking=(regeneration or RegenerationConfig()).enable_thinking,
+        )
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
         # 0.5.23 deprecates max_tokens in favour of this; both set the same limit.
         "max_completion_tokens": max_tokens if max_tokens is not None else sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "chat_template_kwargs": {"enable_thinking": thinking},
+        "temperature": setting.temperature,
+        "top_p": setting.top_p,
+        "top_k": setting.top_k,
+        "chat_template_kwargs": {"enable_thinking": setting.enable_thinking},
         "separate_reasoning": True,
         "stream": False,
     }
@@ -58,8 +84,8 @@ def chat_request_body(
         # SGLang adds prompt_token_ids and response_token_ids to the choice (not on a stream).
         # Only rows store them: probes and fleet benches, which pass no regeneration, ask none.
         body["return_token_ids"] = True
-    if sampling.min_p:
-        body["min_p"] = sampling.min_p
+    if setting.min_p:
+        body["min_p"] = setting.min_p
     if rid is not None:
         body["rid"] = rid
     if reasoning_effort is not None:
