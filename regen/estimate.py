@@ -13,6 +13,7 @@ likely figure beside it. The size is the provisioning check's estimate
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ import polars as pl
 from regen.config import RegenConfig
 from regen.diskfull import human_size
 from regen.errors import UserError
-from regen.figures import compact, duration, sig
+from regen.figures import compact, count, duration, sig
 from regen.preflight.space import OutputEstimate, bound_estimate
 from regen.storage import Storage
 
@@ -75,8 +76,9 @@ class Estimate:
         return [f"{label + ':':<{width}} {text}" for label, text in rows]
 
     def _tokens(self) -> str:
+        # Exact: a bound shown rounded (4,100M for 4,096,000,000) reads as another figure.
         bound = (
-            f"at most {compact(self.max_output_tokens)} output tokens (every answer at max_tokens)"
+            f"at most {count(self.max_output_tokens)} output tokens (every answer at max_tokens)"
         )
         if self.mean_tokens is None:
             return bound
@@ -84,10 +86,21 @@ class Estimate:
         return f"about {likely} at {sig(self.mean_tokens)} tokens an answer; {bound}"
 
     def _time(self, gpus: int) -> str:
-        bound = f"at most {duration(self.hours(gpus, self.max_tokens) * 3600)}"
+        bound = f"at most {_at_most(self.hours(gpus, self.max_tokens) * 3600)}"
         if self.mean_tokens is None:
             return bound
         return f"about {duration(self.hours(gpus, self.mean_tokens) * 3600)}, {bound}"
+
+
+def _at_most(seconds: float) -> str:
+    """A bound as `duration` words it, rounded up, never down: `at most 71.2 h` for 71.11 h
+    (to the nearest, 71.1 h would be less than the bound)."""
+    shown = duration(seconds)
+    unit = shown.rpartition(" ")[2]
+    scale = {"s": 1, "min": 60, "h": 3600}[unit]
+    step = 10 ** (math.floor(math.log10(seconds / scale)) - 2) if seconds > 0 else 1
+    up = math.ceil(round(seconds / scale / step, 6)) * step
+    return f"{sig(up)} {unit}"
 
 
 def answers_per_row(valid: pl.DataFrame, turns: str) -> int:

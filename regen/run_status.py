@@ -17,8 +17,10 @@ from typing import Any
 from regen.dataset.keys import (
     AUDIT_MARKDOWN_KEY,
     AUDIT_REPORT_KEY,
+    NODES_PREFIX,
     RUN_KEY,
     key_url,
+    parse_progress_key,
     progress_key,
 )
 from regen.errors import UserError
@@ -47,6 +49,8 @@ class RunStatus:
     committed_rows: int
     stopped: str | None
     audit: dict[str, Any] | None
+    nodes: tuple[tuple[str, ProgressSnapshot], ...] = ()
+    """A multi-node run's nodes, each with its own progress (`nodes/<node>.progress.json`)."""
 
     def lines(self) -> list[str]:
         """The status as `label: text` lines, the run's state first, figures after."""
@@ -58,7 +62,9 @@ class RunStatus:
         )
         snap = self.progress
         if snap is None:
-            rows.append(("progress", f"no progress.json yet; {committed}"))
+            # A multi-node run's progress is its nodes' (below); a single node's comes soon.
+            where = "see each node" if self.nodes else "no progress.json yet"
+            rows.append(("progress", f"{where}; {committed}"))
         else:
             rows.append(
                 ("progress", f"{snap.done:,} / {snap.total:,} rows generated "
@@ -68,11 +74,21 @@ class RunStatus:
             rows.append(self._eta(snap))
             rows.append(("live gate", self.stopped or snap.audit_line()))
             age = self.now - snap.updated_at
-            rows.append(("updated", f"{clock(snap.updated_at, self.now)}, {duration(age)} ago"))
+            ago = "just now" if age < 1 else f"{duration(age)} ago"
+            rows.append(("updated", f"{clock(snap.updated_at, self.now)}, {ago}"))
+        for name, node in self.nodes:
+            rows.append((f"node {name}", self._node(node)))
         if self.audit is not None:
             rows.append(("audit", self._audit()))
         width = max(len(label) for label, _ in rows) + 1
         return [f"{label + ':':<{width}} {text}" for label, text in rows]
+
+    def _node(self, snap: ProgressSnapshot) -> str:
+        """A node's share in one line: rows, the last minute's rate, its ETA or its end."""
+        head = f"{snap.done:,} / {snap.total:,} rows generated ({pct(snap.fraction)})"
+        if snap.ended:
+            return f"{head}; {snap.ended}"
+        return f"{head}; {compact(snap.tokens_per_s)} output tok/s; {self._eta(snap)[1]}"
 
     def _holder(self) -> str:
         record = self.lease
@@ -133,7 +149,14 @@ def read_status(storage: Storage, now: float | None = None) -> RunStatus:
 
     run = read_run(storage)
     raw = _json(storage, progress_key())
-    if not run and raw is None:
+    nodes = [
+        (node, snap)
+        for key in storage.list(NODES_PREFIX)
+        if (node := parse_progress_key(key)) is not None
+        and (found := _json(storage, key)) is not None
+        and (snap := _snapshot(found)) is not None
+    ]
+    if not run and raw is None and not nodes:
         raise NoRun(f"{storage.uri}: no run here (no {RUN_KEY} and no progress.json)")
     census = take_census(storage, run_fingerprint_of(run))
     record = read_stop_record(storage)
@@ -149,6 +172,7 @@ def read_status(storage: Storage, now: float | None = None) -> RunStatus:
         committed_rows=sum(m.rows for m in census.committed.values()),
         stopped=f"stopped: {record.gate_line()}" if record is not None else None,
         audit=_json(storage, AUDIT_REPORT_KEY),
+        nodes=tuple(nodes),
     )
 
 

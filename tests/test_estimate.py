@@ -47,7 +47,10 @@ def test_hours_on_n_gpus_from_the_plan_and_a_given_rate(
     assert code == 0, err
     assert lines["plan"] == "240 prompts (0 rejected), 240 answers, max_tokens 3,000"
     # 240 x 3,000 = 720,000 tokens at most; 240,000 at 1,000 an answer.
-    assert lines["tokens"].startswith("about 240k at 1,000 tokens an answer; at most 720k")
+    assert lines["tokens"] == (
+        "about 240k at 1,000 tokens an answer; at most 720,000 output tokens (every answer at "
+        "max_tokens)"
+    )
     assert lines["rate"] == "2,000 output tok/s per GPU (given)"
     assert lines["1 GPU"] == "about 2.00 min, at most 6.00 min"  # 720,000 / 2,000 = 360 s
     assert lines["8 GPUs"] == "about 15.0 s, at most 45.0 s"
@@ -134,3 +137,11 @@ def test_bad_rates_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFix
     assert exit_.value.code == 2
     with pytest.raises(SystemExit):
         main(["estimate", "-c", str(config), "--tok-s-per-gpu", "0"])
+
+
+def test_a_bound_is_rounded_up() -> None:
+    from regen.estimate import _at_most
+
+    # 1M answers of 4,096 tokens at 2,000 tok/s on 8 GPUs: 71.11 h, shown 71.2 h, not 71.1 h.
+    assert _at_most(1_000_000 * 4096 / 16_000) == "71.2 h"
+    assert _at_most(360.0) == "6.00 min" and _at_most(60.01) == "60.1 s"

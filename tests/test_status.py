@@ -105,6 +105,23 @@ def test_a_finished_and_a_stopped_run_say_how_they_ended(tmp_path: Path) -> None
     assert "stopped by the live gate" in "\n".join(read_status(storage, now=NOW).lines())
 
 
+def test_a_multi_node_run_shows_each_node(tmp_path: Path) -> None:
+    """Each node of a multi-node run writes its own progress; the root has none of its own."""
+    storage: Storage = LocalStorage(tmp_path / "out")
+    storage.write_bytes(progress_key("node-1"), _snapshot(total=3000, done=1500).to_json())
+    storage.write_bytes(progress_key("node-2"), _snapshot(ended="finished").to_json())
+    lines = read_status(storage, now=NOW).lines()
+    text = "\n".join(lines)
+    assert re.search(r"^progress: +see each node; 0 rows committed in 0 shards$", text, re.M)
+    assert re.search(
+        r"^node node-1: 1,500 / 3,000 rows generated \(50.0 %\); 64.3k output tok/s; "
+        r"08:40 UTC, in 41.0 min$", text, re.M,
+    ), text  # fmt: skip
+    assert re.search(
+        r"^node node-2: 3,628 / 6,000 rows generated \(60.5 %\); finished$", text, re.M
+    )
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("kind", ["local", "s3"])
 def test_status_of_a_real_rehearsal_while_it_runs_and_once_it_is_over(

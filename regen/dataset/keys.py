@@ -40,6 +40,7 @@ _MANIFEST = re.compile(r"^shards/shard-(\d{6,})\.json$")
 _DATA = re.compile(r"^shards/shard-(\d{6,})(?:\.g(\d+))?\.parquet$")
 _CLAIM = re.compile(r"^claims/shard-(\d{6,})\.(\d{9,})\.json$")
 _LEASE = re.compile(r"^lease/run\.(\d{9,})\.json$")
+_NODE_PROGRESS = re.compile(r"^nodes/(.+)\.progress\.json$")
 
 
 def key_url(root: str, key: str) -> str:
@@ -106,6 +107,12 @@ def heartbeat_key(node: str) -> str:
 def progress_key(node: str | None = None) -> str:
     """Where a run's progress is written; each node of a multi-node run has its own."""
     return f"{NODES_PREFIX}{node}.{_PROGRESS}" if node else _PROGRESS
+
+
+def parse_progress_key(key: str) -> str | None:
+    """The node of a multi-node run's progress key, or None for any other key."""
+    match = _NODE_PROGRESS.match(key)
+    return match.group(1) if match else None
 
 
 def superseded_prefix(fingerprint: str) -> str:
