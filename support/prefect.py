@@ -142,10 +142,13 @@ def prefect_server(home: Path, startup_timeout: float = 90) -> Iterator[Server]:
     api_url = f"http://127.0.0.1:{port}/api"
     log = home / "server.log"
     home.mkdir(parents=True, exist_ok=True)
+    # The UI asks port 4200 for its API unless told otherwise: its pages would load but stay
+    # empty on any other port (tools/ui_screenshots.py looks at them).
+    env = {**prefect_env(home), "PREFECT_UI_API_URL": api_url}
     with log.open("wb") as out:
         process = subprocess.Popen(
             [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=prefect_env(home),
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
