@@ -56,12 +56,19 @@ def run_fingerprint(
 
 
 def changed_components(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """`key=old, this run has new` for each differing component, in a stable order."""
+    """`key=old, this run has new` for each differing component, in a stable order. Both are
+    compared as run.json holds them (JSON: a thinking_mix's `True` key is `"true"` there)."""
+    old, new = _as_stored(old), _as_stored(new)
     changes = []
     for key in sorted(old.keys() | new.keys()):
         if old.get(key) != new.get(key):
             changes.append(f"{key}={_show(old.get(key))}, this run has {_show(new.get(key))}")
     return changes
+
+
+def _as_stored(components: dict[str, Any]) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(json.dumps(components, sort_keys=True, default=str))
+    return loaded
 
 
 def _show(value: Any) -> str:

@@ -142,9 +142,12 @@ def test_a_mix_is_part_of_the_fingerprint_and_named_when_it_changes() -> None:
     thinking = config_fingerprint(config(regeneration={"thinking_mix": {"on": 0.5, "off": 0.5}}))
     assert len({plain[0], mixed[0], changed[0], thinking[0]}) == 4
     assert [c.split("=")[0] for c in changed_components(mixed[1], changed[1])] == ["sampling.mix"]
-    assert changed_components(plain[1], thinking[1])[0].startswith(
-        "regeneration.thinking_mix=unset, this run has"
-    )
+    assert changed_components(plain[1], thinking[1]) == [
+        "regeneration.thinking_mix=unset, this run has {'false': 0.5, 'true': 0.5}"
+    ]
+    # As run.json holds them (JSON, string keys), the same mix is no change.
+    stored = json.loads(json.dumps(thinking[1]))
+    assert changed_components(stored, thinking[1]) == []
 
 
 # ---- generation against emulators -----------------------------------------------------------
