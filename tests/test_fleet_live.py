@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
@@ -162,6 +163,12 @@ def test_live_artifact_is_updated_while_a_slowed_rehearsal_runs(tmp_path: Path) 
         assert all(row[5].strip() == "2.50" for row in rows.values()), data
     running = [float(m[3]) for data in seen for m in ROW.finditer(data)]
     assert any(r > 0 for r in running), "no update saw a request running"
+    # Throughput over the run drawn in, small enough to rewrite at every scrape (regen.plots).
+    chart = re.search(r"!\[throughput\]\(data:image/png;base64,([^)]+)\)", seen[-1])
+    assert chart, seen[-1][-300:]
+    png = base64.b64decode(chart[1])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 40_000, len(png)
+    print(f"fleet-live artifact: {len(seen[-1]):,} characters, its chart {len(png):,} B PNG")
 
 
 def test_accept_length_is_missing_with_speculative_decoding_off(tmp_path: Path) -> None:
