@@ -35,10 +35,22 @@ Why this shape:
   and passes every probe. It leaves the same way, its in-flight rows re-sent to the others
   at no attempt's cost (their answers would be suspect), but it is never re-probed: it
   stays out for the run, with its reason in `stats()`.
-- Conversations (`regeneration.turns: all`). A row's next turn is queued the moment its
-  previous answer arrives, at the front of the retry queue: it goes ahead of fresh rows, so
-  a conversation never waits on other rows and slots stay full. Each turn has its own
-  attempts and rid (`<id>:t<turn>`).
+- Conversations (`regeneration.turns: all`). A row's next turn is sent the moment its
+  previous answer arrives, ahead of fresh rows, so a conversation never waits on other rows
+  and slots stay full. Each turn has its own attempts and rid (`<id>:t<turn>`).
+- Affinity. That next turn goes to the server that answered the last one, whose radix cache
+  holds the conversation (SGLang prefills only the uncached part), while it is healthy and at
+  most `affinity_slack` of its slots busier than the least loaded healthy server; else to the
+  front of the retry queue, for the least loaded. Least-loaded alone keeps a turn home only
+  while the fleet is saturated (the freed slot is the only one); as conversations thin out it
+  sends turns round the fleet (benches/affinity.py counts both).
+- Hedging the tail. Once nothing is queued, a free slot takes a second copy (rid `:hedge`)
+  of a straggler: a request that has run `hedge_after` times its server's mean request time,
+  on a server measured at most `hedge_slow_ratio` as fast as the free one (per-request
+  tokens/s of its answers). The first answer settles the turn, exactly once; the other copy
+  is aborted by rid on its server (POST /abort_request; SGLang cuts every rid the given one
+  prefixes, so none is sent that would cut another row) and its slot counts as busy until the
+  abort's answer comes back. A copy that fails while the other runs is dropped, not retried.
 """
 
 from __future__ import annotations
@@ -59,7 +71,6 @@ import aiohttp
 import polars as pl
 from pydantic import SecretStr
 
-from regen.client.setting import SettingDraw
 from regen.client.shard_job import ShardJob
 from regen.client.stats import DispatchStats, ServerState, ServerStats
 from regen.client.timeouts import RequestTimeout
@@ -180,7 +191,6 @@ class Dispatcher:
         self._model = model
         self._sampling = sampling
         self._regeneration = regeneration or RegenerationConfig()
-        self._setting = SettingDraw(sampling, self._regeneration)
         self._generation = generation
         self._tuning = tuning or DispatchTuning()
         self._reprobe = reprobe
@@ -273,7 +283,6 @@ class Dispatcher:
             turns=regen.turns,
             keep_reasoning=regen.thinking == "save",
             efforts=regen.reasoning_effort,
-            setting=self._setting,
         )
         if job.size:
             self._loop.call_soon_threadsafe(self._accept, job)
@@ -477,7 +486,6 @@ class Dispatcher:
                 rid=rid,
                 regeneration=self._regeneration,
                 reasoning_effort=job.effort(pos),
-                setting=job.setting(pos),
             )
         ).encode()
         if self._client_timeout.total != self._timeout.seconds:

@@ -54,10 +54,11 @@ class DispatchTuning(BaseModel):
         "is at most this share of the free server's.",
     )
     hedge_after: float = Field(
-        default=0.5,
+        default=0.0,
         ge=0,
-        description="A request is a straggler once it has run this multiple of its server's "
-        "mean request time.",
+        description="A request on a slow server is a straggler once it has run this multiple "
+        "of that server's mean request time (0: as soon as a faster server has a free slot "
+        "and nothing is queued, when the copy costs only an idle slot).",
     )
     hedge_min_samples: int = Field(
         default=8, ge=1, description="Answers a server must have given before its speed is judged."
