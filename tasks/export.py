@@ -30,6 +30,6 @@ def export(
     logger.info(summary.headline(options.format))
     for line in summary.notes():
         (logger.warning if line.startswith("warning") else logger.info)("export %s", line)
-    what = f"export {options.format}, {summary.counts['samples']} samples"
+    what = f"{summary.counts['samples']:,} samples · export {options.format}"
     create_table_artifact(summary.table(), **artifact(f"export-{options.format}", dataset, what))
     return summary

@@ -23,6 +23,7 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelled, Cancelling, Crashed, State
 
 from regen.config import RegenConfig
+from regen.figures import pct
 from regen.generation.run_plan import RunPlan
 from regen.generation.watch import (
     ChildState,
@@ -32,7 +33,7 @@ from regen.generation.watch import (
     outcome,
     watch,
 )
-from regen.naming import artifact
+from regen.naming import artifact, described
 from regen.nodes import NodeAssignment, NodeConfig, NodeTally
 from regen.run import OpenedRun
 
@@ -74,12 +75,17 @@ def watch_nodes(
 ) -> NodesReport:
     """Poll until every shard is committed or no node is left working; report each node."""
     progress = create_progress_artifact(
-        0.0, **artifact("multinode-progress", run.output, "share of prompts committed")
+        0.0, **artifact("multinode-progress", run.output, "0 % · waiting for the nodes")
     )
 
     def polled(tally: NodeTally) -> None:
         share = round(100.0 * tally.rows / max(1, plan.num_rows), 2)
-        update_progress_artifact(artifact_id=progress, progress=share)  # type: ignore[arg-type]
+        committed = f"{tally.rows:,} / {plan.num_rows:,} rows committed"
+        update_progress_artifact(
+            artifact_id=progress,  # type: ignore[arg-type]
+            progress=share,
+            description=described(f"{pct(share / 100)} · {committed}", run.output),
+        )
 
     ids = {node: UUID(rid) for node, rid in children.items()}
     with get_client(sync_client=True) as client:
@@ -101,7 +107,12 @@ def watch_nodes(
             outcomes.append(outcome(watched, node, str(rid), state, end))
     report = NodesReport(complete=watched.tally.complete, nodes=outcomes)
     create_markdown_artifact(
-        report.to_markdown(), **artifact("multinode-nodes", run.output, report.headline())
+        report.to_markdown(),
+        **artifact(
+            "multinode-nodes",
+            run.output,
+            f"{'complete' if report.complete else 'INCOMPLETE'} · {report.headline()}",
+        ),
     )
     logger = get_run_logger()
     for n in report.nodes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import calendar
 import re
 import shlex
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -174,3 +175,22 @@ def test_an_error_rows_example_carries_its_reason() -> None:
     assert got[0].startswith("error row: HTTP 400: This model's maximum context length is 40960")
     assert "\n" not in got[0] and len(got[0]) <= len("error row: ") + ERROR_REASON_CHARS
     assert got[1] == got[2] == "error row"
+
+
+def test_an_ended_runs_figures_are_kept_not_diluted_by_the_clock(tmp_path: Path) -> None:
+    """The fleet-live report, the summary and the flow's result read the ended snapshot at
+    different moments: its run average must not fall as the clock goes on."""
+    from regen.progress import ProgressWriter
+    from regen.storage import LocalStorage
+
+    class Source:
+        def stats(self) -> DispatchStats:
+            return _stats(time.monotonic(), 100, (400_000, 400_000))
+
+    writer = ProgressWriter(LocalStorage(tmp_path), Source(), total=100, show_bar=False)
+    time.sleep(0.05)
+    writer.end("finished")
+    first = writer.snapshot()
+    time.sleep(0.05)
+    assert writer.snapshot().tokens_per_s == first.tokens_per_s > 0
+    assert writer.snapshot().ended == "finished" and writer.snapshot().eta_s is None

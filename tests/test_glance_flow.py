@@ -35,7 +35,9 @@ def run(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Run:
 
     tmp_path = tmp_path_factory.mktemp("glance")
     path = tmp_path / "rehearsal.yaml"
-    path.write_text(yaml.safe_dump({"work_dir": str(tmp_path / "work"), "shard_size": 100}))
+    export = {"dest": str(tmp_path / "train"), "formats": ["tokenized"]}
+    settings = {"work_dir": str(tmp_path / "work"), "shard_size": 100, "export": export}
+    path.write_text(yaml.safe_dump(settings))
     config = rehearsal_config(config_path=path, out=str(tmp_path / "out"), servers=2)
     return Run(config, regenerate_completions(config, return_state=True))
 
@@ -78,6 +80,10 @@ def test_every_card_leads_with_its_figure(run: Run) -> None:
     assert described[artifact_key("audit-report", output)].startswith("audit ")
     assert described[artifact_key("fleet-report", output)] == "fleet 2/2 healthy · out"
     assert re.match(r"^[\d.]+k? tok/s · over ", described[artifact_key("throughput", output)])
+    assert (
+        described[artifact_key("export-tokenized", output)]
+        == "240 samples · export tokenized · out"
+    )
 
 
 def test_one_total_throughput_in_every_place(run: Run) -> None:

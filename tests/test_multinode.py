@@ -178,9 +178,12 @@ def test_two_nodes_write_every_id_once_as_two_subflows(cluster: Cluster) -> None
     assert storage.exists("report/audit.json"), "the parent audits the whole dataset once"
     for node in NODES:
         assert storage.exists(f"nodes/{node}.progress.json")
-    table = _artifact(cluster, run_id, "multinode-nodes", bucket).data
-    assert all(node in table for node in NODES) and "complete" in table
-    _artifact(cluster, run_id, "multinode-progress", bucket)
+    nodes = _artifact(cluster, run_id, "multinode-nodes", bucket)
+    assert all(node in nodes.data for node in NODES) and "complete" in nodes.data
+    assert (nodes.description or "").startswith("complete · "), nodes.description
+    # The card leads with its figure: the share and the rows committed, both counts the same.
+    said = _artifact(cluster, run_id, "multinode-progress", bucket).description or ""
+    assert re.match(r"^100 % · ([\d,]+) / \1 rows committed · ", said), said
     print(f"\nshards per node: {by_node}")
 
 

@@ -67,9 +67,9 @@ class RunPlan(BaseModel):
         revised = f"input revision {self.revision}: {self.changes}; " if self.changes else ""
         gone = f" ({self.removed} ids gone from the input: {self.removed_policy})"
         return (
-            f"{revised}{self.num_rows} prompts ({self.rejected} rejected) in {self.num_shards} "
-            f"shards of {self.shard_size}; {self.committed_shards} committed, "
-            f"{len(self.pending)} to generate" + (gone if self.removed else "")
+            f"{revised}{self.num_rows:,} prompts ({self.rejected:,} rejected) in "
+            f"{self.num_shards:,} shards of {self.shard_size:,}; {self.committed_shards:,} "
+            f"committed, {len(self.pending):,} to generate" + (gone if self.removed else "")
         )
 
 
