@@ -137,6 +137,19 @@ def test_thinking_off_prompt_holds_the_empty_think_block(qwen3: ChatTemplate) ->
     assert trained == ["Sure.", "<|im_end|>"]
 
 
+def test_a_row_drawn_to_thinking_off_renders_its_own_prompt(qwen3: ChatTemplate) -> None:
+    """regeneration.thinking_mix: the run thinks, this row was sent enable_thinking false
+    (its `sampling` record), so its prompt is rendered with the empty think block."""
+    off = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "enable_thinking": False}
+    row = _row(
+        "off", [{"role": "user", "content": "Hi"}], [], content="Sure.", reasoning_content=None
+    )
+    [sample] = samples(_frame({**row, "sampling": off}), template=qwen3).collect().to_dicts()
+    prompt, trained = _split(qwen3, sample)
+    assert prompt[-4:] == ["<think>", "\n\n", "</think>", "\n\n"]
+    assert trained == ["Sure.", "<|im_end|>"]
+
+
 def test_cut_off_turn_has_no_stop_token(qwen3: ChatTemplate) -> None:
     row = _row("cut", [{"role": "user", "content": "Hi"}], [_turn(1, "length")],
                content="Because.", reasoning_content="hmm")  # fmt: skip

@@ -307,3 +307,50 @@ def test_the_live_gate_asks_the_settings_own_rows_for_evidence(tmp_path: Path) -
     assert "per_setting" not in {f.check for f in calm.failing}
     many = gate_decision(audit_rows(view.scan().collect(), settings), settings, min_rows=0)
     assert "per_setting" in {f.check for f in many.failing} and many.action == "stop"
+
+
+# ---- the whole flow -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_mixed_rehearsal_records_audits_and_resumes(tmp_path: Path) -> None:
+    """The flow end to end on emulators: run.json holds the mixes, every row its draw, the
+    audit a figure per setting; the same config again resumes with nothing to generate."""
+    import yaml
+
+    from flows.regenerate import regenerate_completions
+    from regen.dataset import read_committed
+    from regen.rehearsal import rehearsal_config
+    from regen.storage import open_storage
+
+    path = tmp_path / "mix.yaml"
+    settings = {
+        "work_dir": str(tmp_path / "work"),
+        "shard_size": 120,
+        "sampling": {"mix": MIX},
+        "regeneration": {"thinking_mix": {"on": 0.5, "off": 0.5}},
+    }
+    path.write_text(yaml.safe_dump(settings))
+    out = str(tmp_path / "out")
+    config = rehearsal_config(config_path=path, out=out, servers=2)
+    state = regenerate_completions(config, return_state=True)
+    assert state.is_completed(), state.message
+    storage = open_storage(out)
+    run = json.loads(storage.read_bytes("run.json"))
+    assert run["sampling"]["mix"][1]["temperature"] == 1.0
+    assert run["regeneration"]["thinking_mix"] == {"true": 0.5, "false": 0.5}
+    rows = read_committed(storage).collect()
+    draw = SettingDraw(config.sampling, config.regeneration)
+    recorded = rows.select("id", pl.col("sampling").struct.unnest())
+    assert all(
+        {k: r[k] for k in draw(r["id"]).record()} == draw(r["id"]).record()
+        for r in recorded.iter_rows(named=True)
+    )
+    audit = json.loads(storage.read_bytes("report/audit.json"))
+    assert len(audit["per_setting"]) == 4 and sum(f["rows"] for f in audit["per_setting"]) == 240
+    check = next(c for c in audit["checks"] if c["name"] == "per_setting")
+    assert check["status"] == "pass", check
+    again = regenerate_completions(config, return_state=True)
+    assert again.is_completed(), again.message
+    assert read_committed(storage).collect()["id"].sort().equals(rows["id"].sort())
