@@ -128,6 +128,12 @@ class EngineConfig(_Section):
         default=None, description="Server API key; generated per run when empty."
     )
     reasoning_parser: str | None = "qwen3"
+    tool_call_parser: str | None = Field(
+        default=None,
+        description="SGLang's --tool-call-parser (qwen25 for Qwen3, qwen3_coder, hermes, ...): "
+        "the server then parses the calls of rows with tools into message.tool_calls; "
+        "without it a call stays text in the answer.",
+    )
     speculative: SpeculativeConfig = SpeculativeConfig()
     max_running_requests: int = Field(default=64, ge=1)
     context_length: int = Field(default=40960, ge=256)

@@ -1,9 +1,13 @@
 """What a conversation becomes before generation, by `regeneration.turns`.
 
-`last` answers the final user turn: assistant messages after it are the answer being replaced.
-`all` regenerates every assistant turn, so none of the original answers is kept: the
-conversation is its system and user messages, and the dispatcher rebuilds the assistant turns
-one by one. Ids are computed before this, on the conversation as given.
+`last` answers the conversation's last input: everything up to its last user message or tool
+result is kept as given (earlier answers and calls included), and the assistant messages after
+it are the answer being replaced. `all` regenerates every assistant turn, so none of the
+original answers is kept: the conversation is its system and user messages, its tool results,
+and the given assistant messages that call tools, kept only so that the model's own calls can
+be compared with them (regen.tools: a result is kept while the model makes the same call);
+they are never sent. The dispatcher rebuilds the assistant turns one by one. Ids are computed
+before this, on the conversation as given.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ Turns = Literal["last", "all"]
 def conversation_for(turns: Turns, messages: str = "messages") -> pl.Expr:
     """The `messages` column as generation needs it (see the module docstring)."""
     msgs = pl.col(messages)
-    is_user = pl.element().struct.field("role") == "user"
+    role = pl.element().struct.field("role")
     if turns == "all":
-        return msgs.list.eval(pl.element().filter(pl.element().struct.field("role") != "assistant"))
-    last_user = msgs.list.eval(pl.int_range(pl.len()).filter(is_user).max()).list.first()
-    return msgs.list.head(last_user + 1)
+        calls = pl.element().struct.field("tool_calls").list.len().fill_null(0) > 0
+        return msgs.list.eval(pl.element().filter((role != "assistant") | calls))
+    is_input = role.is_in(["user", "tool"])
+    last_input = msgs.list.eval(pl.int_range(pl.len()).filter(is_input).max()).list.first()
+    return msgs.list.head(last_input + 1)

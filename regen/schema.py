@@ -6,7 +6,9 @@ included with its `reasoning_content` (null where thinking was dropped or off). 
 `reasoning_content` and `finish_reason` are those of the final turn; the token counts,
 `attempts` and `latency_s` add up every turn, and `turns` has each turn's own figures (one
 entry with `turns: last`). An error row keeps the turns that succeeded; its `error` names the
-turn that failed. `sampling` is the row's sampling setting and thinking mode, drawn from the
+turn that failed. `tools` is the row's tool definitions as JSON text (regen.tools), null
+without; its messages then hold calls (`tool_calls`) and results (role `tool`,
+`tool_call_id`). `sampling` is the row's sampling setting and thinking mode, drawn from the
 configured mixes (regen.client.setting).
 """
 
@@ -14,11 +16,34 @@ from __future__ import annotations
 
 import polars as pl
 
-MESSAGE = pl.Struct({"role": pl.String, "content": pl.String})
-"""An input message: what the prompt cache holds and what is sent to a server."""
+TOOL_CALL = pl.Struct(
+    {
+        "id": pl.String,
+        "type": pl.String,
+        "function": pl.Struct({"name": pl.String, "arguments": pl.String}),
+    }
+)
+"""One tool call as OpenAI and SGLang write it; `arguments` is JSON text (regen.tools)."""
+
+MESSAGE = pl.Struct(
+    {
+        "role": pl.String,
+        "content": pl.String,
+        "tool_calls": pl.List(TOOL_CALL),
+        "tool_call_id": pl.String,
+    }
+)
+"""An input message: what the prompt cache holds and what is sent to a server. `tool_calls`
+(assistant) and `tool_call_id` (tool) are null on every other message."""
 
 OUTPUT_MESSAGE = pl.Struct(
-    {"role": pl.String, "content": pl.String, "reasoning_content": pl.String}
+    {
+        "role": pl.String,
+        "content": pl.String,
+        "reasoning_content": pl.String,
+        "tool_calls": pl.List(TOOL_CALL),
+        "tool_call_id": pl.String,
+    }
 )
 
 TURN = pl.Struct(
@@ -34,9 +59,14 @@ TURN = pl.Struct(
         "latency_s": pl.Float64,
         "prompt_token_ids": pl.List(pl.Int32),
         "response_token_ids": pl.List(pl.Int32),
+        "tool_calls": pl.List(TOOL_CALL),
+        "tool_stop": pl.String,
     }
 )
-"""One generated assistant turn; `turn` counts user turns from 1.
+"""One generated assistant turn; `turn` counts the conversation's generations from 1 (its user
+turns, where no tool is called). `tool_calls` are the calls the server parsed from it
+(`finish_reason` then `tool_calls`); `tool_stop` says why the conversation stopped after it,
+its calls differing from the given conversation's (regen.tools), null otherwise.
 
 `prompt_token_ids` and `response_token_ids` are the server's own tokens (SGLang's
 `return_token_ids`): the prompt as its chat template rendered it and the tokens it generated,
@@ -77,6 +107,7 @@ def row_schema() -> pl.Schema:
         "latency_s": pl.Float64,
         "error": pl.String,
         "turns": pl.List(TURN),
+        "tools": pl.String,
         "sampling": SAMPLING,
     }
     return pl.Schema(columns)

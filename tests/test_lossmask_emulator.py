@@ -17,6 +17,7 @@ from regen.dataset import commit_shard
 from regen.lossmask import Turns, load_template, samples
 from regen.sglang_api.endpoint import Endpoint
 from regen.storage import LocalStorage
+from regen.tools import template_tools
 from support.emulator import MODEL_DIR
 from tests.test_conversations import conversations, endpoint, regenerate
 
@@ -164,8 +165,16 @@ def test_emulator_and_audit_render_one_template_alike(tmp_path: Path) -> None:
     turn = TurnInput("r", 2, messages, {}, "stop", "high", plain, None)
     assert prompt_differences(template, [turn], enable_thinking=True) == []
     assert template.encode([template.render(messages, add_generation_prompt=True)]) == [ignored]
-    # SGLang hands the template each tool's Tool.model_dump().
-    dumped = [{**tools[0], "defer_loading": None}]
+    # SGLang hands the template each tool's Tool.model_dump() (an unset description as null,
+    # the tool's defer_loading): regen.tools.template_tools, judged in tests/contract.
+    dumped = template_tools(tools)
+    assert dumped == [
+        {
+            "type": "function",
+            "function": {"name": "lookup", "parameters": {}, "description": None},
+            "defer_loading": None,
+        }
+    ]
     text = template.render(messages, add_generation_prompt=True, tools=dumped)
     assert '"name": "lookup"' in text and "today 2" in text
     assert template.encode([text]) == [with_tools]

@@ -28,6 +28,19 @@ def _jsonl(tmp_path: Path, *lines: object, name: str = "prompts.jsonl") -> Path:
     return path
 
 
+def _chat(value: Any) -> Any:
+    """Messages as read, less the tool fields a message without tools holds as null."""
+    if isinstance(value, dict):
+        return {
+            k: _chat(v)
+            for k, v in value.items()
+            if not (k in ("tool_calls", "tool_call_id") and v is None)
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(_chat(v) for v in value)
+    return value
+
+
 def _msgs(*pairs: tuple[str, object]) -> list[dict[str, object]]:
     return [{"role": role, "content": content} for role, content in pairs]
 
@@ -48,8 +61,12 @@ REJECTS = {
     "role a number": ({"messages": [{"role": 1, "content": "x"}]}, "role must be a string"),
     "empty messages": ({"messages": []}, "messages is empty"),
     "bad role": (
+        {"messages": _msgs(("system", "s"), ("robot", "x"))},
+        "message 1: role robot is not user/system/assistant/tool",
+    ),
+    "stray tool result": (
         {"messages": _msgs(("system", "s"), ("tool", "x"))},
-        "message 1: role tool is not user/system/assistant",
+        "message 1: a tool result must follow an assistant message with tool_calls",
     ),
     "no user message": (
         {"messages": _msgs(("system", "s"), ("assistant", "a"))},
@@ -96,7 +113,7 @@ def test_prompt_rows_with_system_are_normalised_and_reject_non_strings(tmp_path:
     )
     ps = load_prompts(str(path))
     assert ps.format == "prompt"
-    assert ps.valid.get_column("messages").to_list() == [
+    assert _chat(ps.valid.get_column("messages").to_list()) == [
         _msgs(("system", "Be brief"), ("user", "Hi")),
         _msgs(("user", "Plain")),
     ]
@@ -120,7 +137,7 @@ def test_sharegpt_rows_are_normalised_to_chat_roles(tmp_path: Path) -> None:
     )
     ps = load_prompts(str(path))
     assert (ps.format, ps.num_rejected) == ("sharegpt", 0)
-    assert ps.valid.get_column("messages").to_list() == [
+    assert _chat(ps.valid.get_column("messages").to_list()) == [
         _msgs(("system", "S"), ("user", "Q"), ("assistant", "A")),
         _msgs(("user", "Hi")),
     ]
@@ -131,8 +148,8 @@ def test_sharegpt_rows_are_normalised_to_chat_roles(tmp_path: Path) -> None:
 
 SHAREGPT_REJECTS = {
     "bad from": (
-        {"conversations": _turns(("human", "q"), ("tool", "x"))},
-        "message 1: from tool is not human, gpt or system (nor user, assistant, chatgpt, bing",
+        {"conversations": _turns(("human", "q"), ("robot", "x"))},
+        "message 1: from robot is not human, gpt or system (nor user, assistant, chatgpt, bing",
     ),
     "missing from": ({"conversations": [{"value": "x"}]}, "message 0: from is missing"),
     "from a number": ({"conversations": [{"from": 3, "value": "x"}]}, "from must be a string"),
@@ -212,7 +229,7 @@ def test_a_file_mixing_formats_is_read_row_by_row(
     path = _jsonl(tmp_path, *lines)
     ps = load_prompts(str(path))
     assert (ps.formats, ps.format) == (formats, "mixed")
-    assert ps.valid.select("line", "messages").rows() == valid
+    assert _chat(ps.valid.select("line", "messages").rows()) == valid
     assert ps.rejects.select("line", "reason").rows() == rejects
     found = preview(str(path))
     assert (found.formats, found.format) == (formats, "mixed")
@@ -233,7 +250,7 @@ def test_each_format_keeps_its_own_checks_in_a_mixed_file(tmp_path: Path) -> Non
         {"id": "r", "conversations": _msgs(("user", "e")), "system": "S"},
         {"id": "u", "prompt": "f", "messages": _msgs(("user", "f"), ("assistant", "g"))},
         {"id": "x1", "messages": _msgs(("user", "h")), "system": "S"},
-        {"id": "x2", "conversations": _turns(("human", "i"), ("tool", "j"))},
+        {"id": "x2", "conversations": _turns(("human", "i"), ("robot", "j"))},
         {"id": "x3", "conversations": _turns(("human", None))},
         {"id": "x4", "messages": _msgs(("user", None))},
         {"id": "x5", "prompt": ""},
@@ -247,7 +264,7 @@ def test_each_format_keeps_its_own_checks_in_a_mixed_file(tmp_path: Path) -> Non
             pl.DataFrame(lines).write_parquet(path)
         ps = load_prompts(str(path))
         assert ps.formats == {"messages": 3, "prompt": 1, "sharegpt": 1}, path
-        assert ps.valid.select("id", "messages").rows() == [
+        assert _chat(ps.valid.select("id", "messages").rows()) == [
             ("m", _msgs(("user", "a"))),
             ("p", _msgs(("system", "S"), ("user", "b"))),
             ("s", _msgs(("system", "S"), ("user", "c"), ("assistant", "d"))),
@@ -259,8 +276,8 @@ def test_each_format_keeps_its_own_checks_in_a_mixed_file(tmp_path: Path) -> Non
             (
                 7,
                 "x2",
-                "message 1: from tool is not human, gpt or system "
-                "(nor user, assistant, chatgpt, bing, bard)",
+                "message 1: from robot is not human, gpt or system "
+                "(nor user, assistant, chatgpt, bing, bard, function_call, observation, tool)",
             ),
             (8, "x3", "message 0: value is missing or null"),
             (9, "x4", "message 0: content is missing or null"),
@@ -320,7 +337,7 @@ def test_an_ultrachat_row_is_a_messages_row_in_any_file(tmp_path: Path, first: d
     ps = load_prompts(str(path))
     other = "sharegpt" if "conversations" in first else "prompt"
     assert (ps.formats, ps.num_rejected) == ({"messages": 1, other: 1}, 0)
-    assert ps.valid.get_column("messages").to_list() == [
+    assert _chat(ps.valid.get_column("messages").to_list()) == [
         _msgs(("user", "hi")),
         ULTRACHAT_ROW["messages"],
     ]
@@ -353,7 +370,7 @@ def test_a_parquet_file_mixing_formats_is_read_row_by_row(tmp_path: Path) -> Non
     ).write_parquet(path)  # fmt: skip
     ps = load_prompts(str(path))
     assert ps.formats == {"messages": 2, "prompt": 1}
-    assert ps.valid.select("line", "messages").rows() == [
+    assert _chat(ps.valid.select("line", "messages").rows()) == [
         (1, _msgs(("user", "a"))),
         (2, _msgs(("user", "b"))),
         (3, _msgs(("user", "c"))),  # UltraChat's layout: prompt is its first user message
@@ -365,7 +382,7 @@ def test_a_parquet_file_mixing_formats_is_read_row_by_row(tmp_path: Path) -> Non
     pl.DataFrame({"id": ["s", "r", "bad"], "conversations": turns}, schema).write_parquet(path)
     ps = load_prompts(str(path))
     assert ps.formats == {"messages": 1, "sharegpt": 1}
-    assert ps.valid.select("id", "messages").rows() == [
+    assert _chat(ps.valid.select("id", "messages").rows()) == [
         ("s", _msgs(("user", "q"), ("assistant", "a"))),
         ("r", _msgs(("user", "r"))),
     ]
@@ -374,7 +391,7 @@ def test_a_parquet_file_mixing_formats_is_read_row_by_row(tmp_path: Path) -> Non
             3,
             "bad",
             "message 0: from bot is not human, gpt or system "
-            "(nor user, assistant, chatgpt, bing, bard)",
+            "(nor user, assistant, chatgpt, bing, bard, function_call, observation, tool)",
         )
     ]
     # A messages and a {role, content} conversations column: a row with both is one bad row.
@@ -384,7 +401,10 @@ def test_a_parquet_file_mixing_formats_is_read_row_by_row(tmp_path: Path) -> Non
     ).write_parquet(path)  # fmt: skip
     ps = load_prompts(str(path))
     assert ps.format == "messages" and ps.formats == {"messages": 2}
-    assert ps.valid.get_column("messages").to_list() == [_msgs(("user", "m")), _msgs(("user", "c"))]
+    assert _chat(ps.valid.get_column("messages").to_list()) == [
+        _msgs(("user", "m")),
+        _msgs(("user", "c")),
+    ]
     assert ps.rejects.select("line", "reason").rows() == [
         (3, "has both conversations and messages")
     ]
@@ -406,7 +426,7 @@ def test_sharegpt_speaker_aliases_and_system_key(tmp_path: Path) -> None:
     )
     ps = load_prompts(str(path))
     assert (ps.format, ps.num_rejected) == ("sharegpt", 0)
-    assert ps.valid.get_column("messages").to_list() == [
+    assert _chat(ps.valid.get_column("messages").to_list()) == [
         _msgs(("user", "Q"), ("assistant", "A"), ("user", "Q2"), ("assistant", "B")),
         _msgs(("user", "Q"), ("assistant", "A"), ("user", "Q3")),
         _msgs(("system", "Be brief"), ("user", "Q"), ("assistant", "A")),
@@ -416,7 +436,7 @@ def test_sharegpt_speaker_aliases_and_system_key(tmp_path: Path) -> None:
 SPECFORGE_ROWS = [
     {"id": "s1", "conversations": _msgs(("system", "S"), ("user", "Q"), ("assistant", "A"))},
     {"id": "s2", "conversations": _msgs(("user", "Hi"))},
-    {"id": "s3", "conversations": _msgs(("user", "Q"), ("tool", "x"))},
+    {"id": "s3", "conversations": _msgs(("user", "Q"), ("robot", "x"))},
 ]
 
 
@@ -432,7 +452,7 @@ def test_system_key_beside_conversations(tmp_path: Path) -> None:
         if path.suffix == ".parquet":
             pl.DataFrame(rows).write_parquet(path)
         ps = load_prompts(str(path))
-        assert ps.valid.select("id", "messages").rows() == [
+        assert _chat(ps.valid.select("id", "messages").rows()) == [
             ("r", _msgs(("system", "S"), ("user", "q"))),
             ("b", _msgs(("user", "q"))),
         ]
@@ -441,7 +461,7 @@ def test_system_key_beside_conversations(tmp_path: Path) -> None:
         ]
     blank = {"conversations": _turns(("human", "q")), "system": ""}
     ps = load_prompts(str(_jsonl(tmp_path, blank, name="blank.jsonl")))
-    assert ps.valid.get_column("messages").to_list() == [_msgs(("user", "q"))]
+    assert _chat(ps.valid.get_column("messages").to_list()) == [_msgs(("user", "q"))]
 
 
 def test_role_content_conversations_read_as_messages(tmp_path: Path) -> None:
@@ -452,11 +472,13 @@ def test_role_content_conversations_read_as_messages(tmp_path: Path) -> None:
         ps = load_prompts(str(path))
         assert ps.format == "messages"
         assert ps.valid.get_column("id").to_list() == ["s1", "s2"]
-        assert ps.valid.get_column("messages").to_list() == [
+        assert _chat(ps.valid.get_column("messages").to_list()) == [
             SPECFORGE_ROWS[0]["conversations"],
             SPECFORGE_ROWS[1]["conversations"],
         ]
-        assert ps.rejects.rows() == [(3, "s3", "message 1: role tool is not user/system/assistant")]
+        assert ps.rejects.rows() == [
+            (3, "s3", "message 1: role robot is not user/system/assistant/tool")
+        ]
     # The same chat as a messages row hashes to the same id.
     plain = _jsonl(tmp_path, {"messages": _msgs(("user", "Hi"))}, name="m.jsonl")
     as_turns = _jsonl(tmp_path, {"conversations": _msgs(("user", "Hi"))}, name="c.jsonl")
@@ -475,7 +497,7 @@ def test_ultrachat_prompt_beside_messages(tmp_path: Path) -> None:
     pl.DataFrame(rows).write_parquet(path)
     ps = load_prompts(str(path))
     assert ps.format == "messages"
-    assert ps.valid.get_column("messages").to_list() == [chat, _msgs(("user", "Q"))]
+    assert _chat(ps.valid.get_column("messages").to_list()) == [chat, _msgs(("user", "Q"))]
     assert ps.rejects.rows() == [
         (3, None, "has both messages and prompt (and prompt is not its first user message)")
     ]
@@ -485,7 +507,7 @@ def test_conversation_may_end_with_the_assistant(tmp_path: Path) -> None:
     row = {"messages": _msgs(("user", "q"), ("assistant", "old answer"))}
     ps = load_prompts(str(_jsonl(tmp_path, row)))
     assert ps.num_rejected == 0
-    assert ps.valid.get_column("messages").to_list() == [row["messages"]]
+    assert _chat(ps.valid.get_column("messages").to_list()) == [row["messages"]]
 
 
 def test_parquet_conversations_column(tmp_path: Path) -> None:
@@ -495,12 +517,14 @@ def test_parquet_conversations_column(tmp_path: Path) -> None:
     ).write_parquet(path)
     ps = load_prompts(str(path))
     assert ps.format == "sharegpt"
-    assert ps.valid.get_column("messages").to_list() == [_msgs(("user", "q"), ("assistant", "a"))]
+    assert _chat(ps.valid.get_column("messages").to_list()) == [
+        _msgs(("user", "q"), ("assistant", "a"))
+    ]
     assert ps.rejects.select("line", "reason").rows() == [
         (
             2,
             "message 0: from bot is not human, gpt or system "
-            "(nor user, assistant, chatgpt, bing, bard)",
+            "(nor user, assistant, chatgpt, bing, bard, function_call, observation, tool)",
         )
     ]
     pl.DataFrame({"conversations": [["a"]]}).write_parquet(path)
@@ -540,7 +564,7 @@ def test_bom_crlf_and_blank_lines_keep_line_numbers(tmp_path: Path) -> None:
     path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(rows).encode())
     ps = load_prompts(str(path))
     assert ps.valid.get_column("line").to_list() == [1, 5]
-    assert ps.valid.get_column("messages")[0].to_list() == GOOD["messages"]
+    assert _chat(ps.valid.get_column("messages")[0].to_list()) == GOOD["messages"]
     assert ps.rejects.select("line", "reason").rows() == [(4, "not valid JSON")]
 
 
@@ -600,7 +624,7 @@ def test_parquet_messages_and_prompt_inputs(tmp_path: Path) -> None:
     pl.DataFrame({"prompt": ["hi", "hi"], "system": [None, "sys"]}).write_parquet(path2)
     ps2 = load_prompts(str(path2))
     assert ps2.format == "prompt"
-    assert ps2.valid.get_column("messages").to_list() == [
+    assert _chat(ps2.valid.get_column("messages").to_list()) == [
         _msgs(("user", "hi")),
         _msgs(("system", "sys"), ("user", "hi")),
     ]

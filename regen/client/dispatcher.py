@@ -71,6 +71,7 @@ import aiohttp
 import polars as pl
 from pydantic import SecretStr
 
+from regen.client.setting import SettingDraw
 from regen.client.shard_job import ShardJob
 from regen.client.stats import DispatchStats, ServerState, ServerStats
 from regen.client.timeouts import RequestTimeout
@@ -191,6 +192,7 @@ class Dispatcher:
         self._model = model
         self._sampling = sampling
         self._regeneration = regeneration or RegenerationConfig()
+        self._setting = SettingDraw(sampling, self._regeneration)
         self._generation = generation
         self._tuning = tuning or DispatchTuning()
         self._reprobe = reprobe
@@ -283,6 +285,7 @@ class Dispatcher:
             turns=regen.turns,
             keep_reasoning=regen.thinking == "save",
             efforts=regen.reasoning_effort,
+            setting=self._setting,
         )
         if job.size:
             self._loop.call_soon_threadsafe(self._accept, job)
@@ -486,6 +489,8 @@ class Dispatcher:
                 rid=rid,
                 regeneration=self._regeneration,
                 reasoning_effort=job.effort(pos),
+                setting=job.setting(pos),
+                tools=job.tools(pos),
             )
         ).encode()
         if self._client_timeout.total != self._timeout.seconds:

@@ -13,6 +13,7 @@ per-turn records are kept (see `regen.schema` for what the finished row holds).
 from __future__ import annotations
 
 import concurrent.futures
+import json
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
@@ -22,9 +23,10 @@ from regen.client.effort import pick_effort
 from regen.client.setting import SettingDraw
 from regen.config import ReasoningEffort
 from regen.conversations import Turns
-from regen.schema import OUTPUT_MESSAGE, SAMPLING, TURN, row_schema
+from regen.schema import OUTPUT_MESSAGE, SAMPLING, TOOL_CALL, TURN, row_schema
 from regen.sglang_api.request import RowSetting
 from regen.sglang_api.response import Completion
+from regen.tools import divergence, result_ids, sent_messages
 
 _RESULT_COLUMNS = (
     "content",
@@ -45,11 +47,14 @@ _ID_COLUMNS = ("prompt_token_ids", "response_token_ids")
 
 class _HistoryMessage(TypedDict):
     """One message of a turns=all conversation, shaped as `OUTPUT_MESSAGE`: only answers
-    carry reasoning, so `content` is always text while `reasoning_content` may be None."""
+    carry reasoning, so `content` is always text while `reasoning_content` may be None; only
+    calls carry `tool_calls`, only results `tool_call_id`."""
 
     role: str
     content: str
     reasoning_content: str | None
+    tool_calls: list[dict[str, Any]] | None
+    tool_call_id: str | None
 
 
 class ShardJob:
@@ -67,6 +72,7 @@ class ShardJob:
         "_setting",
         "_settings",
         "_sums",
+        "_tools",
         "cursor",
         "future",
         "ids",
@@ -90,13 +96,15 @@ class ShardJob:
         if missing:
             raise ValueError(f"shard {shard}: rows lack column(s) {sorted(missing)}")
         self.shard = shard
-        self._frame = rows.select("id", "messages")
+        # `tools` (regen.tools: JSON text per row) is absent from frames of older callers.
+        self._frame = rows.select("id", "messages", *(["tools"] if "tools" in rows.columns else []))
+        self._tools: list[list[dict[str, Any]] | None] = []
         self.future: concurrent.futures.Future[pl.DataFrame] = concurrent.futures.Future()
         self.future.set_running_or_notify_cancel()
         self.remaining = rows.height
         self.cursor = 0
         self.ids: list[str] = []
-        self.messages: list[list[dict[str, str]]] = []
+        self.messages: list[list[dict[str, Any]]] = []
         self._columns: dict[str, list[Any]] = {}
         self._all = turns == "all"
         # thinking: drop still thinks, but nothing of it is stored.
@@ -125,13 +133,21 @@ class ShardJob:
             return
         self.ids = self._frame["id"].to_list()
         self.messages = self._frame["messages"].to_list()
+        tools = self._frame["tools"].to_list() if "tools" in self._frame.columns else []
+        self._tools = [json.loads(t) if t else None for t in tools] or [None] * self.size
         draw = self._setting
         self._settings = [draw(i) if draw else None for i in self.ids]
-        self._columns = {name: [None] * self.size for name in (*_RESULT_COLUMNS, *_ID_COLUMNS)}
+        self._columns = {
+            name: [None] * self.size for name in (*_RESULT_COLUMNS, *_ID_COLUMNS, "tool_calls")
+        }
         if self._all:
             n = self.size
-            # Defensive: the original answers are stripped upstream, never sent if not.
-            self.messages = [[m for m in ms if m["role"] != "assistant"] for ms in self.messages]
+            # Defensive: the original answers are stripped upstream, never sent if not; the
+            # given calls stay, to be compared with the model's (regen.tools), never sent.
+            self.messages = [
+                [m for m in ms if m["role"] != "assistant" or m.get("tool_calls")]
+                for ms in self.messages
+            ]
             self._history = [[] for _ in range(n)]
             self._next = [0] * n
             self.turn = [0] * n
@@ -156,10 +172,7 @@ class ShardJob:
         if end >= len(inputs) and self.turn[pos] > 0:
             return False  # only trailing non-user messages: nothing more to answer
         end = min(end + 1, len(inputs))
-        self._history[pos].extend(
-            {"role": m["role"], "content": m["content"], "reasoning_content": None}
-            for m in inputs[start:end]
-        )
+        self._history[pos].extend(_as_history(m) for m in inputs[start:end])
         self._next[pos] = end
         self.turn[pos] += 1
         return True
@@ -167,9 +180,12 @@ class ShardJob:
     def prompt(self, pos: int) -> list[dict[str, str]]:
         """What the next request of row `pos` sends: earlier answers without their reasoning,
         as the chat template takes no earlier reasoning."""
-        if not self._all:
-            return self.messages[pos]
-        return [{"role": m["role"], "content": m["content"]} for m in self._history[pos]]
+        history: list[Any] = self._history[pos] if self._all else self.messages[pos]
+        return sent_messages(history)
+
+    def tools(self, pos: int) -> list[dict[str, Any]] | None:
+        """Row `pos`'s tools, sent with each of its requests (None: it has none)."""
+        return self._tools[pos] if self._tools else None
 
     def turn_of(self, pos: int) -> int:
         return self.turn[pos] if self._all else 1
@@ -210,13 +226,21 @@ class ShardJob:
                     "latency_s": latency_s,
                     "prompt_token_ids": completion.prompt_token_ids,
                     "response_token_ids": response_ids,
+                    "tool_calls": completion.tool_calls,
+                    "tool_stop": None,
                 }
             )
             self._history[pos].append(
-                {"role": "assistant", "content": completion.content, "reasoning_content": reasoning}
+                {
+                    "role": "assistant",
+                    "content": completion.content,
+                    "reasoning_content": reasoning,
+                    "tool_calls": completion.tool_calls,
+                    "tool_call_id": None,
+                }
             )
             sums = self._add(pos, attempts, latency_s, completion)
-            if self._advance(pos):
+            if self._next_step(pos, completion.tool_calls):
                 return True
             prompt_tokens = sums["prompt_tokens"]
             completion_tokens = sums["completion_tokens"]
@@ -231,8 +255,37 @@ class ShardJob:
         c["model"][pos] = completion.model
         c["prompt_token_ids"][pos] = completion.prompt_token_ids
         c["response_token_ids"][pos] = response_ids
+        c["tool_calls"][pos] = completion.tool_calls
         self._finish(pos, server, attempts, latency_s, None)
         return False
+
+    def _next_step(self, pos: int, calls: list[dict[str, Any]] | None) -> bool:
+        """After a generated turn: True when the row has another turn to send.
+
+        Where the model called tools or the given conversation did, the rule of regen.tools
+        decides: the same calls keep the given results (paired with the model's call ids)
+        and the model goes on from them; other calls stop the conversation here, the turn
+        recording why. Otherwise the next user turn follows, if there is one."""
+        inputs, at = self.messages[pos], self._next[pos]
+        given = inputs[at] if at < len(inputs) and inputs[at]["role"] == "assistant" else None
+        if not calls and given is None:
+            return self._advance(pos)
+        why = divergence(calls, given["tool_calls"] if given else None)
+        if why is not None or given is None or not calls:
+            self._records[pos][-1]["tool_stop"] = why
+            return False
+        end = at + 1
+        while end < len(inputs) and inputs[end]["role"] == "tool":
+            end += 1
+        results = inputs[at + 1 : end]
+        ids = result_ids(results, given["tool_calls"], calls)
+        self._history[pos].extend(
+            {**_as_history(m), "tool_call_id": call_id}
+            for m, call_id in zip(results, ids, strict=True)
+        )
+        self._next[pos] = end
+        self.turn[pos] += 1
+        return True
 
     def _add(
         self, pos: int, attempts: int, latency_s: float | None, completion: Completion | None
@@ -297,6 +350,7 @@ class ShardJob:
         self.turn = []
         self._records = []
         self._sums = []
+        self._tools = []
         self._settings = []
 
     def _result(self) -> pl.DataFrame:
@@ -312,16 +366,23 @@ class ShardJob:
             {name: self._columns[name] for name in _ID_COLUMNS},
             schema=dict.fromkeys(_ID_COLUMNS, pl.List(pl.Int32)),
             strict=False,
+        ).with_columns(
+            pl.Series("tool_calls", self._columns["tool_calls"], pl.List(TOOL_CALL), strict=False),
+            pl.lit(None, pl.String).alias("tool_stop"),
         )
+        message = pl.element().struct
         frame = self._frame.with_columns(
             pl.lit(self.shard, pl.Int64).alias("shard"),
             pl.col("messages").list.eval(
                 pl.struct(
-                    pl.element().struct.field("role"),
-                    pl.element().struct.field("content"),
+                    message.field("role"),
+                    message.field("content"),
                     pl.lit(None, pl.String).alias("reasoning_content"),
+                    message.field("tool_calls"),
+                    message.field("tool_call_id"),
                 )
             ),
+            *([] if "tools" in self._frame.columns else [pl.lit(None, pl.String).alias("tools")]),
         )
         turn = pl.struct(
             pl.col("messages")
@@ -340,6 +401,8 @@ class ShardJob:
             "attempts",
             "latency_s",
             *_ID_COLUMNS,
+            "tool_calls",
+            "tool_stop",
         )
         out = pl.concat([frame, results, ids, self._sampling_column()], how="horizontal")
         return (
@@ -363,12 +426,16 @@ class ShardJob:
                 "shard": [self.shard] * self.size,
                 "messages": self._history if self.size else [],
                 "turns": self._records if self.size else [],
+                "tools": (
+                    self._frame["tools"] if "tools" in self._frame.columns else [None] * self.size
+                ),
             },
             schema={
                 "id": pl.String,
                 "shard": pl.Int64,
                 "messages": pl.List(OUTPUT_MESSAGE),
                 "turns": pl.List(TURN),
+                "tools": pl.String,
             },
         )
         out = pl.concat([built, results, self._sampling_column()], how="horizontal")
@@ -379,3 +446,14 @@ class ShardJob:
         return pl.DataFrame(
             {"sampling": records if self.size else []}, schema={"sampling": SAMPLING}
         )
+
+
+def _as_history(message: dict[str, Any]) -> _HistoryMessage:
+    """An input message as the conversation's history holds it."""
+    return {
+        "role": message["role"],
+        "content": message["content"],
+        "reasoning_content": None,
+        "tool_calls": message.get("tool_calls"),
+        "tool_call_id": message.get("tool_call_id"),
+    }

@@ -92,7 +92,17 @@ def content_hash(rows: pl.DataFrame, messages: str = "messages") -> pl.Series:
     and polars version, unlike `Expr.hash` (so hashed in Python, `_HASH_ROWS` at a time)."""
 
     def digest(part: pl.DataFrame) -> list[str]:
-        texts = part.select(pl.struct(messages).struct.json_encode()).to_series()
+        # A message's tool fields are left out where null (a quoted key cannot occur inside
+        # encoded text, whose quotes are escaped), so a row without tools hashes as it did
+        # before messages had them; a row's tools are part of its content.
+        text = pl.struct(messages).struct.json_encode()
+        for key in ("tool_calls", "tool_call_id"):
+            text = text.str.replace_all(f',"{key}":null', "", literal=True)
+        if "tools" in part.columns:
+            text = text + pl.when(pl.col("tools").is_not_null()).then(
+                "\ttools:" + pl.col("tools")
+            ).otherwise(pl.lit(""))
+        texts = part.select(text).to_series()
         return [hashlib.blake2b(t.encode(), digest_size=16).hexdigest() for t in texts]
 
     digests = [d for part in rows.iter_slices(_HASH_ROWS) for d in digest(part)]

@@ -31,7 +31,7 @@ def cache_prompts(
     *,
     work: pl.DataFrame | None = None,
 ) -> Path:
-    """Write id, shard, messages, revision once, in shard order, one row group per shard.
+    """Write id, shard, messages, tools, revision once, in shard order, one row group per shard.
     `messages` is already what generation sends (`regen.conversations`); `revision` is the
     input revision of the row's content. `work` (rows of `plan.with_rows()`) limits the cache
     to those rows: what the run may send, so a sample of the cache (the canary) never picks a
@@ -49,9 +49,9 @@ def cache_prompts(
     writer: pq.ParquetWriter | None = None
     for offset in range(0, max(order.height, 1), step):
         part = order.slice(offset, step)
-        rows = prompt_set.valid.select("messages")[part.get_column("_row")]
+        rows = prompt_set.valid.select("messages", "tools")[part.get_column("_row")]
         frame = pl.concat([part.select("id", "shard"), rows], how="horizontal").select(
-            "id", "shard", conversation_for(turns), part.get_column("revision")
+            "id", "shard", conversation_for(turns), "tools", part.get_column("revision")
         )
         table = frame.to_arrow()
         if writer is None:
@@ -66,5 +66,5 @@ def cache_prompts(
 
 
 def prompts_for_shard(path: Path, shard: int) -> pl.DataFrame:
-    """The prompt rows (id, shard, messages, revision) of one shard, in plan order."""
+    """The prompt rows (id, shard, messages, tools, revision) of one shard, in plan order."""
     return pl.scan_parquet(path).filter(pl.col("shard") == shard).collect()

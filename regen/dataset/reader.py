@@ -131,7 +131,8 @@ def require_dataset(storage: Storage, committed: Committed) -> None:
 
 def scan_data(storage: Storage, keys: list[str]) -> pl.LazyFrame:
     """Data objects named by manifests, lazily, in the row schema (columns a shard written by
-    older code lacks come back null)."""
+    older code lacks come back null, and so do the struct fields it lacks: a message's tool
+    fields, a turn's calls)."""
     if not keys:
         return pl.LazyFrame(schema=row_schema())
     return pl.scan_parquet(
@@ -140,4 +141,5 @@ def scan_data(storage: Storage, keys: list[str]) -> pl.LazyFrame:
         storage_options=storage.polars_options(),
         missing_columns="insert",
         extra_columns="ignore",
+        cast_options=pl.ScanCastOptions(missing_struct_fields="insert"),
     )

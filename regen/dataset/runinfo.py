@@ -129,6 +129,12 @@ def config_fingerprint(
         chat_template={
             "enable_thinking": config.regeneration.enable_thinking,
             "reasoning_parser": config.engine.reasoning_parser,
+            # Only when set: a run without tools keeps the fingerprint it always had.
+            **(
+                {"tool_call_parser": config.engine.tool_call_parser}
+                if config.engine.tool_call_parser
+                else {}
+            ),
         },
     )
 

@@ -174,6 +174,8 @@ class Plan:
     answer_len: int
     reasoning_at: int
     answer_at: int
+    call: str | None = None
+    """A tool call's text, answered instead of words (regen.emulator.tool_calls)."""
 
 
 class _Builder:
@@ -264,12 +266,15 @@ class EmulatedModel:
             n -= k
             space = True
 
-    def generate(self, plan: Plan, *, thinking: bool, budget: int) -> Generation:
+    def generate(
+        self, plan: Plan, *, thinking: bool, budget: int, call: str | None = None
+    ) -> Generation:
         """The output of `plan` within `budget` tokens (max_tokens, or what the context leaves).
 
         With thinking the model opens the block itself (Qwen3's template prompts with
         `<|im_start|>assistant\\n`): <think> \\n reasoning \\n </think> \\n\\n answer <|im_end|>.
         A budget spent inside the thinking leaves everything in the reasoning and no answer.
+        `call` (regen.emulator.tool_calls): the answer is that tool call's text instead.
         """
         ids = self._id
         if plan.fault == "empty-answer":
@@ -302,6 +307,8 @@ class EmulatedModel:
             out.piece("\n\n", ids["\n\n"])
         if plan.fault == "repeat-loop":
             self._repeat(out)
+        elif (call or plan.call) is not None:
+            self._call(out, call or plan.call or "")
         else:
             self._answer(out, plan, plan.answer_len)
         text = "".join(out.parts)
@@ -314,6 +321,16 @@ class EmulatedModel:
         for piece in tag[:n]:
             out.piece(piece, self._id.get(piece, self._id[_DIGEST_SAMPLE]))
         self._words(out, plan.answer_at, n - TAG_TOKENS, space=True)
+
+    def _call(self, out: _Builder, text: str) -> None:
+        """A tool call's text in its own tokens (a call names words outside the pool): each
+        token's piece runs from the end of the one before, so text and ids agree when cut."""
+        encoding = self.tokenizer.tokenize(text)
+        start = 0
+        for token, (_, end) in zip(encoding.ids, encoding.offsets, strict=True):
+            if not out.piece(text[start:end], token):
+                return
+            start = end
 
     def _repeat(self, out: _Builder) -> None:
         """A decoding loop: the same line over and over until the budget runs out."""

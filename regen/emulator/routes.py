@@ -8,6 +8,7 @@ run-time faults runtime.py's; a handler here reads a request and puts those toge
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -19,7 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from regen.emulator import wire
+from regen.emulator import tool_calls, wire
 from regen.emulator.args import DEFAULT_CONTEXT_LENGTH, EmuArgs
 from regen.emulator.metrics import Counters, render
 from regen.emulator.model import EmulatedModel, Generation, message_text, parse_reasoning
@@ -247,6 +248,11 @@ class EmulatorServer:
         if self.scheduler.in_flight(rid):  # tokenizer_manager: a rid in flight is a ValueError
             return error_response(400, f"Duplicate request ID detected: {rid}", VALUE_ERROR)
         plan = self.model.plan(messages, min_tokens, faulty=self.faults.output_faults_on)
+        tools, parser = wire.template_tools(body), self.args.server_args.get("tool_call_parser")
+        if tool_calls.calls_now(messages, tools, parser):
+            assert tools is not None
+            call = tool_calls.call_for(tools, plan.digest, self.model.seed)
+            plan = dataclasses.replace(plan, call=tool_calls.call_text(call))
         try:
             out, cached = await self.scheduler.run(rid, plan, budget, prompt_ids, thinking)
         except RequestError as err:
@@ -258,6 +264,12 @@ class EmulatorServer:
             parsed = (None, out.text)  # think-leak: as if the parser had missed the tags
         else:
             parsed = parse_reasoning(out.text, force_reasoning=thinking)
+        calls = None
+        if tools and parser in tool_calls.PARSERS:  # serving_chat: the parser reads the answer
+            content, calls = tool_calls.parse(parsed[1], tools)
+            parsed = (parsed[0], content)
+            if calls and out.finish_reason == "stop":
+                out = dataclasses.replace(out, finish_reason="tool_calls")
         await self.faults.before_answer()
         model, eos = self.args.served_model_name, self.model.eos_id
         if body.get("stream"):
@@ -271,7 +283,9 @@ class EmulatorServer:
             return stream
         meta = self._meta_info(rid, out, prompt, latency, cached)
         report = self.cache_report
-        answer = wire.completion(rid, out, parsed, prompt_ids, meta, model, eos, body, report)
+        answer = wire.completion(
+            rid, out, parsed, prompt_ids, meta, model, eos, body, report, tool_calls=calls
+        )
         # orjson, as SGLang's ORJSONResponse: thousands of token ids per answer.
         response = web.Response(body=orjson.dumps(answer), content_type="application/json")
         await response.prepare(request)

@@ -64,6 +64,10 @@ class ChatTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._template.encode([text])[0]
 
+    def tokenize(self, text: str) -> Any:
+        """The tokenizers Encoding of `text` (ids and character offsets), none added."""
+        return self._template.tokenizer.encode(text, add_special_tokens=False)
+
     def piece_ids(self, pieces: Iterable[str]) -> dict[str, int]:
         """Each piece's single token id; ValueError naming a piece that is not one token."""
         ids = {}

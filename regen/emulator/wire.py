@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from regen import tools as tool_format
 from regen.emulator.model import Generation
 
 VERSION = "0.5.23"
@@ -147,20 +148,11 @@ def _seen(body: dict[str, Any]) -> dict[str, Any]:
 
 def template_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The tools the chat template is given: serving_chat passes each request tool's
-    `Tool.model_dump()` (type, the function as sent, defer_loading) unless tool_choice is
-    "none"."""
+    `Tool.model_dump()` (regen.tools.template_tools) unless tool_choice is "none"."""
     tools = body.get("tools")
     if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
         return None
-    return [
-        {
-            "type": t.get("type", "function"),
-            "function": t.get("function"),
-            "defer_loading": t.get("defer_loading"),
-        }
-        for t in tools
-        if isinstance(t, dict)
-    ] or None
+    return tool_format.template_tools([t for t in tools if isinstance(t, dict)])
 
 
 def check_effort(effort: Any) -> None:
@@ -288,16 +280,21 @@ def completion(
     eos_id: int,
     body: dict[str, Any],
     cache_report: bool = False,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A chat.completion; `meta` goes in only when the request asked for it."""
+    """A chat.completion; `meta` goes in only when the request asked for it; `tool_calls`
+    those the tool-call parser found (regen.emulator.tool_calls)."""
     reasoning, content = parsed
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content,
+        "reasoning_content": reasoning,
+    }
+    if tool_calls:  # 0.5.23 drops a null tool_calls from the message
+        message["tool_calls"] = tool_calls
     choice: dict[str, Any] = {
         "index": 0,
-        "message": {
-            "role": "assistant",
-            "content": content,
-            "reasoning_content": reasoning,
-        },  # 0.5.23 drops a null tool_calls from the message
+        "message": message,
         "logprobs": None,
         "finish_reason": out.finish_reason,
         "matched_stop": eos_id if out.finish_reason == "stop" else None,

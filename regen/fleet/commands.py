@@ -101,6 +101,8 @@ def _sglang_flags(config: RegenConfig, model_path: Path, port: int, key_file: Pa
     ]  # fmt: skip
     if engine.reasoning_parser:
         flags += ["--reasoning-parser", engine.reasoning_parser]
+    if engine.tool_call_parser:
+        flags += ["--tool-call-parser", engine.tool_call_parser]
     spec = engine.speculative
     if spec.enabled:
         flags += [

@@ -30,6 +30,7 @@ _CONFIG_KEYS = {
     "--port": "engine.base_port",
     "--config": "engine.api_key",
     "--reasoning-parser": "engine.reasoning_parser",
+    "--tool-call-parser": "engine.tool_call_parser",
     "--max-running-requests": "engine.max_running_requests",
     "--context-length": "engine.context_length",
     "--mem-fraction-static": "engine.mem_fraction_static",

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-ROLES = ("system", "user", "assistant")
+from regen.schema import TOOL_CALL
+
+ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT speaker names and the chat roles they stand for: ShareGPT dumps name the assistant
 # chatgpt, bing or bard in places, and some converters write user/assistant.
 SHAREGPT_ROLES = {
@@ -19,6 +21,11 @@ SHAREGPT_ROLES = {
     "bard": "assistant",
     "assistant": "assistant",
     "system": "system",
+    # Tool calls and their results (regen.prompts.tool_rows): LLaMA-Factory's speakers.
+    "function_call": "assistant",
+    "observation": "tool",
+    "tool": "tool",
+    "function_response": "tool",
 }
 # Format name -> the key (column) that carries it.
 FORMAT_KEYS = {"messages": "messages", "prompt": "prompt", "sharegpt": "conversations"}
@@ -29,7 +36,14 @@ FORMAT = pl.Enum(list(FORMAT_KEYS))
 # A `conversations` turn as read: ShareGPT's {from, value}, or {role, content} as SpecForge's
 # prepare_data writes it (those rows are OpenAI messages under another key).
 ANY_TURN = pl.Struct(
-    {"from": pl.String, "value": pl.String, "role": pl.String, "content": pl.String}
+    {
+        "from": pl.String,
+        "value": pl.String,
+        "role": pl.String,
+        "content": pl.String,
+        "tool_calls": pl.List(TOOL_CALL),
+        "tool_call_id": pl.String,
+    }
 )
 
 
@@ -88,8 +102,17 @@ def split_conversations(messages: pl.Expr, turns: pl.Expr) -> tuple[pl.Expr, pl.
             turn.field("from").is_not_null() | turn.field("value").is_not_null()
         ).list.any()
     )
-    chat = turns.list.eval(pl.struct(turn.field("role"), turn.field("content")))
-    sharegpt = turns.list.eval(pl.struct(turn.field("from"), turn.field("value")))
+    chat = turns.list.eval(
+        pl.struct(
+            turn.field("role"),
+            turn.field("content"),
+            turn.field("tool_calls"),
+            turn.field("tool_call_id"),
+        )
+    )
+    sharegpt = turns.list.eval(
+        pl.struct(turn.field("from"), turn.field("value"), turn.field("tool_calls"))
+    )
     return (
         pl.when(as_roles).then(chat).otherwise(messages).alias("messages"),
         pl.when(as_roles).then(None).otherwise(sharegpt).alias("conversations"),

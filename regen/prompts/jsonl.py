@@ -22,6 +22,7 @@ import polars as pl
 
 from regen.errors import UserError
 from regen.prompts.formats import ANY_TURN, AS_NAMED, Columns, split_conversations
+from regen.prompts.tool_rows import normalize_tool_lines
 from regen.schema import MESSAGE
 
 _RECORD = pl.Struct(
@@ -31,6 +32,7 @@ _RECORD = pl.Struct(
         "conversations": pl.List(ANY_TURN),
         "prompt": pl.String,
         "system": pl.String,
+        "tools": pl.String,
     }
 )
 _TEXT_SCALAR = r'[{,]\s*"(content|role|from|value|prompt|system)"\s*:\s*(?:-?[0-9]|true|false)'
@@ -138,10 +140,14 @@ def _jsonl_fields(
     if offset == 0 and len(raw) and raw[0].lstrip().startswith("["):
         # A JSON array file: its lines may happen to parse, but the rows are not JSONL rows.
         raise UserError(f"{name}: line {lines['line'][0]}: {_explain(raw[0])[0]}")
+    # Rows with tools carry arbitrary JSON (schemas, arguments as objects) that no struct
+    # decodes: those lines alone are rewritten to text first (regen.prompts.tool_rows).
+    raw, tool_reasons, tool_ids = normalize_tool_lines(raw)
+    lines = lines.with_columns(raw)
     record_type = _record(columns)
     decoded, bad = _decode_bisecting(raw, record_type)
-    read_reason = pl.repeat(None, len(raw), dtype=pl.String, eager=True).alias("read_reason")
-    read_id = read_reason.alias("read_id")
+    read_reason = tool_reasons.alias("read_reason")
+    read_id = tool_ids.alias("read_id")
     if bad:
         explained = [_explain(raw[i]) for i in bad]
         read_reason = read_reason.scatter(bad, [reason for reason, _ in explained])
@@ -168,6 +174,7 @@ def _jsonl_fields(
         *split_conversations(field("messages"), field("conversations")),
         field("prompt"),
         field("system"),
+        field("tools"),
         reason.alias("reason"),
     )
 

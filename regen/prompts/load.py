@@ -60,7 +60,8 @@ def read_options(config: InputConfig, hf_token: str | None = None) -> ReadOption
 
 @dataclass(frozen=True)
 class PromptSet:
-    """Validated rows (`id`, `line`, `messages`) and the rejected ones (`line`, `id`, `reason`).
+    """Validated rows (`id`, `line`, `messages`, `tools`: JSON text or null, regen.tools) and
+    the rejected ones (`line`, `id`, `reason`).
 
     `line` is the 1-based line of a JSONL file or the 1-based row of a Parquet file.
     `fingerprint` is the sha256 of the file's bytes: any edit of the input changes it.
@@ -270,7 +271,7 @@ def _one_set(spec: str, sets: list[PromptSet]) -> PromptSet:
         spec,
         {fmt: formats[fmt] for fmt in FORMAT_KEYS if fmt in formats},
         digest.hexdigest(),
-        marked.filter(~pl.col("_dup")).select("id", "line", "messages"),
+        marked.filter(~pl.col("_dup")).select("id", "line", "messages", "tools"),
         pl.concat([*rejects, duplicates.cast(REJECTS_SCHEMA)]),
     )
 
@@ -320,7 +321,7 @@ def _load(
             f"{name}: {where} {first['line']}: {first['reason']}; "
             f"no usable rows ({rejects.height} rejected)"
         )
-    return formats, valid.select("id", "line", "messages"), rejects
+    return formats, valid.select("id", "line", "messages", "tools"), rejects
 
 
 def _checked_batch(
@@ -329,7 +330,9 @@ def _checked_batch(
     """A batch's usable rows (id, line, row_format, messages) and its rejects."""
     checked = check_rows(fields.with_columns(row_format=row_format()), max_prompt_bytes)
     ok = pl.col("reason").is_null()
-    valid = checked.filter(ok).select("id", "line", pl.col("row_format").cast(FORMAT), "messages")
+    valid = checked.filter(ok).select(
+        "id", "line", pl.col("row_format").cast(FORMAT), "messages", "tools"
+    )
     return valid, checked.filter(~ok).select("line", "id", "reason").cast(REJECTS_SCHEMA)
 
 

@@ -10,7 +10,8 @@ import polars as pl
 
 from regen.errors import UserError
 from regen.prompts.formats import ANY_TURN, AS_NAMED, FORMAT_KEYS, Columns, split_conversations
-from regen.schema import MESSAGE
+from regen.schema import MESSAGE, TOOL_CALL
+from regen.tools import normalize_tools
 
 
 def row_count(path: Path, name: str) -> int:
@@ -57,6 +58,19 @@ def batches(
         columns.append(_parquet_turns(conversations, name))
     else:
         columns.append(pl.lit(None, dtype=pl.List(ANY_TURN)).alias("conversations"))
+    if "tools" not in schema:
+        columns.append(pl.lit(None, dtype=pl.String).alias("tools"))
+    elif schema["tools"] in (pl.String, pl.Null):
+        # JSON text, as the Hermes function-calling set keeps it; normalised like a JSONL row's.
+        columns.append(
+            pl.col("tools")
+            .cast(pl.String)
+            .map_elements(_tools_text, return_dtype=pl.String, skip_nulls=True)
+        )
+    else:
+        raise UserError(
+            f"{name}: column tools has type {schema['tools']}, expected JSON text (a string)"
+        )
     for key in ("prompt", "system"):
         if key not in schema:
             columns.append(pl.lit(None, dtype=pl.String).alias(key))
@@ -113,12 +127,15 @@ def _parquet_turns(dtype: pl.DataType, name: str) -> pl.Expr:
             "expected a list of {from, value} or {role, content}"
         )
     turn = pl.element().struct
-    return pl.col("conversations").list.eval(
-        pl.struct(
-            turn.field(key).cast(pl.String) if key in fields else pl.lit(None, pl.String).alias(key)
-            for key in keys
-        )
-    )
+    text = [
+        turn.field(key).cast(pl.String) if key in fields else pl.lit(None, pl.String).alias(key)
+        for key in keys
+    ]
+    tool_fields = [
+        turn.field(key).cast(dtype) if key in fields else pl.lit(None, dtype).alias(key)
+        for key, dtype in (("tool_calls", pl.List(TOOL_CALL)), ("tool_call_id", pl.String))
+    ]
+    return pl.col("conversations").list.eval(pl.struct(*text, *tool_fields))
 
 
 def _parquet_chat(dtype: pl.DataType, name: str, column: str, keys: tuple[str, str]) -> pl.Expr:
@@ -133,12 +150,29 @@ def _parquet_chat(dtype: pl.DataType, name: str, column: str, keys: tuple[str, s
         raise UserError(
             f"{name}: column {column} has type {dtype}, expected a list of {{{who}, {text}}}"
         )
-    return pl.col(column).list.eval(
-        pl.struct(
-            pl.element().struct.field(who),
-            pl.element().struct.field(text).cast(pl.String),
-        )
+    element = pl.element().struct
+    tool_fields = []
+    tool_dtypes: tuple[tuple[str, pl.DataType], ...] = (
+        ("tool_calls", pl.List(TOOL_CALL)),
+        ("tool_call_id", pl.String()),
     )
+    for field, dtype in tool_dtypes:
+        if field in fields and column == "messages":
+            tool_fields.append(element.field(field).cast(dtype))
+        else:
+            tool_fields.append(pl.lit(None, dtype).alias(field))
+    return pl.col(column).list.eval(
+        pl.struct(element.field(who), element.field(text).cast(pl.String), *tool_fields)
+    )
+
+
+def _tools_text(text: str) -> str | None:
+    """A tools cell as regen.tools keeps it; a cell it cannot read stays as it is, and the
+    request it goes with is refused by the server with the reason (an error row)."""
+    try:
+        return normalize_tools(text)
+    except ValueError:
+        return text
 
 
 def _first_line(err: Exception) -> str:

@@ -8,6 +8,17 @@ import hashlib
 import polars as pl
 
 from regen.prompts.formats import FORMAT_KEYS, ROLES, SHAREGPT_ROLES
+from regen.schema import TOOL_CALL
+
+
+def message(role: pl.Expr, content: pl.Expr) -> pl.Expr:
+    """A MESSAGE struct without tool fields (a prompt, a system key)."""
+    return pl.struct(
+        role.alias("role"),
+        content.alias("content"),
+        pl.lit(None, pl.List(TOOL_CALL)).alias("tool_calls"),
+        pl.lit(None, pl.String).alias("tool_call_id"),
+    )
 
 
 def row_format() -> pl.Expr:
@@ -60,6 +71,14 @@ def check_rows(fields: pl.DataFrame, max_prompt_bytes: int) -> pl.DataFrame:
     # A conversation may end with the assistant turn being regenerated (ShareGPT rows do);
     # what generation needs is a user message to answer, and the last one must say something.
     user_texts = msgs.list.eval(content.filter(role == "user"))
+    # A tool result answers a call: it follows an assistant message with tool_calls (or
+    # another result of the same calls).
+    calls = pl.element().struct.field("tool_calls")
+    answers_call = (role.shift(1) == "tool") | (
+        (role.shift(1) == "assistant") & calls.shift(1).list.len().fill_null(0).gt(0)
+    )
+    stray_tool = (role == "tool") & ~answers_call.fill_null(False)
+    stray_tool_at = msgs.list.eval(stray_tool).list.arg_max()
     reason = (
         pl.when(pl.col("reason").is_not_null())
         .then(pl.col("reason"))
@@ -104,7 +123,7 @@ def check_rows(fields: pl.DataFrame, max_prompt_bytes: int) -> pl.DataFrame:
         .then(
             pl.format(
                 "message {}: from {} is not human, gpt or system "
-                "(nor user, assistant, chatgpt, bing, bard)",
+                "(nor user, assistant, chatgpt, bing, bard, function_call, observation, tool)",
                 bad_from_at,
                 turns.list.get(bad_from_at, null_on_oob=True).struct.field("from").str.slice(0, 20),
             )
@@ -114,13 +133,20 @@ def check_rows(fields: pl.DataFrame, max_prompt_bytes: int) -> pl.DataFrame:
         .when(msgs.list.eval(role.is_in(ROLES).not_()).list.any())
         .then(
             pl.format(
-                "message {}: role {} is not user/system/assistant",
+                "message {}: role {} is not user/system/assistant/tool",
                 bad_role_at,
                 msgs.list.get(bad_role_at, null_on_oob=True).struct.field("role").str.slice(0, 20),
             )
         )
         .when(msgs.list.eval(content.is_null()).list.any())
         .then(pl.format("message {}: {} is missing or null", null_content_at, text_key))
+        .when(msgs.list.eval(stray_tool).list.any())
+        .then(
+            pl.format(
+                "message {}: a tool result must follow an assistant message with tool_calls",
+                stray_tool_at,
+            )
+        )
         .when(user_texts.list.len() == 0)
         .then(pl.lit("no user message"))
         .when(user_texts.list.last().str.strip_chars().str.len_bytes() == 0)
@@ -157,11 +183,13 @@ def _normalised(fields: pl.DataFrame) -> pl.DataFrame:
                     SHAREGPT_ROLES, default=None, return_dtype=pl.String
                 ),
                 content=turn.field("value"),
+                tool_calls=turn.field("tool_calls"),
+                tool_call_id=pl.lit(None, pl.String),
             )
         )
         messages = pl.when(row_format == "sharegpt").then(sharegpt).otherwise(messages)
     if "prompt" in present:
-        user = pl.struct(role=pl.lit("user"), content=pl.col("prompt"))
+        user = message(pl.lit("user"), pl.col("prompt"))
         messages = pl.when(row_format == "prompt").then(pl.concat_list(user)).otherwise(messages)
     system_first = ((row_format == "prompt") & pl.col("system").is_not_null()) | (
         ((row_format == "sharegpt") | pl.col("turns_as_roles")) & _system_given()
@@ -180,7 +208,7 @@ def _system_first(frame: pl.DataFrame, where: pl.Expr) -> pl.DataFrame:
     chosen = rows.filter(where.fill_null(False)).select("_row", "system", "messages")
     if chosen.height == 0:
         return frame
-    system = pl.struct(role=pl.lit("system"), content=pl.col("system")).alias("messages")
+    system = message(pl.lit("system"), pl.col("system")).alias("messages")
     long = pl.concat([chosen.select("_row", system), chosen.drop("system").explode("messages")])
     # Groups in order of first appearance: each row's system message, then its turns.
     rebuilt = long.group_by("_row", maintain_order=True).agg(pl.col("messages").alias("_rebuilt"))
@@ -201,20 +229,27 @@ def _ids(checked: pl.DataFrame) -> pl.Series:
     """The given id, or `h-` + 16 hex of sha256 over the normalised messages.
 
     The hashed text is length-prefixed (`role:len:content` per message), so it is unambiguous
-    and does not depend on how any JSON encoder escapes text.
+    and does not depend on how any JSON encoder escapes text. A message's calls or the id of
+    the call it answers, and the row's tools, are added where there are some (a row without
+    them hashes as it always did).
     """
     element = pl.element().struct
-    canonical = (
-        pl.col("messages")
-        .list.eval(
-            element.field("role")
-            + ":"
-            + element.field("content").str.len_bytes().cast(pl.String)
-            + ":"
-            + element.field("content")
-        )
-        .list.join("\n")
-    )
+    calls = pl.struct(element.field("tool_calls")).struct.json_encode()
+    tool_extra = pl.when(element.field("tool_calls").is_not_null()).then(
+        ":calls:" + calls
+    ).otherwise(pl.lit("")) + pl.when(element.field("tool_call_id").is_not_null()).then(
+        ":answers:" + element.field("tool_call_id")
+    ).otherwise(pl.lit(""))
+    canonical = pl.col("messages").list.eval(
+        element.field("role")
+        + ":"
+        + element.field("content").str.len_bytes().cast(pl.String)
+        + ":"
+        + element.field("content")
+        + tool_extra
+    ).list.join("\n") + pl.when(pl.col("tools").is_not_null()).then(
+        "\ntools:" + pl.col("tools")
+    ).otherwise(pl.lit(""))
     need = checked.select(
         pl.when(pl.col("given_id").is_null() & pl.col("reason").is_null()).then(canonical)
     ).to_series()

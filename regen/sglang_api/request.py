@@ -47,13 +47,14 @@ def turn_request_id(sample_id: str, turn: int, attempt: int, *, hedge: bool = Fa
 
 def chat_request_body(
     model: str,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     sampling: SamplingConfig,
     rid: str | None = None,
     max_tokens: int | None = None,
     regeneration: RegenerationConfig | None = None,
     reasoning_effort: str | None = None,
     setting: RowSetting | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """`rid` is the sample id, so a request can be found in server logs and aborted by id.
 
@@ -90,4 +91,8 @@ def chat_request_body(
         body["rid"] = rid
     if reasoning_effort is not None:
         body["reasoning_effort"] = reasoning_effort
+    if tools:
+        # The row's tools (regen.tools), tool_choice left at SGLang's default "auto": the model
+        # decides whether to call, as it does when served.
+        body["tools"] = tools
     return body

@@ -33,6 +33,9 @@ class Completion:
     model: str | None
     prompt_token_ids: list[int] | None = None  # the server's own, when it was asked and has them
     response_token_ids: list[int] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """The calls the server's --tool-call-parser found, as regen.schema.TOOL_CALL holds them
+    (None: none; SGLang then leaves the key out of the message)."""
 
 
 def response_kind(status: int) -> ResponseKind:
@@ -69,7 +72,31 @@ def parse_completion(raw: bytes) -> Completion:
         model=data.get("model"),
         prompt_token_ids=_ids(choice.get("prompt_token_ids")),
         response_token_ids=_ids(choice.get("response_token_ids")),
+        tool_calls=_calls(message.get("tool_calls")),
     )
+
+
+def _calls(value: Any) -> list[dict[str, Any]] | None:
+    """The message's tool calls in TOOL_CALL's shape, kept as the server wrote them (the audit
+    judges malformed ones; nothing is dropped here): arguments sent as an object become text."""
+    if not isinstance(value, list) or not value:
+        return None
+    calls = []
+    for call in value:
+        call = call if isinstance(call, dict) else {}
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        arguments = function.get("arguments")
+        if arguments is not None and not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append(
+            {
+                "id": call.get("id"),
+                "type": call.get("type") or "function",
+                "function": {"name": function.get("name"), "arguments": arguments},
+            }
+        )
+    return calls
 
 
 def _ids(value: Any) -> list[int] | None:

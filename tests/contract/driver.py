@@ -11,6 +11,8 @@ sglang costs are paid once per test session. Ops:
   fields tokenizer_manager and serving_chat build for an output no weight update touched;
 - usage {meta_info, cache_report}: the `usage` serving_chat builds for one answer's meta_info
   (UsageProcessor.calculate_response_usage, with or without --enable-cache-report);
+- tools_dump {tools}: each tool's `Tool.model_dump()`, what serving_chat gives the template;
+- tool_parse {parser, text, tools}: FunctionCallParser's non-stream parse of a raw answer;
 - http {body}: POST /v1/chat/completions to an app of sglang's route signature and its own
   RequestValidationError handler (http_server.py's source: the module itself needs uvicorn
   and the whole server), so an invalid body gets the status and text the server answers.
@@ -57,12 +59,14 @@ def _unknown(model: type[BaseModel], data: Any, where: str = "") -> list[str]:
     found = [f"{where}{k}" for k in data if k not in names]
     for name, info in fields.items():
         value = data.get(name, data.get(info.alias) if info.alias else None)
-        for sub in _models(info.annotation):
-            if isinstance(value, list):
-                for i, item in enumerate(value):
-                    found += _unknown(sub, item, f"{where}{name}[{i}].")
-            else:
-                found += _unknown(sub, value, f"{where}{name}.")
+        members = _models(info.annotation)
+        items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            at = f"{where}{name}." if i is None else f"{where}{name}[{i}]."
+            # A union's value is one of its members: a key is unknown if none declares it.
+            per_member = [set(_unknown(sub, item, at)) for sub in members]
+            if per_member:
+                found += set.intersection(*per_member)
     return sorted(set(found))
 
 
@@ -151,6 +155,20 @@ def handle(req: dict[str, Any]) -> Any:
             [{"meta_info": req["meta_info"]}], enable_cache_report=req["cache_report"]
         )
         return usage.model_dump()
+    if op == "tools_dump":
+        return [protocol.Tool.model_validate(t).model_dump() for t in req["tools"]]
+    if op == "tool_parse":
+        from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+        tools = [protocol.Tool.model_validate(t) for t in req["tools"]]
+        parser = FunctionCallParser(tools, req["parser"])
+        if not parser.has_tool_call(req["text"]):
+            return {"normal": req["text"], "calls": []}
+        normal, calls = parser.parse_non_stream(req["text"])
+        return {
+            "normal": normal,
+            "calls": [{"name": c.name, "arguments": c.parameters} for c in calls],
+        }
     if op == "http":
         resp = _chat_app().post(
             "/v1/chat/completions",

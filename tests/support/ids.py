@@ -13,7 +13,11 @@ from support.emulator import MODEL_DIR
 
 IM_END = 82
 TOKENIZER = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
-TEMPLATE = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
+_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+# transformers' tojson (what the template's tools are written with): key order kept, no HTML
+# escaping, unlike jinja's own.
+_ENV.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+TEMPLATE = _ENV.from_string(
     json.loads((MODEL_DIR / "tokenizer_config.json").read_text())["chat_template"]
 )
 
