@@ -72,7 +72,8 @@ class RunStatus:
             )  # fmt: skip
             rows.append(("speed", self._speed(snap)))
             rows.append(self._eta(snap))
-            rows.append(("live gate", self.stopped or snap.audit_line()))
+            # The cards' word for it (`quality ok`), then the rolling audit's checks or the stop.
+            rows.append(("live gate", self.stopped or f"{snap.quality()} · {snap.audit_line()}"))
             age = self.now - snap.updated_at
             ago = "just now" if age < 1 else f"{duration(age)} ago"
             rows.append(("updated", f"{clock(snap.updated_at, self.now)}, {ago}"))

@@ -84,7 +84,9 @@ def test_a_run_in_progress_shows_its_figures_and_holder(
     assert "64.3k output tok/s, 6.00 rows/s (the last minute)" in lines["speed"], text
     # The ETA measured 4 s before now: the clock time it names, and the time left from now.
     assert lines["ETA"].strip() == "08:40 UTC, in 41.0 min", text
-    assert "rolling audit over 3,500 rows: every check within thresholds" in lines["live gate"]
+    assert lines["live gate"].strip() == (
+        "quality ok · rolling audit over 3,500 rows: every check within thresholds"
+    ), text
     assert lines["updated"].strip() == "07:59 UTC, 4.00 s ago", text
     # From another shell: the same lines through the command, exit 0.
     code, out, _ = _status(root, capsys)
