@@ -20,12 +20,13 @@ from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.conversations import Turns, conversation_for
 from regen.emulator import history_digest
 from regen.emulator.tool_calls import call_for
+from regen.lossmask import load_template, samples
 from regen.prompts import load_prompts
 from regen.schema import row_schema
 from regen.sglang_api.endpoint import Endpoint
 from regen.tools import divergence, normalize_call, sent_messages, template_tools
-from support.emulator import emulators
-from tests.support.ids import rendered
+from support.emulator import MODEL_DIR, emulators
+from tests.support.ids import TOKENIZER, rendered
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -285,3 +286,38 @@ def test_the_rule_compares_names_counts_and_arguments_as_json() -> None:
 
 def test_the_emulators_call_is_fixed_by_history_and_tools() -> None:
     assert call_for([WEATHER], "0123abcd", SEED) == THE_CALL
+
+
+def test_the_loss_mask_trains_the_calls_never_the_results(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """One sample per generated turn: its prompt (the given result included) masked, its
+    response (the model's call) trained. The template path, which renders the stored
+    conversation with its tools, gives the server's ids exactly."""
+    out = regenerate(endpoint, _prompts(tmp_path, _row("mask", THE_CALL)), "all")
+    template, _ = load_template(MODEL_DIR)
+    assert template is not None
+    from_ids = samples(out, "each").collect()
+    assert from_ids["turn"].to_list() == [1, 2, 3]
+    call_turn, answer_turn = from_ids.row(0, named=True), from_ids.row(1, named=True)
+    trained = [i for i, m in zip(call_turn["input_ids"], call_turn["loss_mask"], strict=True) if m]
+    call_ids = TOKENIZER.encode("<tool_call>", add_special_tokens=False).ids
+    assert call_ids[0] in trained  # the call is the model's own: trained
+    result = TOKENIZER.encode("<tool_response>", add_special_tokens=False).ids[0]
+    ids, mask = answer_turn["input_ids"], answer_turn["loss_mask"]
+    assert result in ids and not mask[ids.index(result)]  # the given result: never trained
+    assert call_ids[0] in ids and not mask[ids.index(call_ids[0])]  # an earlier call: context
+    # The template path (ids dropped) renders the same tokens and mask.
+    no_ids = out.with_columns(
+        pl.col("turns").list.eval(
+            pl.element().struct.with_fields(
+                pl.lit(None, pl.List(pl.Int32)).alias("prompt_token_ids"),
+                pl.lit(None, pl.List(pl.Int32)).alias("response_token_ids"),
+            )
+        )
+    )
+    rendered_samples = samples(no_ids, "each", template, enable_thinking=True).collect()
+    assert (
+        rendered_samples.select("input_ids", "loss_mask").rows()
+        == from_ids.select("input_ids", "loss_mask").rows()
+    )

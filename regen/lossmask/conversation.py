@@ -3,14 +3,18 @@
 A row stores its conversation two ways (regen.schema): with `regeneration.turns: last`,
 `messages` is the prompt and the answer is `content` / `reasoning_content`; with `all`,
 `messages` is the regenerated conversation and holds every answer. Either way the k-th of a
-row's turn records is the k-th of its last len(turns) assistant messages. Earlier answers
-are sent without their reasoning (regen.client.shard_job), so a prompt carries none.
+row's turn records is the k-th of its last len(turns) assistant messages. A prompt is what
+regen.tools.sent_messages sends (earlier answers without their reasoning, but inside the last
+user turn's tool loop; calls and results with their ids), rendered with the row's tools.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
+
+from regen.tools import sent_messages, template_tools
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,8 @@ class TurnInput:
     """The server's own tokens where stored (null from errors and servers that return none)."""
     enable_thinking: bool | None = None
     """The row's recorded thinking mode (its `sampling` draw); None: the run's."""
+    tools: list[dict[str, Any]] | None = None
+    """The row's tools as SGLang hands them to the template (regen.tools.template_tools)."""
 
     @property
     def has_ids(self) -> bool:
@@ -50,8 +56,11 @@ def turn_inputs(row: dict[str, Any], only_last: bool = False) -> list[TurnInput]
                 "role": "assistant",
                 "content": row.get("content"),
                 "reasoning_content": row.get("reasoning_content"),
+                # turns=last: the answer's calls are in its turn record only.
+                "tool_calls": records[-1].get("tool_calls") if records else None,
             }
         )
+    tools = template_tools(json.loads(row["tools"])) if row.get("tools") else None
     if not records and ok:
         users = sum(m["role"] == "user" for m in messages)
         records = [{"turn": users, "finish_reason": row.get("finish_reason")}]
@@ -65,20 +74,17 @@ def turn_inputs(row: dict[str, Any], only_last: bool = False) -> list[TurnInput]
         TurnInput(
             id=row["id"],
             turn=record["turn"],
-            prompt=[_sent(m) for m in messages[:j]],
+            prompt=sent_messages(messages[:j]),
             answer=_answer(messages[j]),
             finish_reason=record.get("finish_reason"),
             reasoning_effort=record.get("reasoning_effort"),
             prompt_token_ids=record.get("prompt_token_ids"),
             response_token_ids=record.get("response_token_ids"),
             enable_thinking=(row.get("sampling") or {}).get("enable_thinking"),
+            tools=tools,
         )
         for j, record in pairs
     ]
-
-
-def _sent(message: dict[str, Any]) -> dict[str, Any]:
-    return {"role": message["role"], "content": message.get("content") or ""}
 
 
 def _answer(message: dict[str, Any]) -> dict[str, Any]:
@@ -87,4 +93,6 @@ def _answer(message: dict[str, Any]) -> dict[str, Any]:
     out = {"role": "assistant", "content": message.get("content") or ""}
     if message.get("reasoning_content"):
         out["reasoning_content"] = message["reasoning_content"]
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
     return out

@@ -11,6 +11,7 @@ from regen.lossmask.template import ChatTemplate
 
 ROW_COLUMNS = [
     "id", "messages", "content", "reasoning_content", "finish_reason", "error", "turns", "sampling",
+    "tools",
 ]  # fmt: skip
 """The row_schema columns `samples` reads; select these and no text is read twice."""
 

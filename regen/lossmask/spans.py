@@ -32,7 +32,12 @@ def render_prompts(
 ) -> list[str]:
     """Each turn's prompt text, as the server rendered it."""
     return [
-        template.render(t.prompt, add_generation_prompt=True, **template_kwargs(t, enable_thinking))
+        template.render(
+            t.prompt,
+            add_generation_prompt=True,
+            tools=t.tools,
+            **template_kwargs(t, enable_thinking),
+        )
         for t in turns
     ]
 
@@ -48,6 +53,7 @@ def token_ids_from_template(
         full = template.render(
             [*turn.prompt, turn.answer],
             add_generation_prompt=False,
+            tools=turn.tools,
             **template_kwargs(turn, enable_thinking),
         )
         # A generation prompt that the full render does not extend (a think scaffold the
