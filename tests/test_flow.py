@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from dataclasses import dataclass
@@ -166,6 +167,20 @@ def test_a_run_is_named_and_tagged_for_what_it_does(good_run: Run) -> None:
     audit = artifacts[f"audit-report-{slug}"].description or ""
     # The figure first (a card shows ~50 characters), the dataset's name last.
     assert audit == "audit PASS 240 rows · out" or audit.startswith("audit WARN "), audit
+
+
+def test_the_audit_artifact_carries_its_plots(good_run: Run) -> None:
+    """report/*.png are out of the UI's reach: the audit artifact carries them as data URIs
+    (Prefect 3.9.1 renders them), and report/audit.md shows them by relative link."""
+    artifacts = _artifacts(_flow_run(good_run.state).id)
+    data = str(artifacts[f"audit-report-{dataset_slug(good_run.config.output)}"].data)
+    shown = dict(re.findall(r"!\[(\w+)\]\(data:image/png;base64,([^)]+)\)", data))
+    assert {"lengths", "finish_reasons"} <= set(shown), data[-500:]
+    report = Path(good_run.config.output) / "report"
+    for name, uri in shown.items():
+        assert base64.b64decode(uri) == (report / f"{name}.png").read_bytes(), name
+        assert f"![{name}]({name}.png)" in (report / "audit.md").read_text()
+    print(f"\naudit artifact: {len(data):,} characters with {len(shown)} plots")
 
 
 def test_rehearsal_reads_and_writes_s3(tmp_path: Path, moto: MotoS3) -> None:
