@@ -107,6 +107,26 @@ def test_a_finished_and_a_stopped_run_say_how_they_ended(tmp_path: Path) -> None
     assert "stopped by the live gate" in "\n".join(read_status(storage, now=NOW).lines())
 
 
+def test_a_killed_run_is_not_running_and_says_why(tmp_path: Path) -> None:
+    """kill -9: the lease is never released and the flow's hook may mark the progress
+    Crashed; the status names the dead holder and why it is dead (its pid gone on this host)."""
+    from regen.progress import mark_state
+
+    storage: Storage = LocalStorage(tmp_path / "out")
+    storage.write_bytes(progress_key(), _snapshot().to_json())
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    holder = replace(Holder.this_process(), pid=int(gone.stdout))
+    assert OutputLease(storage, holder, clock=lambda: NOW - 10).take() is None
+    mark_state(storage, "Crashed")
+    lines = dict(line.split(":", 1) for line in read_status(storage, now=NOW).lines())
+    assert lines["run"].strip().startswith(f"not running: its last holder (pid {holder.pid} on ")
+    assert lines["run"].endswith(f"ended without release: its process (pid {holder.pid} on "
+                                 f"{holder.host}) is gone")  # fmt: skip
+    assert lines["ended"].strip() == "Crashed (no ETA: the run's process is gone)"
+    assert "ETA" not in lines and "this run's average" in lines["speed"]
+
+
 def test_a_multi_node_run_shows_each_node(tmp_path: Path) -> None:
     """Each node of a multi-node run writes its own progress; the root has none of its own."""
     storage: Storage = LocalStorage(tmp_path / "out")
