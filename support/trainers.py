@@ -81,12 +81,51 @@ def conversations(count: int, *, system_rows: int, hand_written: bool) -> pl.Dat
     )
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+"""The tool of the tool-call rehearsal; the emulated model calls it with city "ten"."""
+
+
+def tool_conversations(count: int) -> pl.DataFrame:
+    """`count` conversations with `tools`: a question, the given call of get_weather and its
+    result, the given answer, then a second question. The even rows' given call is the one
+    the model makes (its result is kept and the model goes on, and calls again on the second
+    question, which the given conversation has no result for); the odd rows' is another, so
+    the conversation stops at the model's first call (regen.tools)."""
+    rows, tools = [], []
+    for i in range(count):
+        city = "ten" if i % 2 == 0 else "nine"
+        function = {"name": "get_weather", "arguments": json.dumps({"city": city})}
+        call = {"id": f"given-{i}", "type": "function", "function": function}
+        rows.append(
+            [
+                {"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": f"question {i}: the weather in ten?"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": '{"temp": 20}', "tool_call_id": f"given-{i}"},
+                {"role": "user", "content": "and why is that so?"},
+            ]
+        )
+        tools.append(json.dumps([WEATHER]))
+    return pl.DataFrame(
+        {"id": [f"t-{i:03d}" for i in range(count)], "messages": rows, "tools": tools},
+        schema={"id": pl.String, "messages": pl.List(MESSAGE), "tools": pl.String},
+    )
+
+
 @contextmanager
 def rehearsal_server(logs: Path) -> Iterator[Endpoint]:
-    """One real emulator with Qwen3's reasoning parser and the bundled Qwen3-style model,
-    answering in milliseconds."""
+    """One real emulator with Qwen3's reasoning and tool-call parsers and the bundled
+    Qwen3-style model, answering in milliseconds."""
     flags = [
         "--max-running-requests", "8", "--reasoning-parser", "qwen3", "--emu-load-s", "0",
+        "--tool-call-parser", "qwen25",
         "--emu-tokens-per-s", "2000", "--emu-time-scale", "0.02",
         "--emu-reasoning-tokens", "5:30", "--emu-answer-tokens", "10:40",
     ]  # fmt: skip

@@ -10,6 +10,8 @@ rows by their tokens):
 - specforge_prompts {path, model, template}: `prepare_prompt_tasks`, the `prompts_path` path
   (pre-tokenized rows pass through, a raw file goes through build_eagle3_dataset);
 - speculators_prepare {data, model, seq_length}: `load_and_preprocess_dataset` (`--data`);
+- speculators_conversations {path, model}: `build_speculator_training_dataset` over a
+  conversations JSONL with `tools`, vLLM's /render stood in for by `apply_chat_template`;
 - speculators_train {path, hidden_size}: `ArrowDataset.__getitem__` over an hf-dataset export
   with stand-in hidden-state files (the token ids each row's own), then `CollateFn`;
 - token_freq {path, regen}: `save_token_frequency_distribution` over the export, and regen's
@@ -111,6 +113,29 @@ def speculators_prepare(data: str, model: str, seq_length: int) -> Any:
     return _rows(out)
 
 
+def speculators_conversations(path: str, model: str) -> Any:
+    """`build_speculator_training_dataset` over a conversations JSONL (with its `tools`
+    column): speculators' own normaliser and per-turn render-boundary masks, with vLLM's
+    /render stood in for by the model's own `apply_chat_template` (what /render runs)."""
+    from speculators.data_generation import preprocessing
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+
+    def render(endpoint: str, messages: Any, *, add_generation_prompt: bool, **kw: Any) -> Any:
+        return tokenizer.apply_chat_template(
+            messages, tools=kw.get("tools"), add_generation_prompt=add_generation_prompt,
+            tokenize=True, return_dict=False,
+        )  # fmt: skip
+
+    raw = datasets.load_dataset("json", data_files=path, split="train")
+    preprocessing.render_conversation = render
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = preprocessing.build_speculator_training_dataset(
+            raw, tokenizer, max_length=100_000, num_proc=1, render_endpoint="stand-in"
+        )
+    return _rows(out)
+
+
 def speculators_train(path: str, hidden_size: int) -> Any:
     """Every row through __getitem__ with a stand-in hidden-state file holding its own ids (as
     the target model's extraction would), then all of them through CollateFn."""
@@ -161,6 +186,7 @@ OPS: dict[str, Callable[..., Any]] = {
     "specforge_prompts": specforge_prompts,
     "encode": encode,
     "speculators_prepare": speculators_prepare,
+    "speculators_conversations": speculators_conversations,
     "speculators_train": speculators_train,
     "token_freq": token_freq,
 }

@@ -11,10 +11,18 @@ strips them when it renders (`reasoning_content.strip('\n')`, `content.lstrip('\
 Qwen3's), so stripping here would only make our files differ from SpecForge's.
 `reasoning_content` is written only where there is one: SpecForge's script adds the key
 only when it saves reasoning, and a template treats a missing key and null alike.
+
+A conversation with tools (regen.tools) keeps its calls (`tool_calls`, arguments as JSON
+text) and results (role `tool`, `tool_call_id`) in OpenAI's shape, which SpecForge's parser
+and speculators' normaliser both take, and carries `tools` beside it as JSON text (what both
+parse per row; a JSON list of differing schemas would not load as one Arrow column), written
+as SGLang handed them to the chat template (regen.tools.template_tools), so a trainer that
+renders the conversation renders the tools the server rendered, token for token.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,6 +30,8 @@ import polars as pl
 
 from regen.export.options import TOKEN_FORMATS, ExportOptions
 from regen.lossmask import ROW_COLUMNS, ChatTemplate, samples
+from regen.schema import TOOL_CALL
+from regen.tools import template_tools
 
 JSONL_KEY = {"specforge": "conversations", "messages": "messages"}
 """The conversation key of each conversation format."""
@@ -61,8 +71,13 @@ def shard_export(
         columns = ROW_COLUMNS if template is not None else ["id", "error", "turns"]
     else:
         columns = ["id", "error", "messages", "content", "reasoning_content", "finish_reason"]
-        columns += ["completion_tokens"] + (["turns"] if options.exclude_truncated else [])
+        columns += ["completion_tokens", "tools"]
+        columns += ["turns"] if options.exclude_truncated else []
     frame = rows.select(columns).collect()
+    if options.format not in TOKEN_FORMATS and frame["tools"].is_not_null().any():
+        # A turns=last answer's calls are in its turn record: read only where tools are.
+        last_calls = pl.col("turns").list.last().struct.field("tool_calls")
+        frame = frame.with_columns(rows.select(last_calls.alias("_answer_calls")).collect())
     ok = frame.filter(pl.col("error").is_null())
     errors = frame.height - ok.height
     if options.format in TOKEN_FORMATS:
@@ -98,7 +113,7 @@ def _conversations(
         dropped["min_loss_tokens"] = flagged.height - int(flagged.select(keep.sum()).item())
         flagged = flagged.filter(keep)
     key = JSONL_KEY[options.format]
-    lines = flagged.select(_jsonl_line(key, generated_only))
+    lines = flagged.select(_jsonl_line(key, generated_only, "_answer_calls" in flagged.columns))
     first_role = pl.col("messages").list.first().struct.field("role")
     no_system = int(flagged.select((first_role != "system").fill_null(True).sum()).item() or 0)
     input_turns = 0
@@ -120,7 +135,7 @@ def _conversations(
     )
 
 
-def conversation(generated_only: bool = False) -> pl.Expr:
+def conversation(generated_only: bool = False, answer_calls: bool = False) -> pl.Expr:
     """The whole conversation with its final answer: with `turns: all` `messages` already ends
     with it; with `turns: last` it ends with the user turn and the answer is in `content`.
 
@@ -132,11 +147,15 @@ def conversation(generated_only: bool = False) -> pl.Expr:
         role=pl.lit("assistant"),
         content=pl.col("content"),
         reasoning_content=pl.col("reasoning_content"),
+        tool_calls=pl.col("_answer_calls") if answer_calls else pl.lit(None, pl.List(TOOL_CALL)),
+        tool_call_id=pl.lit(None, pl.String),
     )
     ends_answered = pl.col("messages").list.last().struct.field("role") == "assistant"
     messages = pl.col("messages")
     if generated_only:
-        messages = messages.list.filter(pl.element().struct.field("role") != "assistant")
+        # The input's answers and calls go, and with the calls their results.
+        role = pl.element().struct.field("role")
+        messages = messages.list.filter((role != "assistant") & (role != "tool"))
     return (
         pl.when(ends_answered.fill_null(False))
         .then(pl.col("messages"))
@@ -144,7 +163,7 @@ def conversation(generated_only: bool = False) -> pl.Expr:
     )
 
 
-def _jsonl_line(key: str, generated_only: bool = False) -> pl.Expr:
+def _jsonl_line(key: str, generated_only: bool = False, answer_calls: bool = False) -> pl.Expr:
     """One JSON object per row, encoded by polars (no Python loop): `{"id", key: [...]}`.
 
     A polars list holds one struct type, so every message encodes a `reasoning_content`; where
@@ -152,12 +171,22 @@ def _jsonl_line(key: str, generated_only: bool = False) -> pl.Expr:
     cannot occur inside an encoded string (its quotes are escaped), so removing it leaves the
     key out of those messages only.
     """
-    return (
-        pl.struct(pl.col("id"), conversation(generated_only).alias(key))
-        .struct.json_encode()
-        .str.replace_all(',"reasoning_content":null}', "}", literal=True)
-        .alias("line")
-    )
+    line = pl.struct(
+        pl.col("id"),
+        conversation(generated_only, answer_calls).alias(key),
+        pl.col("tools")
+        .map_elements(_template_tools, return_dtype=pl.String, skip_nulls=True)
+        .alias("tools"),
+    ).struct.json_encode()
+    # A message's null keys (and a row's null tools) cannot occur quoted inside encoded text,
+    # whose quotes are escaped: removing them leaves the key out where it has no value.
+    for key in ("reasoning_content", "tool_calls", "tool_call_id", "tools"):
+        line = line.str.replace_all(f',"{key}":null', "", literal=True)
+    return line.alias("line")
+
+
+def _template_tools(text: str) -> str:
+    return json.dumps(template_tools(json.loads(text)), ensure_ascii=False)
 
 
 def _token_samples(

@@ -25,6 +25,7 @@ from support.trainers import (
     conversations,
     env_ready,
     rehearsal_server,
+    tool_conversations,
 )
 
 if not env_ready() and not required():
@@ -48,6 +49,8 @@ class Rehearsal:
     last_turn: LocalStorage
     """turns: last; every row holds a hand-written assistant answer before its last question."""
     model: Path
+    tools: LocalStorage
+    """turns: all, with tools (support.trainers.tool_conversations)."""
 
 
 @pytest.fixture(scope="module")
@@ -60,4 +63,5 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
         last_turn = commit_rehearsal(
             root / "last", endpoint, conversations(8, system_rows=8, hand_written=True), "last"
         )
-    yield Rehearsal(all_turns, last_turn, MODEL_DIR)
+        tools = commit_rehearsal(root / "tools", endpoint, tool_conversations(8), "all")
+    yield Rehearsal(all_turns, last_turn, MODEL_DIR, tools)

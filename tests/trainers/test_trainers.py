@@ -230,3 +230,60 @@ def test_generated_only_trains_only_the_models_answers(
     hand = len(trainers.ask("encode", model=model, text=HAND_WRITTEN))
     assert extra >= hand * len(expected)
     print(f"trainers: specforge with the input's answers: {extra} more tokens trained")
+
+
+def test_tool_conversations_train_the_models_calls_in_both_trainers(
+    trainers: Trainers, rehearsal: Rehearsal, tmp_path: Path
+) -> None:
+    """A tool-call rehearsal (turns: all; given results kept where the model made the given
+    call, else the conversation stops there) exported as `specforge` (calls, results and the
+    tools as SGLang rendered them) and `tokenized`. SpecForge's build_eagle3_dataset trains the
+    last turn exactly as regen's sample but for the newline, and never a tool result;
+    speculators' build_speculator_training_dataset (its per-turn render boundary, /render
+    stood in for by the model's template) gives regen's per-turn samples, each but for the
+    newline; speculators' --data path takes the tokenized rows as they are."""
+    model = str(rehearsal.model)
+    _export(rehearsal.tools, tmp_path / "sf", "specforge", single_file=True)
+    lines = [json.loads(x) for x in (tmp_path / "sf" / "specforge.jsonl").read_text().splitlines()]
+    assert len(lines) == 8 and all(
+        json.loads(line["tools"])[0]["type"] == "function" for line in lines
+    )
+    roles = [[m["role"] for m in line["conversations"]] for line in lines]
+    assert roles.count(["system", "user", "assistant"]) == 4  # the other call: stopped there
+    full = ["system", "user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert roles.count(full) == 4
+    calls = [m for line in lines for m in line["conversations"] if m.get("tool_calls")]
+    assert len(calls) == 12 and all("reasoning_content" in m for m in calls)
+    results = [m for line in lines for m in line["conversations"] if m["role"] == "tool"]
+    assert all(r["tool_call_id"].startswith("call_") for r in results)  # paired to the model's
+
+    _export(rehearsal.tools, tmp_path / "last", "tokenized", turns="last")
+    _export(rehearsal.tools, tmp_path / "tok", "tokenized")
+    newline = trainers.ask("encode", model=model, text="\n")[0]
+    response = trainers.ask("encode", model=model, text="<tool_response>")[0]
+    theirs = as_rows(
+        trainers.ask(
+            "specforge_conversations", path=str(tmp_path / "sf" / "specforge.jsonl"),
+            model=model, template=TEMPLATE, last_turn=True,
+        )
+    )  # fmt: skip
+    _judge("specforge tools (last turn)", theirs, regen_rows(tmp_path / "last"), newline)
+    every = as_rows(
+        trainers.ask(
+            "specforge_conversations", path=str(tmp_path / "sf" / "specforge.jsonl"),
+            model=model, template=TEMPLATE, last_turn=False,
+        )
+    )  # fmt: skip
+    masked = [m for ids, mask in every for i, m in zip(ids, mask, strict=True) if i == response]
+    assert len(masked) == 4 and not any(masked)  # the given results: context, never trained
+
+    spec = trainers.ask(
+        "speculators_conversations", path=str(tmp_path / "sf" / "specforge.jsonl"), model=model
+    )
+    ours = regen_rows(tmp_path / "tok")
+    assert len(ours) == 16  # 4 conversations x 3 turns, 4 x 1
+    _judge("speculators tools (render boundary)", as_rows(spec), ours, newline)
+    prepared = trainers.ask(
+        "speculators_prepare", data=str(tmp_path / "tok"), model=model, seq_length=4096
+    )
+    _judge("speculators tools tokenized (--data DIR)", as_rows(prepared), ours)
