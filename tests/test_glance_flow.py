@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -140,3 +141,31 @@ def test_a_rerun_with_nothing_to_do_says_so(run: Run, capsys: pytest.CaptureFixt
     first = capsys.readouterr().out
     figure = sig(run.state.result().tokens_per_s)
     assert "this run generated 240 rows, " in first and f"at {figure} tok/s" in first, first
+
+
+def test_an_error_rows_example_in_the_audit_carries_its_reason(tmp_path: Path) -> None:
+    """A 200,000-character prompt is an error row; the audit's example said `error row` and
+    nothing more, the server's reason (over the context length) only in the data."""
+    import json
+
+    from flows.regenerate import regenerate_completions
+
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"q{i}", "prompt": f"Name a prime above {i}."} for i in range(39)]
+    rows.append({"id": "huge", "prompt": "word " * 40_000})
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = tmp_path / "rehearsal.yaml"
+    settings = {"work_dir": str(tmp_path / "work"), "shard_size": 20, "audit": {"live": "off"}}
+    path.write_text(yaml.safe_dump(settings))
+    config = rehearsal_config(
+        config_path=path, prompts=str(prompts), out=str(tmp_path / "out"), servers=1
+    )
+    state = regenerate_completions(config, return_state=True)
+    assert state.is_completed(), state.message
+    audit = json.loads((tmp_path / "out" / "report" / "audit.json").read_text())
+    [check] = [c for c in audit["checks"] if c["name"] == "error_rows"]
+    [example] = check["examples"]
+    assert example["id"] == "huge" and example["reason"].startswith("error row: "), example
+    assert "context length" in example["reason"], example
+    said = (tmp_path / "out" / "report" / "audit.md").read_text()
+    assert "- `huge`: error row: " in said and "context length" in said.split("`huge`")[1]
