@@ -40,6 +40,18 @@ def duration(seconds: float | None) -> str:
     return f"{sig(seconds / 3600)} h"
 
 
+def pct_within(fraction: float | None, bound: float | None) -> str:
+    """`pct`, with digits added where rounding would carry a share onto a threshold it is
+    under: 0.049996 beside `fail at 5.00 %` reads `5.00 %` and looks failed; it is `4.9996 %`."""
+    if fraction is None or bound is None or fraction >= bound or fraction <= 0:
+        return pct(fraction)
+    for digits in range(3, 9):
+        shown = round(100 * fraction, digits - 1 - math.floor(math.log10(100 * fraction)))
+        if shown < 100 * bound:
+            return pct(fraction, digits)
+    return pct(fraction, 9)
+
+
 def count(value: float | None) -> str:
     """A count as it is, thousands separated (`4,096`, never `4,100`): token counts and row
     counts are exact, and a length shown rounded up past its bound (p99 `4,100` beside a

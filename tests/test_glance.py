@@ -194,3 +194,17 @@ def test_an_ended_runs_figures_are_kept_not_diluted_by_the_clock(tmp_path: Path)
     time.sleep(0.05)
     assert writer.snapshot().tokens_per_s == first.tokens_per_s > 0
     assert writer.snapshot().ended == "finished" and writer.snapshot().eta_s is None
+
+
+def test_a_share_under_its_threshold_is_never_shown_at_it() -> None:
+    from regen.audit.result import Check
+    from regen.figures import pct_within
+
+    assert pct_within(0.049996, 0.05) == "4.9996 %" and pct_within(0.0499, 0.05) == "4.99 %"
+    assert pct_within(0.06, 0.05) == "6.00 %" and pct_within(0.0, 0.01) == "0 %"
+    check = Check(
+        name="error_rows", title="1 error rows", status="warn", figure=0.049996, warn=0.01,
+        fail=0.05,
+    )  # fmt: skip
+    result = AuditResult(dataset="out", rows=1, planned=1, verdict="warn", checks=[check])
+    assert "| **WARN** | 1 error rows | 4.9996 % | 1.00 % | 5.00 % |" in result.to_markdown()

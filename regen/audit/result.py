@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from regen.audit.thresholds import Threshold
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, CANARY_PREFIX, key_url
-from regen.figures import count, markdown_table, pct, sig
+from regen.figures import count, markdown_table, pct, pct_within, sig
 from regen.status import Status
 
 Verdict = Literal["pass", "warn", "fail"]
@@ -163,7 +163,7 @@ class AuditResult(BaseModel):
         ordered = self.ordered_checks()
         lines += markdown_table(
             ["status", "check", "figure", "warn at", "fail at"],
-            ((_MARK[c.status], c.title, pct(c.figure), pct(c.warn), pct(c.fail)) for c in ordered),
+            ((_MARK[c.status], c.title, _figure(c), pct(c.warn), pct(c.fail)) for c in ordered),
             numeric={"figure", "warn at", "fail at"},
         )
         details = [c for c in ordered if c.detail]
@@ -312,6 +312,16 @@ _MARK: dict[Status, str] = {
     "pass": "pass",
     "skipped": "skipped",
 }
+
+
+def _figure(check: Check) -> str:
+    """A check's figure as the table shows it, on its side of the threshold above it (a pass
+    at 4.9996 % is never `5.00 %` beside `fail at 5.00 %`)."""
+    figure = check.figure
+    if figure is None:
+        return pct(None)
+    above = [t for t in (check.warn, check.fail) if t is not None and figure < t]
+    return pct_within(figure, above[0] if above else None)
 
 
 def _topic(check: Check) -> str:
