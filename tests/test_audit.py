@@ -101,8 +101,8 @@ def test_clean_dataset_raises_nothing(clean: tuple[Synthetic, AuditResult]) -> N
     _, result = clean
     assert result.verdict == "pass"
     for check in result.checks:
-        # One sampling setting: no per-setting figures to judge.
-        skipped = {"loss_mask", "template_parity", "per_setting"}
+        # One sampling setting: no per-setting figures to judge; no tools: no calls.
+        skipped = {"loss_mask", "template_parity", "per_setting", "tool_calls"}
         expected = "skipped" if check.name in skipped else "pass"
         assert check.status == expected, (check.name, check.detail)
     for name in [*QUALITY, "error_rows", "completeness"]:

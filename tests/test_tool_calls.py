@@ -15,6 +15,10 @@ import polars as pl
 import pytest
 from pydantic import SecretStr
 
+from regen.audit.loss_mask import ModelTemplate
+from regen.audit.summary import AuditSettings, audit_rows
+from regen.audit.thresholds import AuditConfig
+from regen.audit.tool_calls import tool_calls_check
 from regen.client import Dispatcher, DispatchTuning
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.conversations import Turns, conversation_for
@@ -321,3 +325,48 @@ def test_the_loss_mask_trains_the_calls_never_the_results(
         rendered_samples.select("input_ids", "loss_mask").rows()
         == from_ids.select("input_ids", "loss_mask").rows()
     )
+
+
+def test_the_audit_counts_bad_calls_and_stopped_conversations(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """Check 12 over stored tool turns: the model's own calls pass; a call whose arguments are
+    no JSON object, one to an undeclared tool and a call block the parser dropped (its token in
+    the response, no call) are each counted; conversations the rule stopped are named."""
+    other = {"name": "get_weather", "arguments": {"city": "nine"}}
+    out = regenerate(endpoint, _prompts(tmp_path, _row("a", THE_CALL), _row("b", other)), "all")
+    model = ModelTemplate(load_template(MODEL_DIR)[0], "", True)
+    settings = AuditSettings(AuditConfig(), True, model, 0)
+    good = audit_rows(out, settings).tools
+    assert (good.rows, good.turns, good.calls) == (2, 4, 3)
+    assert good.malformed.n == good.unknown.n == good.dropped.n == 0
+    assert good.stopped.n == 2 and [e.id for e in good.stopped.examples] == ["a#t3", "b"]
+    assert tool_calls_check(good).status == "pass"
+
+    def broken(call: dict[str, Any], extra_block: bool = False) -> dict[str, Any]:
+        def fix(turn: dict[str, Any]) -> dict[str, Any]:
+            if not turn["tool_calls"]:
+                return turn
+            ids = turn["response_token_ids"] + (call_ids if extra_block else [])
+            return {**turn, "tool_calls": [call], "response_token_ids": ids}
+
+        return {"turns": [fix(t) for t in out.row(0, named=True)["turns"]]}
+
+    call_ids = TOKENIZER.encode("<tool_call>", add_special_tokens=False).ids
+    bad = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "[1]"}}
+    unknown = {"id": "c", "type": "function", "function": {"name": "nope", "arguments": "{}"}}
+    rows = pl.concat(
+        [
+            out.head(1).with_columns(
+                pl.Series("turns", [broken(call, block)["turns"]], out.schema["turns"])
+            )
+            for call, block in ((bad, False), (unknown, True))
+        ]
+    )
+    found = audit_rows(rows, settings).tools
+    assert (found.malformed.n, found.unknown.n, found.dropped.n) == (2, 2, 2)
+    assert (
+        found.malformed.examples[0].reason == "the arguments of get_weather are not a JSON object"
+    )
+    check = tool_calls_check(found)
+    assert check.status == "fail" and check.figure == pytest.approx(6 / 6)

@@ -35,6 +35,7 @@ from regen.audit.summary import AuditSettings, audit_rows, merge, settings_for
 from regen.audit.summary_model import Summary
 from regen.audit.template_parity import template_parity_check
 from regen.audit.thresholds import AuditConfig
+from regen.audit.tool_calls import tool_calls_check
 from regen.dataset.keys import summary_key
 from regen.dataset.rejects import read_rejects
 from regen.storage import Storage
@@ -192,6 +193,7 @@ def row_checks(summary: Summary, settings: AuditSettings) -> list[Check]:
         setting_check(summary.by_setting, summary.setting_examples, config),
         loss_mask_check(summary.loss, config, settings.model.missing),
         template_parity_check(summary.parity, settings.model, config, len(summary.sources)),
+        tool_calls_check(summary.tools),
     ]
     return [_not_judged(c) if c.name in config.not_judged else c for c in checks]
 

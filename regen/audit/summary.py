@@ -36,9 +36,17 @@ from regen.audit.loss_mask import ModelTemplate, load_model_template, measure_lo
 from regen.audit.per_setting import setting_counts, setting_examples
 from regen.audit.result import Example
 from regen.audit.servers import server_flags, server_rates
-from regen.audit.summary_model import Answers, Hits, LossFigures, ParityFigures, Summary
+from regen.audit.summary_model import (
+    Answers,
+    Hits,
+    LossFigures,
+    ParityFigures,
+    Summary,
+    ToolFigures,
+)
 from regen.audit.template_parity import parity_figures
 from regen.audit.thresholds import AuditConfig
+from regen.audit.tool_calls import CALL_TOKEN, tool_figures
 from regen.storage import Storage
 
 SUMMARY_FORMAT = 3
@@ -228,7 +236,15 @@ def audit_rows(
             tokens=_value_counts(loss.tokens["loss_tokens"]),
         ),
         parity=parity_figures(rows, settings.model, settings.parity_rows, k),
+        tools=tool_figures(rows, _call_token(settings), k),
     )
+
+
+def _call_token(settings: AuditSettings) -> int | None:
+    """The model's `<tool_call>` token, where its tokenizer has one (check 12)."""
+    template = settings.model.template
+    found = template.tokenizer.token_to_id(CALL_TOKEN) if template is not None else None
+    return found if isinstance(found, int) else None
 
 
 ERROR_REASON_CHARS = 160
@@ -304,6 +320,7 @@ def merge(summaries: Iterable[Summary]) -> Summary:
             tokens=_add_counts(p.loss.tokens for p in parts),
         ),
         parity=ParityFigures.merge([p.parity for p in parts], k),
+        tools=ToolFigures.merge([p.tools for p in parts], k),
     )
 
 

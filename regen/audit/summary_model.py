@@ -109,6 +109,40 @@ class ParityFigures(BaseModel):
         )
 
 
+class ToolFigures(BaseModel):
+    """Check 12's figures (regen.audit.tool_calls): the model's calls in rows with tools."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rows: int = 0
+    turns: int = 0
+    calls: int = 0
+    counted_blocks: bool = True
+    """False where no tokenizer with a call token was at hand: dropped blocks not counted."""
+    malformed: Hits = Field(default_factory=Hits)
+    unknown: Hits = Field(default_factory=Hits)
+    dropped: Hits = Field(default_factory=Hits)
+    stopped: Hits = Field(default_factory=Hits)
+
+    @classmethod
+    def merge(cls, parts: list[ToolFigures], k: int) -> ToolFigures:
+        def hits(name: str) -> Hits:
+            found = [getattr(p, name) for p in parts]
+            examples = [e for h in found for e in h.examples][:k]
+            return Hits(n=sum(h.n for h in found), examples=examples)
+
+        return cls(
+            rows=sum(p.rows for p in parts),
+            turns=sum(p.turns for p in parts),
+            calls=sum(p.calls for p in parts),
+            counted_blocks=all(p.counted_blocks for p in parts if p.rows),
+            malformed=hits("malformed"),
+            unknown=hits("unknown"),
+            dropped=hits("dropped"),
+            stopped=hits("stopped"),
+        )
+
+
 class Summary(BaseModel):
     """The audit's figures over some rows: one shard's, or many shards' merged."""
 
@@ -140,6 +174,7 @@ class Summary(BaseModel):
     setting_examples: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
     loss: LossFigures = Field(default_factory=LossFigures)
     parity: ParityFigures = Field(default_factory=ParityFigures)
+    tools: ToolFigures = Field(default_factory=ToolFigures)
 
     @property
     def shards(self) -> list[int]:
