@@ -458,12 +458,13 @@ def shoot(plan: dict[str, Any]) -> int:
             shot = Shot(**raw)
             viewport = {"width": plan["width"], "height": plan["height"]}
             page = browser.new_page(viewport=viewport)
+            started = time.monotonic()
             try:
                 render(page, shot)
                 if shot.full_page:
                     grow(page, plan["width"], plan["height"])
                 page.screenshot(path=str(out / f"{shot.name}.png"))
-                print(f"ui_screenshots: {shot.name}.png")
+                print(f"ui_screenshots: {shot.name}.png ({time.monotonic() - started:.0f} s)")
             except Exception as error:  # one bad page must not lose the others
                 failed += 1
                 print(f"ui_screenshots: {shot.name}: {error}", file=sys.stderr)
@@ -494,8 +495,8 @@ def render(page: Any, shot: Shot) -> None:
 def settle(page: Any) -> None:
     # A page that polls never goes quiet: the wait below still lets it draw.
     with contextlib.suppress(Exception):
-        page.wait_for_load_state("networkidle", timeout=10_000)
-    page.wait_for_timeout(2_500)
+        page.wait_for_load_state("networkidle", timeout=5_000)
+    page.wait_for_timeout(2_000)
 
 
 def grow(page: Any, width: int, height: int) -> None:
