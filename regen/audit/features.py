@@ -95,6 +95,9 @@ def _row_facts(config: AuditConfig) -> list[pl.Expr]:
         pl.when(ok).then(answer_tokens()).alias("answer_tokens"),
         pl.when(~ok)
         .then(None)
+        # A tool call is the turn's answer (regen.tools): its content is empty by design.
+        .when(pl.col("finish_reason") == "tool_calls")
+        .then(None)
         .when(blank_answer)
         .then(pl.lit("empty"))
         .when(norm.is_in(fillers))
