@@ -372,9 +372,19 @@ class ProgressWriter:
         self._ended = self._meter.snapshot(self._dispatcher.stats()).as_ended(how)
 
     def snapshot(self) -> ProgressSnapshot:
-        if self._ended is not None:
-            return replace(self._ended, audit=self._audit)
-        return replace(self._meter.snapshot(self._dispatcher.stats()), audit=self._audit)
+        snap = replace(self._meter.snapshot(self._dispatcher.stats()), audit=self._audit)
+        if self._ended is None:
+            return snap
+        # The ended figures as taken; what is still in flight (answers the end left behind,
+        # being aborted) as it is now.
+        servers = tuple(
+            replace(kept, state=now.state, in_flight=now.in_flight)
+            for kept, now in zip(self._ended.servers, snap.servers, strict=False)
+        )
+        return replace(
+            self._ended, audit=self._audit, in_flight=snap.in_flight, queued=snap.queued,
+            servers=servers,
+        )  # fmt: skip
 
     def write_now(self) -> ProgressSnapshot:
         with self._write_lock:
