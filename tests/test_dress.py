@@ -78,7 +78,8 @@ def test_the_twin_keeps_the_tokenizer_and_plants_a_reasoning_answer(tmp_path: Pa
                      "tokenizer.json", "tokenizer_config.json"]  # fmt: skip
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (twin.path / name).read_bytes() == (bundled("emulator-model") / name).read_bytes()
-    assert twin.vocab_size == 86 and twin.planted[0] == 1 and twin.planted[-1] == 82
+    # The bundled tokenizer: 86 tokens, then the tool-call tags and JSON pieces.
+    assert twin.vocab_size == 102 and twin.planted[0] == 1 and twin.planted[-1] == 82
     assert 83 in twin.planted and 84 in twin.planted  # <think>, </think>
     # Byte-identical on every build: a twin is a fixture, not a draw.
     again = build_twin(bundled("emulator-model"), tmp_path / "again", context_length=2048)

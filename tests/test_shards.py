@@ -63,6 +63,7 @@ def _rows(shard: int, ids: list[str], errors: list[str | None] | None = None) ->
             "latency_s": [0.5] * n,
             "error": errors,
             "turns": [[]] * n,
+            "tools": [None] * n,
             "sampling": [None] * n,
         },
         schema=row_schema(),
@@ -276,7 +277,7 @@ def test_prompt_cache_reads_one_shard(tmp_path: Path) -> None:
     plan = plan_shards(ps, 4)
     path = cache_prompts(ps, plan, tmp_path / "work" / "prompts-x.parquet")
     rows = prompts_for_shard(path, 1)
-    assert rows.columns == ["id", "shard", "messages", "revision"]
+    assert rows.columns == ["id", "shard", "messages", "tools", "revision"]
     assert rows.get_column("id").to_list() == ["r4", "r5", "r6", "r7"]
     assert prompts_for_shard(path, 7).height == 0
 
