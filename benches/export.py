@@ -133,9 +133,11 @@ def generate(root: Path, rows: int, prompt_tokens: int, response_tokens: int) ->
             .otherwise(pl.lit([], pl.List(TURN)))
             .alias("turns"),
         )
-        commit_shard(
-            storage, shard, rows_frame.cast(row_schema()), fingerprint=FINGERPRINT, timings={}
-        )
+        schema = row_schema()
+        # The columns a plain rehearsal leaves null (tools, the sampling draw).
+        missing = [pl.lit(None, schema[c]).alias(c) for c in schema if c not in rows_frame.columns]
+        rows_frame = rows_frame.with_columns(missing).select(schema.names())
+        commit_shard(storage, shard, rows_frame.cast(schema), fingerprint=FINGERPRINT, timings={})
 
 
 def child(kind: str, root: Path, dest: Path) -> None:

@@ -73,7 +73,11 @@ def shard_export(
         columns = ["id", "error", "messages", "content", "reasoning_content", "finish_reason"]
         columns += ["completion_tokens", "tools"]
         columns += ["turns"] if options.exclude_truncated else []
-    frame = rows.select(columns).collect()
+    # Frames of another reader's making may lack the newer columns (tools, sampling).
+    present = set(rows.collect_schema().names())
+    frame = rows.select([c for c in columns if c in present]).collect()
+    if "tools" not in frame.columns:
+        frame = frame.with_columns(pl.lit(None, pl.String).alias("tools"))
     if options.format not in TOKEN_FORMATS and frame["tools"].is_not_null().any():
         # A turns=last answer's calls are in its turn record: read only where tools are.
         last_calls = pl.col("turns").list.last().struct.field("tool_calls")
