@@ -370,3 +370,24 @@ def test_the_audit_counts_bad_calls_and_stopped_conversations(
     )
     check = tool_calls_check(found)
     assert check.status == "fail" and check.figure == pytest.approx(6 / 6)
+
+
+def test_a_parquet_file_with_tools_reads_as_jsonl_does(tmp_path: Path) -> None:
+    """Parquet: `tools` as JSON text (the Hermes function-calling layout) and messages whose
+    calls are structs with text arguments."""
+    row = _row("p", THE_CALL, second_user=False)
+    jsonl = _prompts(tmp_path, row)
+    frame = pl.DataFrame(
+        {
+            "id": ["p"],
+            "tools": [json.dumps(row["tools"])],
+            "messages": [jsonl["messages"][0]],
+        }
+    )
+    frame.write_parquet(tmp_path / "tools.parquet")
+    ps = load_prompts(str(tmp_path / "tools.parquet"))
+    assert ps.rejects.height == 0
+    assert (
+        ps.valid.select("id", "messages", "tools").rows()
+        == jsonl.select("id", "messages", "tools").rows()
+    )
