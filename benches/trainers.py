@@ -49,6 +49,7 @@ from support.trainers import (
     env_ready,
     regen_rows,
     rehearsal_server,
+    tool_conversations,
     without_prefix,
 )
 
@@ -163,6 +164,49 @@ def measure(trainers: Trainers, source: Storage, tmp: Path) -> tuple[list[dict],
     return results, len(ours)
 
 
+def measure_tools(trainers: Trainers, source: Storage, tmp: Path) -> list[dict]:
+    """A tool-call rehearsal's conversation export (calls, results, tools) read by each
+    trainer's conversation path, against regen's per-turn samples."""
+    model = str(MODEL_DIR)
+    (newline,) = trainers.ask("encode", model=model, text="\n")
+    ours = regen_rows(_export(source, tmp / "tools-tok", "tokenized"))
+    ours_last = regen_rows(_export(source, tmp / "tools-last", "tokenized", turns="last"))
+    sf = _export(source, tmp / "tools-sf", "specforge", single_file=True) / "specforge.jsonl"
+    found = []
+    last = trainers.ask(
+        "specforge_conversations", path=str(sf), model=model, template=TEMPLATE, last_turn=True
+    )
+    found.append(
+        (
+            "SpecForge",
+            f"specforge with tools: build_eagle3_dataset ({TEMPLATE}, train_only_last_turn) vs "
+            "tokenized --turns last",
+            compare(as_rows(last), ours_last, newline),
+        )
+    )
+    spec = trainers.ask("speculators_conversations", path=str(sf), model=model)
+    found.append(
+        (
+            "speculators",
+            "specforge with tools: build_speculator_training_dataset (render boundary per "
+            "turn, /render = the model's template) vs tokenized",
+            compare(as_rows(spec), ours, newline),
+        )
+    )
+    return [
+        {
+            "trainer": trainer,
+            "path": path,
+            "accepted": result.accepted,
+            "equal": result.equal,
+            "newline_only": result.newline_only,
+            "other": _other(result, []),
+            "unexpected": len(result.other) + result.unmatched,
+        }
+        for trainer, path, result in found
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=12)
@@ -188,9 +232,11 @@ def main() -> None:
                 conversations(count, system_rows=count * 2 // 3, hand_written=False),
                 "all",
             )
+            tools = commit_rehearsal(tmp / "tools", endpoint, tool_conversations(count), "all")
         trainers = Trainers()
         try:
             results, samples = measure(trainers, source, tmp)
+            results += measure_tools(trainers, tools, tmp)
         finally:
             trainers.close()
     rows = [r for r in results if "accepted" in r]
