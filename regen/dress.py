@@ -159,7 +159,8 @@ def prepare(plan: DressPlan, hf_token: str | None = None) -> None:
     fetch_tokenizer(plan.twin_of, plan.revision, tokenizer, hf_token)
     build_twin(tokenizer, plan.twin_dir, context_length=source.engine.context_length)
     prompts = load_prompts(source.prompts, options=read_options(source.input, hf_token))
-    head = prompts.valid.head(plan.sample_size).select("id", "messages")
+    # The rows as read (tools, calls and results included), which the sample reads back as is.
+    head = prompts.valid.head(plan.sample_size).select("id", "messages", "tools")
     plan.sample.parent.mkdir(parents=True, exist_ok=True)
     head.write_ndjson(plan.sample)
     if not head.height:
