@@ -9,9 +9,15 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from aiohttp import web
+from aiohttp.typedefs import Handler
 
+from regen.audit import gate_decision, settings_for
+from regen.audit.dataset import open_dataset
 from regen.audit.gate import Finding
 from regen.audit.result import Example
+from regen.audit.run import row_checks
+from regen.audit.summary import audit_rows
 from regen.audit.thresholds import AuditConfig
 from regen.canary import (
     STOP_KEY,
@@ -31,14 +37,27 @@ from regen.canary import (
     write_stop_record,
 )
 from regen.canary.stop import judge_input
-from regen.canary.store import Verdict
+from regen.canary.store import CANARY_PARTS, WAVES_AHEAD, Verdict
 from regen.client import Dispatcher
+from regen.client.tuning import DispatchTuning
 from regen.dataset import commit_shard, prompts_for_shard, read_manifest
 from regen.errors import UserError
+from regen.generation.live_gate import one_sample
 from regen.prompts import REJECTS_SCHEMA
 from regen.storage import LocalStorage
-from support.emulator import Emulator
-from tests.test_dispatcher import dispatcher, emulators, prompts
+from support.emulator import in_process
+from tests.support.audit import make_dataset, tiny_tokenizer
+from tests.test_dispatcher import (
+    KEY,
+    MODEL,
+    Gate,
+    _wait,
+    dispatcher,
+    emulators,
+    flags,
+    prompts,
+    served,
+)
 
 FP = "f" * 64
 
@@ -65,10 +84,6 @@ def test_sample_is_deterministic_and_spread_over_every_pending_shard(tmp_path: P
     assert canary_sample(cache, pending, 1000).height == 80
 
 
-def _requests(fleet: list[Emulator]) -> float:
-    return sum(e.metric("sglang:e2e_request_latency_seconds_count") for e in fleet)
-
-
 def test_canary_rows_are_sent_once_and_committed_once_in_their_shards(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "out")
     cache = _cache(tmp_path / "prompts.parquet", 30, 10)
@@ -85,8 +100,9 @@ def test_canary_rows_are_sent_once_and_committed_once_in_their_shards(tmp_path: 
             out = source.submit_shard(shard, rows).result()
             assert out["id"].to_list() == rows["id"].to_list()
             commit_shard(storage, shard, out, fingerprint=FP, timings={})
-        requests = _requests(fleet)
-    assert requests == 30  # every id once at the servers: canary rows were not sent again
+        stats = d.stats()
+    # Every id queued and sent once (a hedge's copy aside): canary rows were not sent again.
+    assert stats.submitted == stats.sent == 30
     committed = pl.concat(
         pl.read_parquet(io.BytesIO(storage.read_bytes(m.data)))
         for m in (read_manifest(storage, k) for k in range(3))
@@ -209,15 +225,16 @@ def test_shards_sent_behind_the_canary_commit_only_on_its_verdict(tmp_path: Path
     cache = _cache(tmp_path / "prompts.parquet", 40, 10)
     sample = canary_sample(cache, [0, 1, 2, 3], 8)
     shards = {k: prompts_for_shard(cache, k) for k in range(4)}
-    with emulators(tmp_path, 2) as fleet, dispatcher(fleet) as d:
+    with emulators(tmp_path, 2) as fleet, dispatcher(fleet, slots=5) as d:
         pending = send_canary(d, storage, FP, sample)
         verdict: futures.Future[Verdict] = futures.Future()
-        held = HeldForCanary(d, sample, verdict, ahead=20)
+        held = HeldForCanary(d, sample, verdict, slots=10)
+        assert held.budget == WAVES_AHEAD * 10 == 20
         outs = {k: held.submit_shard(k, rows) for k, rows in shards.items()}
         canary = pending.collect()
         _idle(d)
-        sent = _requests(fleet)
-        assert sent == 8 + 20, "the canary, then only `ahead` rows of the shards"
+        sent = d.stats().sent
+        assert sent == 8 + 20, "the canary, then two waves of the fleet's slots"
         assert not any(o.done() for o in outs.values()), "no shard is handed back before it"
         # Go, with server-0 quarantined: the rows it answered are sent again elsewhere.
         d.quarantine("server-0", "test")
@@ -225,7 +242,7 @@ def test_shards_sent_behind_the_canary_commit_only_on_its_verdict(tmp_path: Path
             Verdict(canary.filter(pl.col("server") != "server-0"), frozenset({"server-0"}))
         )
         got = {k: o.result(timeout=30) for k, o in outs.items()}
-        again = _requests(fleet) - sent
+        again = d.stats().sent - sent
     for k, rows in got.items():
         assert rows["id"].to_list() == shards[k]["id"].to_list(), "every id once, in order"
         assert set(rows["server"]) == {"server-1"}
@@ -235,15 +252,19 @@ def test_shards_sent_behind_the_canary_commit_only_on_its_verdict(tmp_path: Path
 
 
 def test_a_stop_at_the_canary_hands_no_shard_back(tmp_path: Path) -> None:
+    """What a stop throws away beyond the canary is two waves of the fleet's slots, whatever
+    share of the run that is: here 16 of the 32 shard rows."""
     storage = LocalStorage(tmp_path / "out")
     cache = _cache(tmp_path / "prompts.parquet", 40, 10)
     sample = canary_sample(cache, [0, 1, 2, 3], 8)
-    with emulators(tmp_path, 2) as fleet, dispatcher(fleet) as d:
+    with emulators(tmp_path, 2) as fleet, dispatcher(fleet, slots=4) as d:
         pending = send_canary(d, storage, FP, sample)
         verdict: futures.Future[Verdict] = futures.Future()
-        held = HeldForCanary(d, sample, verdict, ahead=6)
+        held = HeldForCanary(d, sample, verdict, slots=8)
         outs = [held.submit_shard(k, prompts_for_shard(cache, k)) for k in range(4)]
         pending.collect()
+        _idle(d)  # the rows behind the canary are all answered: nothing more goes out
+        assert d.stats().sent == 8 + 2 * 8, "the canary and two waves, before its verdict"
         stop = CanaryStopped("the canary failed")
         d.abort(stop)
         verdict.set_exception(stop)
@@ -251,4 +272,163 @@ def test_a_stop_at_the_canary_hands_no_shard_back(tmp_path: Path) -> None:
             with pytest.raises(CanaryStopped):
                 out.result(timeout=30)
         _idle(d)
-        assert _requests(fleet) <= 8 + 6, "the canary and `ahead` rows at most"
+        assert d.stats().sent == 8 + 16, "nothing sent after the stop"
+        assert not storage.list("shards/"), "nothing committed"
+
+
+class _Arrivals(Gate):
+    """`Gate`, keeping the order in which the requests reached the servers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[str] = []
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/v1/chat/completions" and not self.open:
+            self.order.append((await request.json())["rid"])
+        return await super().middleware(request, handler)
+
+
+def test_the_slots_the_canary_frees_stay_busy_until_two_waves(tmp_path: Path) -> None:
+    """Every request held at the server and let go one at a time, in the order sent: each
+    slot a canary row frees takes a shard row at once, through the canary's tail, until two
+    waves of the fleet's slots have gone out behind it; then nothing more until the verdict,
+    which hands every shard back with each id once."""
+    storage = LocalStorage(tmp_path / "out")
+    cache = _cache(tmp_path / "prompts.parquet", 40, 10)
+    sample = canary_sample(cache, [0, 1, 2, 3], 8)
+    shards = {k: prompts_for_shard(cache, k) for k in range(4)}
+    ids = sample["id"].to_list()
+    gate = _Arrivals()
+    with in_process(
+        flags(2, time_scale=0.01), served_name=MODEL, api_key=KEY, middlewares=[gate.middleware]
+    ) as fleet:
+        gate.loop = fleet[0].loop
+        # 4 slots; no hedging: a request held here would look like a straggler.
+        tuning = DispatchTuning(hedge=False, retry_backoff_s=0.02, probe_backoff_s=0.2)
+        with dispatcher(fleet, slots=2, tuning=tuning) as d:
+            pending = send_canary(d, storage, FP, sample)
+            verdict: futures.Future[Verdict] = futures.Future()
+            held = HeldForCanary(d, sample, verdict, slots=4)
+            outs = {k: held.submit_shard(k, rows) for k, rows in shards.items()}
+            _wait("the fleet full", lambda: len(gate.held) == 4)
+            assert sorted(gate.held) == ids[:4], "the canary goes first"
+            released: list[str] = []
+            behind: list[str] = []
+            # The canary's last row stays held: its tail, while the rest turn over.
+            while len(behind) < 2 * 4:
+                rid = next(r for r in gate.held if r != ids[-1])
+                gate.release(rid)
+                released.append(rid)
+                _wait("the freed slot taken", lambda: len(gate.held) == 4)
+                behind = [r for r in (*released, *gate.held) if r not in ids]
+                assert d.stats().in_flight == 4, "no slot idle while the canary runs"
+            assert len(behind) == 2 * 4 and ids[-1] in gate.held
+            assert sorted(gate.order[:8]) == ids, "the canary's rows were sent before any shard's"
+            # Two waves out: the slots freed now stay free until the verdict.
+            for rid in [r for r in gate.held if r != ids[-1]]:
+                gate.release(rid)
+            _wait("the rows behind answered", lambda: d.stats().ok == 7 + 8)
+            stats = d.stats()
+            assert list(gate.held) == [ids[-1]] and stats.in_flight == 1 and stats.queued == 0
+            assert stats.sent == 8 + 8
+            gate.release_all()
+            canary = pending.collect()
+            assert not any(o.done() for o in outs.values()), "no commit before the verdict"
+            verdict.set_result(Verdict(canary, frozenset()))
+            got = {k: o.result(timeout=30) for k, o in outs.items()}
+            assert d.stats().sent == 40, "every id sent once"
+    for k, rows in got.items():
+        assert rows["id"].to_list() == shards[k]["id"].to_list(), "every id once, in order"
+        assert rows["error"].null_count() == rows.height
+
+
+def test_at_a_go_the_rows_held_back_are_queued_at_once(tmp_path: Path) -> None:
+    """The verdict comes while the rows sent ahead still run (held at the servers here): the
+    rest of every shard is queued then, not once those answer, which on a long answer would
+    leave the slots the canary freed idle."""
+    storage = LocalStorage(tmp_path / "out")
+    cache = _cache(tmp_path / "prompts.parquet", 80, 20)  # shard 0: 8 rows ahead, 10 held
+    sample = canary_sample(cache, [0, 1, 2, 3], 8)
+    shards = {k: prompts_for_shard(cache, k) for k in range(4)}
+    ids = sample["id"].to_list()
+    gate = Gate()
+    with in_process(
+        flags(2, time_scale=0.01), served_name=MODEL, api_key=KEY, middlewares=[gate.middleware]
+    ) as fleet:
+        gate.loop = fleet[0].loop
+        tuning = DispatchTuning(hedge=False, retry_backoff_s=0.02, probe_backoff_s=0.2)
+        with dispatcher(fleet, slots=2, tuning=tuning) as d:  # 4 slots, 8 rows ahead
+            pending = send_canary(d, storage, FP, sample)
+            verdict: futures.Future[Verdict] = futures.Future()
+            held = HeldForCanary(d, sample, verdict, slots=4)
+            outs = {k: held.submit_shard(k, rows) for k, rows in shards.items()}
+            for rid in ids:
+                _wait(f"{rid} at a server", lambda rid=rid: rid in gate.held)
+                gate.release(rid)
+            canary = pending.collect()
+            _wait("the fleet full of shard rows", lambda: len(gate.held) == 4)
+            assert d.stats().submitted == 8 + 8, "the canary and two waves, the rest held"
+            verdict.set_result(Verdict(canary, frozenset()))
+            _wait("the rows held back queued", lambda: d.stats().submitted == 80)
+            assert len(gate.held) == 4 and not set(gate.held) & set(ids)
+            assert not any(o.done() for o in outs.values())
+            gate.release_all()
+            got = {k: o.result(timeout=30) for k, o in outs.items()}
+            assert d.stats().sent == 80, "every id sent once"
+    for k, rows in got.items():
+        assert rows["id"].to_list() == shards[k]["id"].to_list(), "every id once, in order"
+
+
+def test_a_canary_is_sent_in_parts_judged_as_they_come_back(tmp_path: Path) -> None:
+    """The parts are consecutive rows of the sample, queued in order; each comes back once,
+    the stored rows of a cut-short run first; `collect` stores and returns the whole sample."""
+    storage = LocalStorage(tmp_path / "out")
+    cache = _cache(tmp_path / "prompts.parquet", 200, 50)
+    sample = canary_sample(cache, [0, 1, 2, 3], 80)
+    with served(2) as fleet, dispatcher(fleet) as d:
+        run_canary(d, storage, FP, sample.head(16))  # a run cut short after 16 rows
+        pending = send_canary(d, storage, FP, sample, parts=4)
+        assert [todo.height for todo, _ in pending.parts] == [16, 16, 16, 16]
+        assert pl.concat([t for t, _ in pending.parts])["id"].to_list() == ids_of(sample)[16:]
+        assert pending.sent == 64
+        seen = dict(pending.arrived())
+        assert min(seen) == 0 and ids_of(seen[0]) == ids_of(sample)[:16]
+        # Each sent part once, alone or with those back at the same time, with its own shards.
+        back = pl.concat([seen[k] for k in sorted(seen) if k])
+        assert sorted(ids_of(back)) == ids_of(sample)[16:]
+        assert back.sort("id")["shard"].to_list() == sample.slice(16)["shard"].to_list()
+        rows = pending.collect()
+        assert rows.select("id", "shard").equals(sample.select("id", "shard"))
+        assert read_canary(storage, FP).height == 80
+        assert d.stats().sent == 80, "each canary row sent once"
+        # Parts of 16 rows at least: a canary of 8 is one part, of 256 the default 8.
+        small = send_canary(d, LocalStorage(tmp_path / "small"), FP, sample.head(8))
+        assert [todo.height for todo, _ in small.parts] == [8]
+        assert small.collect().height == 8
+        whole = canary_sample(_cache(tmp_path / "big.parquet", 1000, 250), [0, 1, 2, 3], 256)
+        big = send_canary(d, LocalStorage(tmp_path / "big"), FP, whole)
+        assert [todo.height for todo, _ in big.parts] == [256 // CANARY_PARTS] * CANARY_PARTS
+        big.collect()
+
+
+def test_a_canary_judged_in_parts_is_judged_as_one_sample(tmp_path: Path) -> None:
+    """The merge of its parts' summaries gives the checks of one audit of all its rows."""
+    ds = make_dataset(tmp_path, rows=2000, shard_size=500, defects={"incident": 0.87})
+    storage = ds.storage
+    tokenizer = tiny_tokenizer(tmp_path / "tok")
+    settings = settings_for(storage, open_dataset(storage), AuditConfig(), tokenizer_path=tokenizer)
+    canary = open_dataset(storage).scan().collect().gather_every(8)
+    whole = audit_rows(canary, settings)
+    parts = {k: audit_rows(canary.slice(k * 32, 32), settings) for k in range(8)}
+    merged = one_sample(dict(reversed(parts.items())))  # in part order, however they came
+    assert merged.rows == whole.rows == 250
+    assert merged.parity == whole.parity  # one shard's worth, each row without prompt ids
+    assert row_checks(merged, settings) == row_checks(whole, settings)
+    one = gate_decision(whole, settings, min_rows=0)
+    assert gate_decision(merged, settings, min_rows=0) == one and one.action == "stop"
+
+
+def ids_of(rows: pl.DataFrame) -> list[str]:
+    return rows["id"].to_list()

@@ -53,11 +53,10 @@ def generate_plan(
     )  # fmt: skip
     # One canary per run: the nodes of a multi-node run rely on the rolling audit.
     if node is None and config.audit.live != "off":
-        # Judged while the shards start: their rows fill the slots the canary's tail frees,
-        # up to a fleet's worth, and never more than 4 % of the work, which bounds what a
-        # stop throws away (the incident's 5,000 prompts: a 256-row canary and 200 more).
-        todo = plan.num_rows - plan.committed_rows
-        live.start_canary(config.generation.canary_prompts, ahead=min(feed.slots, todo // 25))
+        # Judged while the shards start: their rows keep every slot the canary's tail frees
+        # busy until its verdict, up to two waves of the fleet's slots, which bounds what a
+        # stop throws away at any run size (the incident on 4 x 16 slots: 256 + 128 rows).
+        live.start_canary(config.generation.canary_prompts, slots=feed.slots)
         feed.progress.reused(live.reused)
     window = shards_in_flight(feed.slots, config.shard_size)
 

@@ -22,7 +22,8 @@ import polars as pl
 
 from regen.audit.dataset import open_dataset
 from regen.audit.gate import Decision, LiveGate, gate_decision
-from regen.audit.summary import AuditSettings, audit_rows, settings_for
+from regen.audit.summary import AuditSettings, audit_rows, merge, settings_for
+from regen.audit.summary_model import Summary
 from regen.audit.thresholds import AuditConfig
 from regen.canary import (
     CanaryFirst,
@@ -107,12 +108,13 @@ class LiveAudit:
         self.start_canary(size)
         return self.canary_verdict()
 
-    def start_canary(self, size: int, ahead: int = 0) -> None:
+    def start_canary(self, size: int, slots: int = 0) -> None:
         """Queue `size` prompts spread over the pending shards ahead of every shard and judge
-        their rows in a thread of their own as soon as they are in (no `live_min_rows`: the
-        canary is the sample). Meanwhile up to `ahead` rows of the shards keep the slots full
-        and their commits wait for the verdict (`HeldForCanary`): the fleet does not idle on
-        the canary's tail or its audit, and a stop cancels what they have in flight."""
+        their rows in a thread of their own, each part as it comes back (no `live_min_rows`:
+        the canary is the sample). Meanwhile the shards' rows keep the fleet's `slots` busy, up
+        to `WAVES_AHEAD` waves of them, and their commits wait for the verdict
+        (`HeldForCanary`): the fleet does not idle on the canary's tail or its audit, and a
+        stop cancels what they have in flight."""
         sample = canary_sample(self.plan.prompt_cache, self.plan.pending, size)
         if not sample.height:
             return
@@ -127,13 +129,15 @@ class LiveAudit:
                 "the dataset's %d committed rows", sample.height, size, self.plan.committed_rows,
             )  # fmt: skip
             return
+        before = self.dispatcher.stats().sent
         pending = send_canary(self.dispatcher, self.storage, self.plan.fingerprint, sample)
         self.reused = _among(pending.stored, sample)
         verdict: futures.Future[Verdict] = futures.Future()
-        self._held = HeldForCanary(self.dispatcher, sample, verdict, ahead)
+        self._held = HeldForCanary(self.dispatcher, sample, verdict, slots)
         self._judging = threading.Thread(
-            target=self._judge_canary, args=(pending, verdict), name="regen-canary", daemon=True
-        )
+            target=self._judge_canary, args=(pending, verdict, before, slots),
+            name="regen-canary", daemon=True,
+        )  # fmt: skip
         self._judging.start()
 
     def canary_verdict(self) -> Decision | None:
@@ -148,10 +152,15 @@ class LiveAudit:
             raise error
         return self._decision
 
-    def _judge_canary(self, pending: PendingCanary, verdict: futures.Future[Verdict]) -> None:
+    def _judge_canary(
+        self, pending: PendingCanary, verdict: futures.Future[Verdict], before: int, slots: int
+    ) -> None:
         try:
-            rows = pending.collect()
-            summary = audit_rows(rows, self.settings)
+            # Each part is audited as it comes back, while the rest run: once the last is in,
+            # only its audit stands between the canary's last answer and the verdict.
+            parts = {k: audit_rows(rows, self.settings) for k, rows in pending.arrived()}
+            rows = pending.rows()  # every part is in: nothing waited on
+            summary = one_sample(parts)
             decision = gate_decision(summary, self.settings, min_rows=0)
             self._quarantine(decision)
         except BaseException as err:
@@ -161,17 +170,36 @@ class LiveAudit:
         dropped = list(self.gate.quarantined)
         self.canary = rows.filter(~pl.col("server").is_in(dropped)) if dropped else rows
         self._decision = decision
-        self._log.info(
-            "canary: %d prompts over %d shards, %s", rows.height, len(self.plan.pending),
-            decision.reason,
-        )  # fmt: skip
+
+        def said() -> None:
+            self._log.info(
+                "canary: %d prompts over %d shards, %s; %s", rows.height,
+                len(self.plan.pending), decision.reason, _behind(behind, slots),
+            )  # fmt: skip
+
         if decision.action != "stop":
+            behind = self.dispatcher.stats().sent - before - pending.sent
             verdict.set_result(Verdict(self.canary, frozenset(self.gate.quarantined)))
+            said()
+            # Stored once the shards have their go, off the fleet's path: the rows reach the
+            # dataset through their shards' commits, the store only spares a resumed run
+            # sending them again (a run cut short before this sends them again).
+            try:
+                pending.store()
+            except Exception as err:  # e.g. a full disk, which the shards' commits meet too
+                self._log.warning("canary: its rows were not stored (%s)", err)
             return
         # Cancel what the held shards have in flight first, so the record counts what the
         # servers were sent, then tell the shards: none of them commits.
         stop = CanaryStopped(f"the live gate stopped the run at the canary: {decision.reason}")
         self.dispatcher.abort(stop)
+        behind = self.dispatcher.stats().sent - before - pending.sent
+        said()
+        try:
+            pending.store()  # kept beside the stop record, for a person to read
+        except BaseException as err:
+            verdict.set_exception(err)
+            return
         self._stop("canary", decision, summary.rows, canary=canary_key(self.plan.fingerprint))
         verdict.set_exception(stop)
 
@@ -218,6 +246,22 @@ class LiveAudit:
         )
         write_stop_record(self.storage, self.record)
         self._log.error("live gate: %s", self.record.reason())
+
+
+def one_sample(parts: dict[int, Summary]) -> Summary:
+    """The canary's summary from those of its parts, merged in part order: the figures of one
+    audit of every row (template parity renders up to its quota in each part, and counts the
+    canary as one shard, as one audit of it does)."""
+    summary = merge(parts[k] for k in sorted(parts))
+    if summary.parity.shards > 1:
+        summary.parity = summary.parity.model_copy(update={"shards": 1})
+    return summary
+
+
+def _behind(rows: int, slots: int) -> str:
+    """The shard rows sent while the canary ran, in waves of the fleet's slots."""
+    waves = f" ({rows / slots:.1f} waves of {slots:,} slots)" if slots else ""
+    return f"{rows:,} shard rows sent behind it{waves}"
 
 
 def _among(rows: pl.DataFrame, sample: pl.DataFrame) -> int:
