@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from prefect import flow
-from prefect.states import Failed, State
+from prefect.states import State
 
+from flows.failures import failed_with, quiet_failures
 from flows.labels import label_flow_run
+from regen.audit import AuditResult
 from regen.audit.thresholds import AuditConfig
 from regen.naming import dataset_name, dataset_slug
 from tasks.audit import audit
@@ -17,8 +19,13 @@ def audit_dataset(
 ) -> str | State[None]:
     """The verdict of the audit of `output` (a directory or s3:// prefix); Failed on a fail,
     with the verdict and the failing figures as the state's message."""
+    quiet_failures()
     label_flow_run(f"audit-{dataset_slug(output)}", ["audit", f"dataset:{dataset_name(output)}"])
-    result = audit(output, config or AuditConfig(), tokenizer_path=tokenizer_path)
-    if result.verdict == "fail":
-        return Failed(message=result.failure_message())
+    judged = audit(
+        output, config or AuditConfig(), tokenizer_path=tokenizer_path, return_state=True
+    )
+    if ended := failed_with(judged):
+        return ended
+    result = judged.result()
+    assert isinstance(result, AuditResult), "a passed or warned audit returns its result"
     return result.verdict

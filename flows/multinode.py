@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 from prefect.context import get_run_context
-from prefect.states import Failed, State
+from prefect.states import State
 from pydantic import BaseModel
 
+from flows.failures import failed_with, quiet_failures
 from flows.labels import label_flow_run
 from flows.params import resolve_config
+from regen.audit import AuditResult
 from regen.config import RegenConfig
 from regen.errors import UserError
 from regen.generation.watch import NodeOutcome
@@ -52,8 +54,10 @@ def regenerate_multinode(
 
     `lease_s` is how long a dead node's shards wait before another node takes them; the
     blocks are passed on by name, so every node loads its secrets itself. A failed gate ends
-    the run Failed with the verdict as its message; the data is kept.
+    the run Failed with the verdict as its message, one line per failing check, and no
+    traceback (`flows.failures`); the data is kept.
     """
+    quiet_failures()
     logger = get_run_logger()
     resolved = resolve_config(config, model_block=model_block, storage_block=storage_block)
     shared = resolved.config
@@ -103,14 +107,19 @@ def regenerate_multinode(
             outcomes, failed = report.nodes, report.failed
         else:
             outcomes, failed = [], []
-        result = audit(shared.output, shared.audit, tokenizer_path=tokenizer, storage=run.storage)
+        judged = audit(
+            shared.output, shared.audit, tokenizer_path=tokenizer, storage=run.storage,
+            return_state=True,
+        )  # fmt: skip
         if failed:
             logger.error(
                 "dataset complete, but node(s) %s failed: see the multinode-nodes artifact",
                 ", ".join(failed),
             )
-        if result.verdict == "fail":
-            return Failed(message=result.failure_message())
+        if ended := failed_with(judged):
+            return ended
+        result = judged.result()
+        assert isinstance(result, AuditResult), "a passed or warned audit returns its result"
         errors = round((result.check("error_rows").figure or 0.0) * result.rows)
         return MultinodeSummary(
             output=shared.output,

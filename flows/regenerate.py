@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from prefect import flow
-from prefect.states import Failed, State
+from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
 
 from flows import CODE_PACKAGES
+from flows.failures import failed_with, quiet_failures, stop_failure
 from flows.hooks import reap_fleet_on_exit
 from flows.labels import label_flow_run, regenerate_name
 from flows.params import resolve_config
+from regen.audit import AuditResult
 from regen.config import RegenConfig
 from regen.fleet import generate_api_key
 from regen.generation.outcome import GenerationSummary
@@ -65,8 +67,10 @@ def regenerate_completions(
     `config` (engine, model, output, engine.api_key), so secrets stay out of the parameters.
     With `node` this run is one node of `regenerate_multinode`: it claims shards shared with
     the other nodes and leaves the audit to the parent, which sees the whole dataset.
-    A failed gate ends the run Failed with the verdict as its message; the data is kept.
+    A failed gate or provisioning check ends the run Failed with the reason as its message,
+    one line per failing check, and no traceback (`flows.failures`); the data is kept.
     """
+    quiet_failures()
     resolved = resolve_config(
         config,
         fleet_block=fleet_block,
@@ -83,7 +87,9 @@ def regenerate_completions(
     # Every stage below shares this storage (a storage block's, with its own credentials).
     hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
     run = OpenedRun(config, opened=resolved.storage, hf_token=hf_token)
-    provision(run, CODE_PACKAGES, node.lease_run if node else None)
+    checked = provision(run, CODE_PACKAGES, node.lease_run if node else None, return_state=True)
+    if ended := failed_with(checked):
+        return ended
     # One run per output: a second run stops here, before the plan writes anything or a model
     # is staged; a node of a multi-node run shares its parent's lease.
     with hold_output(run, node.lease_run if node else None):
@@ -102,7 +108,7 @@ def regenerate_completions(
         tokenizer = run.tokenizer
         if node is not None:
             return (
-                Failed(message=f"FAIL: {generation.stopped}")
+                stop_failure(run.storage, generation.stopped)
                 if generation.stopped
                 else RunSummary(
                     output=config.output,
@@ -116,9 +122,13 @@ def regenerate_completions(
             )
         # A run the live gate stopped is audited too, on every row it generated, and fails
         # naming the gate that stopped it.
-        report = audit(config.output, config.audit, tokenizer, storage=run.storage)
-        if report.verdict == "fail":
-            return Failed(message=report.failure_message())
+        judged = audit(
+            config.output, config.audit, tokenizer, storage=run.storage, return_state=True
+        )
+        if ended := failed_with(judged):
+            return ended
+        report = judged.result()
+        assert isinstance(report, AuditResult), "a passed or warned audit returns its result"
         failed = round((report.check("error_rows").figure or 0.0) * report.rows)
         # A failed audit returned above: an unfit dataset is never exported.
         targets = config.export.targets() if config.export else []

@@ -114,7 +114,10 @@ def _outcome(state: State[Any], config: RegenConfig) -> int:
         print(f"audit: {summary.verdict} (report: {key_url(summary.output, AUDIT_MARKDOWN_KEY)})")
         return 0
     ended = (state.name or state.type.value).lower()
-    print(f"regen: run {ended}: {failure_reason(state)}", file=sys.stderr)
+    first, *more = failure_lines(state)
+    print(f"regen: run {ended}: {first}", file=sys.stderr)
+    for line in more:  # a failed gate's checks, one a line, and where its data is
+        print(f"  {line}", file=sys.stderr)
     print(f"dataset: {config.output} (committed shards are kept)", file=sys.stderr)
     return 1
 
@@ -132,10 +135,22 @@ def _generated(summary: RunSummary) -> str:
 
 def failure_reason(state: State[Any]) -> str:
     """One line: what the run raised, in its own words (a UserError's are the user's), or
-    else the state's message (a failed gate's verdict, "FAIL: audit failed ...", or a crash)."""
+    else the first line of the state's message (a failed gate's `FAIL: ...`, or a crash)."""
+    return failure_lines(state)[0]
+
+
+def failure_lines(state: State[Any]) -> list[str]:
+    """What the terminal says of a run that did not complete: what it raised, on one line, or
+    else every line of the state's message (a failed gate's or provisioning's reason: its
+    short form, one line per failing check, where the data was kept)."""
+    from prefect.exceptions import CancelledRun, CrashedRun, FailedRun
+
     raised = state.result(raise_on_failure=False) if state.is_failed() else None
-    if isinstance(raised, Exception):
+    # A state's own message comes back wrapped when the state holds no result.
+    if isinstance(raised, Exception) and not isinstance(
+        raised, (FailedRun, CrashedRun, CancelledRun)
+    ):
         text = str(raised) or type(raised).__name__
-    else:
-        text = state.message or state.name or state.type.value
-    return (text.strip().splitlines() or [text])[0]
+        return [(text.strip().splitlines() or [text])[0]]
+    text = state.message or state.name or state.type.value
+    return [line for line in text.strip().splitlines() if line.strip()] or [text]

@@ -1,7 +1,9 @@
 """Stage 5 as a Prefect task: the audit's verdict and its artifacts.
 
-The audit returns its verdict; a flow turns a fail into a Failed state with a message, so an
-expected outcome reads as one, not as a crash's traceback.
+A failed audit ends the task Failed with the verdict as its message (`failure_message`),
+returned rather than raised: the flow ends with the same message (`flows.failures`), so an
+expected outcome reads as one, not as a crash's traceback, and a stopped run's audit box is
+not green.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
+from prefect.states import Failed, State
 
 from regen.audit import AuditResult, run_audit, write_report
 from regen.audit.report import plot_pngs
@@ -26,7 +29,7 @@ def audit(
     config: AuditConfig,
     tokenizer_path: str | None = None,
     storage: Storage | None = None,
-) -> AuditResult:
+) -> AuditResult | State[None]:
     """Every check against its threshold; the markdown report becomes the dataset's artifact.
     `storage` is `output` when the run has it open. A run the live gate stopped is judged on
     the rows it generated, its canary's included, and fails naming the gate."""
@@ -58,4 +61,6 @@ def audit(
         log = logger.error if check.status == "fail" else logger.info
         log("audit %-16s %-5s %s", check.name, check.status, check.detail)
     logger.info("audit %s", result.headline())
+    if result.verdict == "fail":
+        return Failed(message=result.failure_message())
     return result

@@ -20,7 +20,7 @@ from prefect.artifacts import (
 from prefect.cache_policies import NONE
 from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.context import get_run_context
-from prefect.states import State
+from prefect.states import Cancelled, State
 from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
@@ -77,7 +77,7 @@ def _worth_retrying(task: object, task_run: object, state: State[Any]) -> bool:
 class TaskFuture(Protocol):
     """A task runner's future (Prefect's): a result, and a callback when it has one."""
 
-    def result(self) -> Any: ...
+    def result(self, timeout: float | None = None, raise_on_failure: bool = True) -> Any: ...
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
 
@@ -89,12 +89,21 @@ def as_future(task_future: TaskFuture) -> futures.Future[ShardOutcome]:
 
     def settle(_: object) -> None:
         try:
-            out.set_result(task_future.result())
+            out.set_result(_outcome(task_future))
         except Exception as err:
             out.set_exception(err)
 
     task_future.add_done_callback(settle)
     return out
+
+
+def _outcome(task_future: TaskFuture) -> ShardOutcome:
+    """The shard's outcome: a shard not committed here ended its task Cancelled with it as
+    its data; any other end that is not Completed raises, as the task's future does."""
+    kept = task_future.result(raise_on_failure=False)
+    if isinstance(kept, ShardOutcome):
+        return kept
+    return task_future.result()
 
 
 @task(
@@ -114,12 +123,21 @@ def generate_shard(
     retry_errors: bool,
     lease: Lease | None = None,
     on_commit: OnCommit | None = None,
-) -> ShardOutcome:
-    """Generate one shard through the shared dispatcher and commit it (manifest last)."""
-    return shards.generate_shard(
+) -> ShardOutcome | State[ShardOutcome]:
+    """Generate one shard through the shared dispatcher and commit it (manifest last).
+
+    A shard this run did not commit (the canary stopped the run while it waited, its lease
+    went to another node, another run committed it first) ends Cancelled, not Completed, with
+    the reason as its message and its outcome as its data: its box is not green beside a log
+    that says it was not committed, and the run still reads the outcome (`as_future`).
+    """
+    outcome = shards.generate_shard(
         shard, plan, dispatcher, storage, retry_errors=retry_errors, lease=lease,
         on_commit=on_commit, log=get_run_logger(),
     )  # fmt: skip
+    if outcome.committed:
+        return outcome
+    return Cancelled(message=f"shard {shard:06d} {outcome.reason}", data=outcome)
 
 
 @contextmanager

@@ -9,10 +9,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
+from prefect.states import Failed, State
 from pydantic import SecretStr
 
 from regen.config import RegenConfig
-from regen.errors import UserError
 from regen.fleet import Fleet, ServerCommand
 from regen.fleet import reap_orphans as reap
 from regen.fleet.report import fleet_markdown
@@ -21,10 +21,6 @@ from regen.naming import artifact
 from regen.preflight import PreflightReport, run_checks
 from regen.run import OpenedRun
 from regen.staging import stage_model as stage
-
-
-class ProvisioningFailed(UserError):
-    """A check failed: nothing was staged or launched."""
 
 
 def reap_orphans(work_dir: Path) -> list[int]:
@@ -39,10 +35,12 @@ def reap_orphans(work_dir: Path) -> list[int]:
 @task(name="provision", persist_result=False, cache_policy=NONE)
 def provision(
     run: OpenedRun, packages: Sequence[str], lease_run: str | None = None
-) -> PreflightReport:
+) -> PreflightReport | State[None]:
     """Run every check (`packages`: the code the run imports, named by the flow; `lease_run`:
     the multi-node run whose lease a node shares), publish the table, and stop the run before
-    a GPU is touched."""
+    a GPU is touched: a failed check ends the task Failed with the checks' lines as its
+    message, returned rather than raised (an outcome, not a crash: no traceback), and the flow
+    ends with it (`flows.failures.failed_with`)."""
     logger = get_run_logger()
     report = run_checks(
         run.config, packages=packages, open_output=lambda: run.storage, hf_token=run.hf_token,
@@ -57,8 +55,18 @@ def provision(
         log = logger.error if row.status == "fail" else logger.info
         log("check %-9s %-4s %s", row.name, row.status, row.figure)
     if not report.ok:
-        raise ProvisioningFailed(f"provisioning failed: {report.summary()}")
+        return Failed(message=provisioning_failed(report))
     return report
+
+
+def provisioning_failed(report: PreflightReport) -> str:
+    """`provisioning failed: ports: in use: [31000] (...)`: the first failed check leads; with
+    several, `(+N more)` after it, then one line each."""
+    lines = report.failure_lines()
+    if len(lines) == 1:
+        return f"provisioning failed: {lines[0]}"
+    head = f"provisioning failed: {lines[0]} (+{len(lines) - 1} more)"
+    return "\n".join([head, *(f"- {line}" for line in lines)])
 
 
 @task(name="stage-model", retries=2, retry_delay_seconds=10, persist_result=False)

@@ -311,9 +311,78 @@ def test_config_rejects_typos_and_inverted_thresholds() -> None:
         AuditConfig.model_validate({"empty_answer": {"warn": 0.3, "fail": 0.2}})
 
 
-def test_server_outlier_needs_significance() -> None:
-    from regen.audit.servers import _z_score
+def _fleet(servers: int, rows: int, defect: str, hits: dict[int, int]) -> dict[str, dict[str, int]]:
+    """Per-server counts as `server_rates` gives them: `rows` rows a server, every one a
+    completion, `hits[i]` of them with `defect` on server i."""
+    from regen.audit.servers import server_flags
 
-    # The default rehearsal's case: 2 truncations of 60 on one server, 1 of 180 elsewhere.
-    assert _z_score(2, 60, 1, 180) < AuditConfig().server_outlier_min_z
-    assert _z_score(60, 60, 0, 180) > AuditConfig().server_outlier_min_z
+    zero = dict.fromkeys(["error", *server_flags(AuditConfig(), True)], 0)
+    return {
+        f"server-{i}": {"rows": rows, "completions": rows, **zero, defect: hits.get(i, 0)}
+        for i in range(servers)
+    }
+
+
+def _outlier_check(counts: dict[str, dict[str, int]]) -> tuple[str, float | None, str]:
+    from regen.audit.servers import server_check
+
+    check = server_check(counts, {}, AuditConfig(), thinking=True)
+    return check.status, check.figure, check.detail
+
+
+@pytest.mark.parametrize(
+    ("servers", "rows", "hits"),
+    [
+        # A clean 700-prompt rehearsal on 7 emulators: 4 truncations of 100 on server-2,
+        # 3 of 600 on the others (issue 38): 8 times the others' rate, and chance.
+        (7, 100, {2: 4, 0: 1, 3: 1, 5: 1}),
+        # The default rehearsal's: 2 truncations of 60 on one server, 1 of 180 elsewhere.
+        (4, 60, {1: 2, 3: 1}),
+        # Every hit of the fleet on one server: 3 of 3 is still chance at 1 in 7 each.
+        (7, 100, {4: 3}),
+    ],
+)
+def test_server_outlier_is_not_called_on_chance(
+    servers: int, rows: int, hits: dict[int, int]
+) -> None:
+    status, figure, detail = _outlier_check(_fleet(servers, rows, "truncation", hits))
+    assert (status, figure) == ("pass", 0.0), detail
+    assert detail == f"{servers} servers, none worse than the others beyond chance"
+
+
+@pytest.mark.parametrize("servers", [4, 7])
+@pytest.mark.parametrize("rows", [25, 100, 1000, 20_000])
+def test_a_healthy_fleet_of_any_size_rarely_shows_an_outlier(servers: int, rows: int) -> None:
+    """Healthy fleets, every server alike at a 1 % or 5 % defect rate, drawn 200 times each:
+    under 5 % of them may show an outlier (EVIDENCE spread over every server and defect)."""
+    import numpy as np
+
+    rng = np.random.default_rng(38 * servers + rows)
+    for rate in (0.01, 0.05):
+        flagged = 0
+        for _ in range(200):
+            drawn = rng.binomial(rows, rate, size=servers)
+            counts = _fleet(servers, rows, "truncation", dict(enumerate(drawn.tolist())))
+            flagged += _outlier_check(counts)[0] != "pass"
+        assert flagged <= 10, f"{flagged} of 200 healthy fleets flagged at {rate:.0%}"
+
+
+@pytest.mark.parametrize(
+    ("servers", "rows", "hits", "status", "named"),
+    [
+        # The emulator's `truncate` fault on one server of 7 (20 % of its answers cut off).
+        (7, 100, {2: 20, 0: 1, 3: 1, 5: 1}, "fail", "server-2 truncation 20.0% vs 0.5%"),
+        # Half as sick: still far beyond chance, and over the warn threshold.
+        (7, 100, {2: 10, 0: 1, 3: 1, 5: 1}, "warn", "server-2 truncation 10.0% vs 0.5%"),
+        # The incident on one server of 4, seen by a 256-row canary: every answer empty.
+        (4, 64, {0: 64}, "fail", "server-0 truncation 100.0% vs 0.0%"),
+        # A long run: 4 % on one server against 1 % on six others, 10,000 rows each.
+        (7, 10_000, {0: 400, **{i: 100 for i in range(1, 7)}}, "warn", "server-0 truncation 4.0%"),
+    ],
+)
+def test_a_sick_server_is_still_flagged(
+    servers: int, rows: int, hits: dict[int, int], status: str, named: str
+) -> None:
+    got, figure, detail = _outlier_check(_fleet(servers, rows, "truncation", hits))
+    assert got == status and figure is not None and figure > 0, detail
+    assert named in detail, detail

@@ -540,10 +540,14 @@ def test_half_the_rows_rejected_stops_before_generating(
 
     assert proc.returncode == 1, proc.stdout + proc.stderr
     said = [line for line in proc.stderr.splitlines() if line.startswith("regen: ")]
-    assert said and said[0].startswith(
-        "regen: run failed: FAIL: canary gate stopped the run before generating: "
-        "rejects 50.0 % (1,000 of 2,000 input rows) (fail at 1.00 %), e.g. line 1001"
+    # The short reason, then the check on a line of its own (issue 38).
+    assert said and said[0] == (
+        "regen: run failed: FAIL: canary gate stopped the run before generating: rejects 50.0 %"
     ), said
+    assert (
+        "\n  - rejects 50.0 % (1,000 of 2,000 input rows) (fail at 1.00 %), e.g. line 1001, "
+        "line 1002, line 1003\n" in proc.stderr
+    ), proc.stderr
     assert "Traceback" not in proc.stderr
     out = tmp_path / "out"
     assert not list((out / "shards").glob("*.json")) if (out / "shards").exists() else True

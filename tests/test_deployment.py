@@ -229,3 +229,85 @@ def test_cancelled_run_stops_its_servers_and_keeps_committed_shards(stack: Stack
     assert len(manifests) < num_shards, "cancelled after the last shard: make generation slower"
     progress = json.loads((root / "out" / "progress.json").read_text())
     print(f"\ncancelled with {len(manifests)} shard(s) committed; progress.json: {progress}")
+
+
+def _logs(server: Server, run_id: str) -> list[str]:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with server.client() as client:
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(run_id)]))
+        )
+    return [log.message for log in logs]
+
+
+def _task_states(server: Server, run_id: str) -> dict[str, Any]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with server.client() as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(run_id)]))
+        )
+    return {r.name: r.state for r in runs}
+
+
+def _no_traceback(stack: Stack, run_id: str, message: str) -> None:
+    """The run's logs name its reason and end with it; no traceback, Prefect's or ours."""
+    said = _logs(stack.server, run_id)
+    text = "\n".join(said)
+    assert "Traceback" not in text and "NoneType: None" not in text, text[-4000:]
+    assert "FailedRun" not in text and "Engine execution exited" not in text, text[-4000:]
+    assert said[-1] == f"Finished in state Failed({message!r})", said[-3:]
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_gate_ends_the_deployment_run_failed_in_its_own_words(stack: Stack) -> None:
+    """Issue 38: a canary stop ends the run Failed (not Completed) with its short reason on the
+    first line and a line per failing check, its shards Cancelled, and no traceback: the
+    engine of a deployment's run no longer logs Prefect's `FailedRun` frames."""
+    root = stack.root / "gate"
+    config = _run_config(
+        root,
+        generation={"canary_prompts": 64},
+        engine={"emulator": {"faults": ["empty-answer=0.9"]}},
+    )
+    run_id = _start_run(stack.server, config)
+    run = _wait_state(stack.server, run_id, timeout=180)
+
+    assert run.state.is_failed() and not run.state.is_crashed(), _failure(stack, run)
+    message = run.state.message or ""
+    first, *lines = message.splitlines()
+    assert first.startswith("FAIL: canary gate stopped the run after 64 rows: "), message
+    assert lines[0].startswith("- empty_answer ") and message.count("e.g.") == 1, message
+    states = _task_states(stack.server, run_id)
+    shards = [s for name, s in states.items() if name.startswith("generate-shard-")]
+    assert shards and all(s.type.value == "CANCELLED" for s in shards), states
+    audit = next(s for name, s in states.items() if name.startswith("audit"))
+    assert audit.type.value == "FAILED" and audit.message == message
+    _no_traceback(stack, run_id, message)
+
+
+@pytest.mark.timeout(300)
+def test_a_provisioning_failure_ends_the_deployment_run_failed_in_one_line(
+    stack: Stack,
+) -> None:
+    """Ports in use: the run ends Failed with the check's line as its message, returned rather
+    than raised (before, three `ProvisioningFailed` tracebacks filled the logs)."""
+    import socket
+
+    root = stack.root / "ports"
+    config = _run_config(root)
+    port = config["engine"]["base_port"]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        run_id = _start_run(stack.server, config)
+        run = _wait_state(stack.server, run_id, timeout=120)
+
+    assert run.state.is_failed() and not run.state.is_crashed(), _failure(stack, run)
+    message = run.state.message or ""
+    assert message.startswith("provisioning failed: ") and f"ports: in use: [{port}]" in message
+    provision = next(s for n, s in _task_states(stack.server, run_id).items() if "provision" in n)
+    assert provision.type.value == "FAILED" and provision.message == message
+    _no_traceback(stack, run_id, message)
+    assert not (root / "work" / "runs").exists(), "nothing was launched"

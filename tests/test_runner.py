@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
+
+import pytest
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Crashed, Failed
 
 from flows.runner import failure_reason
 from regen.errors import UserError
+
+if TYPE_CHECKING:
+    from regen.config import RegenConfig
 
 RAISED = "Flow run encountered an exception: "
 
@@ -30,3 +37,28 @@ def test_a_failed_gate_and_a_crash_keep_the_state_message() -> None:
     aborted = "Execution was aborted by an interrupt signal."
     assert failure_reason(Crashed(message=aborted, data=KeyboardInterrupt())) == aborted
     assert failure_reason(Cancelled(message="cancelled by the user")) == "cancelled by the user"
+
+
+def test_a_failed_gate_is_told_on_its_first_line_then_a_line_per_check(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The terminal shows the state's message whole: `regen: run failed: <short reason>`, then
+    one indented line per failing check; what a run raised stays one line."""
+    from flows.runner import _outcome, failure_lines
+
+    message = (
+        "FAIL: canary gate stopped the run after 256 rows: empty_answer 88.3 % (+1 more)\n"
+        "- empty_answer 88.3 % (fail at 5.00 %), e.g. ids q-1, q-2, q-3\n"
+        "- loss_mask 88.3 % (fail at 5.00 %)\n"
+        "The data was kept: 0 committed rows at /out; report at /out/report/audit.md"
+    )
+    assert failure_lines(Failed(message=message)) == message.splitlines()
+    err = UserError("provisioning failed: a\nsecond line")
+    assert failure_lines(Failed(data=err, message=f"{RAISED}{err}")) == ["provisioning failed: a"]
+
+    config = cast("RegenConfig", SimpleNamespace(output="/out"))
+    assert _outcome(Failed(message=message), config) == 1
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == f"regen: run failed: {message.splitlines()[0]}"
+    assert said[1:4] == [f"  {line}" for line in message.splitlines()[1:]]
+    assert said[4] == "dataset: /out (committed shards are kept)"

@@ -9,11 +9,11 @@ worse than the others' (check 9's outlier test) while the run goes on with the r
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from regen.audit.evidence import EVIDENCE, upper_tail
 from regen.audit.per_setting import worst_defect
 from regen.audit.result import Check, Example
 from regen.audit.run import row_checks
@@ -27,11 +27,6 @@ is always among them; memory stays bounded over a million rows."""
 # Completeness is the final audit's (a run in flight is incomplete by design); check 9 is
 # answered by quarantine, not by a stop.
 _NOT_LIVE = {"completeness", "server_outlier"}
-EVIDENCE = 0.05
-"""The live gate judges a sample of the run, so a check over its fail threshold stops it only
-when its bad rows would come less than once in 20 (one-sided, exact binomial) from a run whose
-true rate is just at the threshold: 1 most common answer of 4 rows never stops a canary, 223
-empty answers of 256 do at once, and at thousands of rows the bound is the figure itself."""
 
 
 def _sampled_rows(check: str, summary: Summary, settings: AuditSettings) -> int | None:
@@ -68,23 +63,7 @@ def shown_over(rate: float, rows: int | None, fail: float) -> bool:
     bad = round(rate * rows)
     if fail >= 1:
         return bad >= rows
-    return _tail(bad, rows, fail) < EVIDENCE
-
-
-def _tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p), k above the mean: the terms only fall from k on, so
-    summing them until they stop adding costs some sqrt(n) terms, not n (a million rows)."""
-    log_term = (
-        math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-        + k * math.log(p) + (n - k) * math.log1p(-p)
-    )  # fmt: skip
-    term, total, odds = math.exp(log_term), 0.0, p / (1 - p)
-    for i in range(k, n + 1):
-        total += term
-        if term < total * 1e-12 or total >= EVIDENCE:
-            break
-        term *= (n - i) / (i + 1) * odds
-    return total
+    return upper_tail(bad, rows, fail) < EVIDENCE
 
 
 class Finding(BaseModel):

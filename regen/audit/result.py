@@ -90,6 +90,12 @@ class AuditResult(BaseModel):
     """The gate that gave the verdict: the canary's or the rolling audit's stop, or this one."""
     uncommitted: int = 0
     """Rows judged that no committed shard holds: a stopped run's canary rows (`canary/`)."""
+    stop_headline: str | None = None
+    """The stop in short: the gate, its rows and its first failing figure (`stopped` is it in
+    full); the first line of the failed state's message."""
+    stop_checks: list[str] = Field(default_factory=list)
+    """The stop's failing checks, one line each with its figure and threshold, each example id
+    said once (`figure_lines`)."""
 
     def check(self, name: str) -> Check:
         """The check called `name`; KeyError names it when there is none."""
@@ -126,22 +132,25 @@ class AuditResult(BaseModel):
         return f"{committed}{planned} rows committed · audit {self.verdict.upper()}"
 
     def failure_message(self) -> str:
-        """A failed gate's state message, one wording for every gate: `FAIL:`, which gate,
-        each failing figure against its threshold, and where the data was kept (nothing is
-        deleted; the next run can retry the errors)."""
+        """A failed gate's state message, one wording for every gate: `FAIL:`, the gate and its
+        first failing figure on the first line (what a UI card or `regen run`'s last line
+        shows), then one line per failing check against its threshold, each example id said
+        once, then where the data was kept (nothing is deleted; the next run can retry the
+        errors)."""
         if self.stopped:
-            verdict = self.stopped
+            head = self.stop_headline or self.stopped
+            lines = self.stop_checks
         else:
             failing = [c for c in self.ordered_checks() if c.status == "fail"]
-            verdict = "final gate: " + "; ".join(
-                f"{c.name} {pct(c.figure)} (fail at {pct(c.fail)})" for c in failing
-            )
+            figures = [(c.name, c.figure, c.fail, "", c.examples) for c in failing]
+            head, lines = "final gate: " + short_figures(figures), figure_lines(figures)
         root = self.dataset.rstrip("/")
         kept = f"{self.rows - self.uncommitted:,} committed rows at {root}"
         if self.uncommitted:
             kept += f", {self.uncommitted:,} canary rows under {key_url(root, CANARY_PREFIX)}"
         report = key_url(root, AUDIT_MARKDOWN_KEY)
-        return f"FAIL: {verdict}. The data was kept: {kept}, report at {report}"
+        said = [f"FAIL: {head}", *(f"- {line}" for line in lines)]
+        return "\n".join([*said, f"The data was kept: {kept}; report at {report}"])
 
     def to_markdown(self) -> str:
         """Verdict first, then a narrow table with failures on top, then the details and

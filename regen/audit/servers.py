@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import polars as pl
 
+from regen.audit.evidence import EVIDENCE, upper_tail
 from regen.audit.result import Check, Example, ServerRates, graded, skipped
 from regen.audit.thresholds import AuditConfig
 
@@ -56,13 +56,6 @@ def server_breakdown(counts: dict[str, dict[str, int]]) -> list[ServerRates]:
     return out
 
 
-def _z_score(hits: int, n: int, rest_hits: int, rest_n: int) -> float:
-    """How many standard errors one server's rate lies above the pooled rate of the others."""
-    pooled = (hits + rest_hits) / (n + rest_n)
-    spread = math.sqrt(pooled * (1 - pooled) * (1 / n + 1 / rest_n))
-    return math.inf if spread == 0 else (hits / n - rest_hits / rest_n) / spread
-
-
 def server_check(
     counts: dict[str, dict[str, int]],
     examples: dict[str, dict[str, list[str]]],
@@ -71,8 +64,9 @@ def server_check(
 ) -> Check:
     """The largest excess of one server's rate over the other servers', where it is an outlier.
 
-    An outlier is `server_outlier_ratio` times worse than the rest pooled; the figure is the
-    excess rate, so a fleet-wide problem (every server alike) is left to the other checks.
+    An outlier is `server_outlier_ratio` times worse than the rest pooled, by more than chance
+    explains at its row count (`server_outliers`); the figure is the excess rate, so a
+    fleet-wide problem (every server alike) is left to the other checks.
     """
     name, title = "server_outlier", "9 per-server breakdown"
     if len(counts) < 2:
@@ -81,7 +75,7 @@ def server_check(
     if worst is None:
         return graded(
             name, title, 0.0, config.server_outlier,
-            detail=f"{len(counts)} servers, none far worse than the others",
+            detail=f"{len(counts)} servers, none worse than the others beyond chance",
         )  # fmt: skip
     ids = examples.get(worst.server, {}).get(worst.defect, [])
     return graded(
@@ -112,11 +106,21 @@ def server_outliers(
     counts: dict[str, dict[str, int]], config: AuditConfig, thinking: bool
 ) -> tuple[Outlier | None, list[str]]:
     """The worst outlier (largest excess; the first found on a tie) and, for each (server,
-    defect) whose excess reaches the warn threshold, a line naming it."""
+    defect) whose excess reaches the warn threshold, a line naming it.
+
+    A server is an outlier in a defect when its rate is `server_outlier_ratio` times the other
+    servers' pooled rate and so far above it that chance would rarely put that many of the
+    fleet's hits on it (`unlikely_share`). Every (server, defect) pair is one such test, and
+    `EVIDENCE` is spread over all of them (Bonferroni), so a healthy fleet of any size or row
+    count shows an outlier less than once in 20: 4 truncations of 100 rows on one of 7
+    servers against 3 of 600 on the others is chance; 20 of 100 against 3 of 600 is not.
+    """
     worst: Outlier | None = None
     findings = []
     servers = sorted(counts)
-    for key in ["error", *server_flags(config, thinking)]:
+    keys = ["error", *server_flags(config, thinking)]
+    alpha = EVIDENCE / max(len(servers) * len(keys), 1)
+    for key in keys:
         denom = "rows" if key == "error" else "completions"
         total_hits = sum(counts[s].get(key, 0) for s in servers)
         total_n = sum(counts[s][denom] for s in servers)
@@ -129,10 +133,26 @@ def server_outliers(
             excess = rate - rest
             if excess <= 0 or rate < config.server_outlier_ratio * rest:
                 continue
-            if _z_score(hits, n, total_hits - hits, rest_n) < config.server_outlier_min_z:
+            if not unlikely_share(hits, n, total_hits, total_n, alpha):
                 continue
             if excess >= config.server_outlier.warn:
-                findings.append(f"{server} {key} {rate:.1%} vs {rest:.1%} on the others")
+                findings.append(
+                    f"{server} {key} {rate:.1%} vs {rest:.1%} on the others "
+                    f"({hits:,} of {n:,} against {total_hits - hits:,} of {rest_n:,})"
+                )
             if worst is None or excess > worst.excess:
                 worst = Outlier(server, key, rate, rest)
     return worst, findings
+
+
+def unlikely_share(hits: int, n: int, total_hits: int, total_n: int, alpha: float) -> bool:
+    """Whether `hits` of a fleet's `total_hits` landing on a server that had `n` of its
+    `total_n` rows is less likely than `alpha` by chance, were every server alike.
+
+    Given the fleet's hits, a healthy server's share of them is a draw of `total_hits` at its
+    share of the rows (the conditional two-proportion test, in its binomial form: a little
+    conservative next to the exact hypergeometric one); the chance of as many or more is the
+    binomial tail every gate reads (`regen.audit.evidence`). Needs 0 < n < total_n and a
+    share above the server's row share (an excess over the other servers).
+    """
+    return upper_tail(hits, total_hits, n / total_n, enough=alpha) < alpha

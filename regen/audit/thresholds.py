@@ -70,12 +70,6 @@ class AuditConfig(BaseModel):
     server_outlier_ratio: float = Field(
         default=3.0, ge=1, description="A server this many times worse than the rest is flagged."
     )
-    server_outlier_min_z: float = Field(
-        default=3.0,
-        ge=0,
-        description="Two-proportion z-score a server's excess needs: two unlucky rows of a "
-        "small rehearsal are chance, not a bad server.",
-    )
     template_parity_rows: int = Field(
         default=5000,
         ge=0,

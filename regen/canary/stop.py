@@ -21,15 +21,13 @@ from pydantic import BaseModel, Field
 
 from regen.audit.gate import Finding
 from regen.audit.rejects import rejects_check
+from regen.audit.result import FailingFigure, figure_lines, short_figures
 from regen.audit.run import StoppedRun
 from regen.audit.thresholds import AuditConfig
 from regen.canary.store import read_canary
 from regen.dataset.keys import STOP_KEY, canary_key, set_aside_prefix
 from regen.errors import UserError
-from regen.figures import pct
 from regen.storage import Storage
-
-_SHOWN_IDS = 3
 
 
 class RunStopped(UserError):
@@ -56,33 +54,43 @@ class StopRecord(BaseModel):
         """One line: each failing check with its figure, threshold and a few example ids
         (the details are in the record and the report)."""
         where = "at the canary" if self.stage == "canary" else "in its rolling audit"
-        return f"stopped {where} {self._after()}: {self._checks()}"
+        return f"stopped {where} {self._after()}: {'; '.join(self.check_lines())}"
 
     def gate_line(self) -> str:
         """The stop as every gate failure says it after `FAIL:` (`regen.audit.result`):
         `canary gate stopped the run after 256 rows: empty_answer 87.1 % (fail at 5.00 %)...`."""
-        return f"{self.stage} gate stopped the run {self._after()}: {self._checks()}"
+        return f"{self.stage} gate stopped the run {self._after()}: {'; '.join(self.check_lines())}"
+
+    def headline(self) -> str:
+        """The stop in short, for the first line of a failed state's message (a UI shows some
+        70 characters of it): `canary gate stopped the run after 256 rows: empty_answer
+        87.1 % (+4 more)`."""
+        short = short_figures(self._figures())
+        return f"{self.stage} gate stopped the run {self._after()}: {short}"
+
+    def check_lines(self) -> list[str]:
+        """One line per failing check: its figure, its threshold, and example ids said once
+        (`regen.audit.result.figure_lines`)."""
+        return figure_lines(self._figures())
 
     def _after(self) -> str:
         # The input's rejects are judged before any row is generated.
         return f"after {self.rows_audited:,} rows" if self.rows_audited else "before generating"
 
-    def _checks(self) -> str:
-        parts = []
-        for check in self.checks:
-            ids = ", ".join(e.id for e in check.examples[:_SHOWN_IDS])
-            part = f"{check.check} {pct(check.figure)}"
-            if check.check == "rejects":  # its rows are the input's, not generated ones
-                part += f" ({round(check.figure * check.rows):,} of {check.rows:,} input rows)"
-            if check.fail is not None:
-                part += f" (fail at {pct(check.fail)})"
-            parts.append(part + (f", e.g. {_ids(ids)}" if ids else ""))
-        return "; ".join(parts)
-
-
-def _ids(ids: str) -> str:
-    # A rejected row's example is its line (`line 1001`); a generated row's is its id.
-    return ids if ids.startswith("line ") else f"ids {ids}"
+    def _figures(self) -> list[FailingFigure]:
+        return [
+            (
+                check.check,
+                check.figure,
+                check.fail,
+                # Its rows are the input's, not generated ones.
+                f" ({round(check.figure * check.rows):,} of {check.rows:,} input rows)"
+                if check.check == "rejects"
+                else "",
+                check.examples,
+            )
+            for check in self.checks
+        ]
 
 
 def write_stop_record(storage: Storage, record: StopRecord) -> str:
@@ -142,7 +150,11 @@ def stopped_run(storage: Storage) -> StoppedRun | None:
     if record is None:
         return None
     return StoppedRun(
-        gate=record.stage, line=record.gate_line(), rows=read_canary(storage, record.fingerprint)
+        gate=record.stage,
+        line=record.gate_line(),
+        rows=read_canary(storage, record.fingerprint),
+        headline=record.headline(),
+        checks=tuple(record.check_lines()),
     )
 
 

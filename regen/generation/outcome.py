@@ -20,9 +20,11 @@ class ShardOutcome(BaseModel):
     completion_tokens: int
     seconds: float
     committed: bool = True
+    reason: str = ""
+    """Why the shard was not committed here (`not committed: ...`); empty once committed."""
 
     @classmethod
-    def lost(cls, shard: int, seconds: float) -> ShardOutcome:
+    def lost(cls, shard: int, seconds: float, reason: str = "not committed") -> ShardOutcome:
         return cls(
             shard=shard,
             rows=0,
@@ -31,6 +33,7 @@ class ShardOutcome(BaseModel):
             completion_tokens=0,
             seconds=seconds,
             committed=False,
+            reason=reason,
         )
 
 

@@ -108,7 +108,7 @@ def generate_shard(
         )  # fmt: skip
     except CanaryStopped as stop:
         log.warning("shard %06d: not committed: %s", shard, stop)
-        return ShardOutcome.lost(shard, time.monotonic() - start)
+        return ShardOutcome.lost(shard, time.monotonic() - start, f"not committed: {stop}")
     except OSError as err:
         if not is_disk_full(err):
             raise
@@ -120,7 +120,9 @@ def generate_shard(
         # Another run got there first (one that held the output before this one took its
         # lease over): its rows stand, and this run did not fail.
         log.warning("shard %06d: %s; this run's rows for it are not committed", shard, done)
-        return ShardOutcome.lost(shard, time.monotonic() - start)
+        return ShardOutcome.lost(
+            shard, time.monotonic() - start, f"not committed by this run: {done}"
+        )
 
 
 def _generate_shard(
@@ -150,10 +152,9 @@ def _generate_shard(
         out = generate_rows(dispatcher, shard, prompts)
         timings = {"generate_s": round(time.monotonic() - start, 3)}
         if lease is not None and not lease.held(shard):
-            log.warning(
-                "shard %06d: lease lost to another node; its rows are not committed here", shard
-            )
-            return ShardOutcome.lost(shard, time.monotonic() - start)
+            lost = "not committed here: its lease was lost to another node"
+            log.warning("shard %06d: %s", shard, lost)
+            return ShardOutcome.lost(shard, time.monotonic() - start, lost)
         manifest = commit_shard(
             storage,
             shard,

@@ -39,11 +39,15 @@ class PreflightReport(BaseModel):
         return [r for r in self.rows if r.status == "fail"]
 
     def summary(self) -> str:
-        """One line per failed check, for the error that fails the stage."""
-        return "; ".join(
+        """Every failed check on one line, for the error that fails the stage."""
+        return "; ".join(self.failure_lines())
+
+    def failure_lines(self) -> list[str]:
+        """One line per failed check: its name, figure and fix."""
+        return [
             f"{r.name}: {r.figure} ({r.hint})" if r.hint else f"{r.name}: {r.figure}"
             for r in self.failures()
-        )
+        ]
 
 
 def print_report(
