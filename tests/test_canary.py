@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import operator
 import time
 from concurrent import futures
+from functools import partial
 from pathlib import Path
 
 import polars as pl
@@ -365,7 +367,7 @@ def test_at_a_go_the_rows_held_back_are_queued_at_once(tmp_path: Path) -> None:
             held = HeldForCanary(d, sample, verdict, slots=4)
             outs = {k: held.submit_shard(k, rows) for k, rows in shards.items()}
             for rid in ids:
-                _wait(f"{rid} at a server", lambda rid=rid: rid in gate.held)
+                _wait(f"{rid} at a server", partial(operator.contains, gate.held, rid))
                 gate.release(rid)
             canary = pending.collect()
             _wait("the fleet full of shard rows", lambda: len(gate.held) == 4)
