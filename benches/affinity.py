@@ -63,8 +63,8 @@ ON_OFF = {"on": True, "off": False}
 # has a free slot), and on once a request has run half its server's mean request time.
 TAIL = {
     "off": DispatchTuning(hedge=False),
-    "on": DispatchTuning(),
-    "on_after_0.5": DispatchTuning(hedge_after=0.5),
+    "on": DispatchTuning(hedge=True),
+    "on_after_0.5": DispatchTuning(hedge=True, hedge_after=0.5),
 }
 
 
