@@ -64,6 +64,7 @@ class Model:
             "id",
             "shard",
             pl.lit(None).alias("messages"),
+            pl.lit(None, pl.String).alias("tools"),
             pl.format("answer to {}", "id").alias("content"),
             pl.lit("thinking").alias("reasoning_content"),
             pl.lit("stop").alias("finish_reason"),
@@ -76,6 +77,7 @@ class Model:
             pl.lit(0.01).alias("latency_s"),
             pl.lit(None, pl.String).alias("error"),
             pl.lit(None).alias("turns"),
+            pl.lit(None).alias("sampling"),
         )
 
 

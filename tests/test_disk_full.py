@@ -73,6 +73,7 @@ def _shard_rows(shard: int, n: int = 40) -> pl.DataFrame:
             "error": [None] * n,
             "turns": [[]] * n,
             "sampling": [None] * n,
+            "tools": [None] * n,
         },
         schema=row_schema(),
     )

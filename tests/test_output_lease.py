@@ -187,7 +187,7 @@ def _rows(shard: int) -> pl.DataFrame:
          "content": ["a"], "reasoning_content": [None], "finish_reason": ["stop"],
          "prompt_tokens": [1], "completion_tokens": [1], "reasoning_tokens": [0], "model": ["m"],
          "server": ["server-0"], "attempts": [1], "latency_s": [0.1], "error": [None],
-         "turns": [[]], "sampling": [None]},
+         "turns": [[]], "sampling": [None], "tools": [None]},
         schema=row_schema(),
     )  # fmt: skip
 

@@ -335,6 +335,7 @@ def test_storage_row_takes_bytes_per_row_from_the_committed_shards(tmp_path: Pat
             "error": [None] * n,
             "turns": [[]] * n,
             "sampling": [None] * n,
+            "tools": [None] * n,
         },
         schema=row_schema(),
     )
