@@ -232,13 +232,28 @@ def test_cancelled_run_stops_its_servers_and_keeps_committed_shards(stack: Stack
 
 
 def _logs(server: Server, run_id: str) -> list[str]:
+    """Every log line of the run, oldest first, page by page (the API answers 200 at most)."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
 
+    said: list[str] = []
     with server.client() as client:
-        logs = client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(run_id)]))
-        )
-    return [log.message for log in logs]
+        while page := client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(run_id)])),
+            sort=LogSort.TIMESTAMP_ASC,
+            offset=len(said),
+        ):
+            said += [log.message for log in page]
+    return said
+
+
+def _logs_to_the_end(server: Server, run_id: str, last: str) -> list[str]:
+    """The run's logs once its `last` line has arrived: the worker ships logs in batches, so
+    the final state reaches the API a moment before the line that reports it."""
+    deadline = time.monotonic() + 30
+    while last not in (said := _logs(server, run_id)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return said
 
 
 def _task_states(server: Server, run_id: str) -> dict[str, Any]:
@@ -253,11 +268,12 @@ def _task_states(server: Server, run_id: str) -> dict[str, Any]:
 
 def _no_traceback(stack: Stack, run_id: str, message: str) -> None:
     """The run's logs name its reason and end with it; no traceback, Prefect's or ours."""
-    said = _logs(stack.server, run_id)
+    last = f"Finished in state Failed({message!r})"
+    said = _logs_to_the_end(stack.server, run_id, last)
     text = "\n".join(said)
     assert "Traceback" not in text and "NoneType: None" not in text, text[-4000:]
     assert "FailedRun" not in text and "Engine execution exited" not in text, text[-4000:]
-    assert said[-1] == f"Finished in state Failed({message!r})", said[-3:]
+    assert said[-1] == last, said[-3:]
 
 
 @pytest.mark.timeout(300)
