@@ -7,6 +7,9 @@ starts (children inherit it), and the next run stops every tagged process whose 
 gone, just as `regen.fleet.orphans` does for servers. A process is stopped only when its
 environment carries the tag of a dead owner and every `env_match` item: an untagged process,
 or one whose owner still lives (a parallel run), is left alone.
+
+This module is the one owner of "is that process still the one we recorded" (`alive`) and
+of stopping what a dead owner left (`stop`), for helpers and servers alike.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import psutil
 
@@ -34,14 +38,24 @@ def tag_children() -> None:
     os.environ[OWNER_ENV] = _identity(psutil.Process())
 
 
+def alive(pid: int, started_at: float) -> bool:
+    """Whether process `pid`, started at `started_at` (epoch seconds), still runs: a PID alone
+    may have been reused by an unrelated process, and a zombie holds nothing any more. A
+    process that cannot be read counts as gone."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return abs(proc.create_time() - started_at) < 1.0
+    except psutil.Error:
+        return False
+
+
 def _owner_alive(tag: str) -> bool:
     pid, _, started = tag.partition(":")
     try:
-        owner = psutil.Process(int(pid))
-        if owner.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return abs(owner.create_time() - float(started)) < 1.0
-    except (ValueError, psutil.Error):
+        return alive(int(pid), float(started))
+    except ValueError:  # not a tag we wrote
         return False
 
 
@@ -70,14 +84,34 @@ def reap_owned(env_match: Mapping[str, str | None], grace_s: float = 5.0) -> lis
     victims = orphans(env_match)
     for proc in victims:
         log.warning("stopping orphan pid %d of a run that is gone", proc.pid)
-        with contextlib.suppress(psutil.Error):
-            proc.terminate()
-    alive = wait_gone(victims, grace_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    wait_gone(alive, 5.0)
+    stop(victims, grace_s)
     return sorted(p.pid for p in victims)
+
+
+def stop(victims: list[psutil.Process], grace_s: float, groups: Collection[int] = ()) -> None:
+    """The one reaper of what a dead owner left: SIGTERM, SIGKILL what outlives `grace_s`.
+
+    `groups` are process groups whose leader is among `victims` (a server's launcher): the
+    leader alone gets the first SIGTERM, as SGLang then stops its own children on its
+    graceful path; the whole group gets SIGTERM after `grace_s`, and SIGKILL 2 s later."""
+    for proc in victims:
+        # A leader, or a process whose leader is already gone.
+        if proc.pid in groups or not any(in_group(proc.pid, g) for g in groups):
+            _signal(proc, signal.SIGTERM)
+    left = wait_gone(victims, grace_s)
+    if groups:
+        for group in groups:
+            signal_group(group, signal.SIGTERM)
+        left = wait_gone(left, 2.0)
+    for proc in left:
+        if proc.pid in groups:
+            signal_group(proc.pid, signal.SIGKILL)
+        else:
+            _signal(proc, signal.SIGKILL)
+    wait_gone(left, 5.0)
+    deadline = time.monotonic() + 2.0
+    while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -89,11 +123,46 @@ def _running(proc: psutil.Process) -> bool:
 
 def wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
     """The ones still running after `timeout_s`; a zombie counts as gone, as orphans are not
-    our children and whoever adopted them reaps them in their own time. Shared with
-    `regen.fleet.orphans`, which stops orphaned servers the same way."""
+    our children and whoever adopted them reaps them in their own time."""
     deadline = time.monotonic() + timeout_s
     alive = [p for p in procs if _running(p)]
     while alive and time.monotonic() < deadline:
         time.sleep(0.05)
         alive = [p for p in alive if _running(p)]
     return alive
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in the group (zombies hold no GPU or port)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal a whole process group; a group already gone is the goal, not an error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def in_group(pid: int, pgid: int) -> bool:
+    """Whether process `pid` is in group `pgid` (a process gone is in none)."""
+    try:
+        return os.getpgid(pid) == pgid
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(psutil.Error):
+        proc.send_signal(sig)

@@ -21,8 +21,8 @@ import yaml
 
 from regen.dataset import manifested_shards, read_committed
 from regen.fleet.orphans import pid_files
-from regen.fleet.process import group_alive
 from regen.naming import artifact_key
+from regen.owned import group_alive
 from regen.ports import port_is_free, quiet_port_range
 from regen.storage import LocalStorage
 from support import REPO

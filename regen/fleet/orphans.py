@@ -9,12 +9,9 @@ another process is not an orphan and is left alone.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +19,8 @@ from typing import Any
 import psutil
 
 from regen.fleet.commands import RUNS_DIR
-from regen.fleet.process import FLEET_ID_ENV, group_alive, signal_group
-from regen.owned import wait_gone
+from regen.fleet.process import FLEET_ID_ENV
+from regen.owned import alive, in_group, stop
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +28,12 @@ _START_SLACK_S = 5.0  # PID file written right after Popen; create_time is round
 
 
 def _owner_alive(record: dict[str, Any]) -> bool:
+    """Whether the run that wrote `record` still runs elsewhere: this process's own servers
+    are its own to reap (an interrupted run stops its fleet through the reaper)."""
     pid = record.get("owner_pid")
     if not isinstance(pid, int) or pid == os.getpid():
         return False
-    try:
-        owner = psutil.Process(pid)
-        if owner.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return abs(owner.create_time() - float(record.get("owner_started_at", 0))) < 1.0
-    except psutil.Error:
-        return False
+    return alive(pid, float(record.get("owner_started_at", 0)))
 
 
 def _is_ours(proc: psutil.Process, record: dict[str, Any]) -> bool:
@@ -68,8 +61,8 @@ def _fleet_processes(record: dict[str, Any]) -> list[psutil.Process]:
     found = []
     pgid = record.get("pgid")
     for proc in psutil.process_iter():
-        in_group = isinstance(pgid, int) and _in_group(proc, pgid)
-        if (in_group or proc.pid == record.get("pid")) and _is_ours(proc, record):
+        grouped = isinstance(pgid, int) and in_group(proc.pid, pgid)
+        if (grouped or proc.pid == record.get("pid")) and _is_ours(proc, record):
             found.append(proc)
     return found
 
@@ -147,37 +140,9 @@ def reap_orphans(work_dir: Path, grace_s: float = 5.0) -> list[int]:
     for orphan in found:
         if orphan.processes:
             log.warning("stopping orphan server %s (%s)", orphan.describe(), FLEET_ID_ENV)
-    for proc in victims.values():
-        # A launcher, or a server process whose launcher is already gone.
-        if proc.pid in groups or not any(_in_group(proc, g) for g in groups):
-            _signal(proc, signal.SIGTERM)
-    alive = wait_gone(list(victims.values()), grace_s)
-    for group in groups:
-        signal_group(group, signal.SIGTERM)
-    alive = wait_gone(alive, 2.0)
-    for proc in alive:
-        if proc.pid in groups:
-            signal_group(proc.pid, signal.SIGKILL)
-        else:
-            _signal(proc, signal.SIGKILL)
-    wait_gone(alive, 5.0)
-    deadline = time.monotonic() + 2.0
-    while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    stop(list(victims.values()), grace_s, groups)
     for orphan in found:
         orphan.path.unlink(missing_ok=True)
         # The key file beside it: <dir>/pids/server-0.json -> <dir>/secrets/server-0.yaml.
         (orphan.path.parent.parent / "secrets" / f"{orphan.name}.yaml").unlink(missing_ok=True)
     return sorted(victims)
-
-
-def _in_group(proc: psutil.Process, pgid: int) -> bool:
-    try:
-        return os.getpgid(proc.pid) == pgid
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
-    with contextlib.suppress(psutil.Error):
-        proc.send_signal(sig)

@@ -22,6 +22,7 @@ import psutil
 import yaml
 
 from regen.fleet.commands import ServerCommand
+from regen.owned import group_alive, signal_group
 
 FLEET_ID_ENV = "REGEN_FLEET_ID"
 
@@ -45,29 +46,6 @@ def redact(text: str, key: str) -> str:
     text = text.replace(key, "***") if key else text
     text = _KEY_VALUE.sub(r"\1\2***\2", text)
     return _KEY_FLAG.sub(r"\1***", text)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is left in the group (zombies hold no GPU or port)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
-
-
-def signal_group(pgid: int, sig: signal.Signals) -> None:
-    """Signal a whole process group; a group already gone is the goal, not an error."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 @dataclass
