@@ -162,7 +162,8 @@ def train_tokenizer(root: Path, out: Path) -> Path:
 
 
 def child(root: Path, tokenizer: Path | None) -> None:
-    from regen.audit import AuditConfig, run_audit
+    from regen.audit import run_audit
+    from regen.config import AuditConfig
 
     start = time.perf_counter()
     result = run_audit(LocalStorage(root), AuditConfig(), tokenizer_path=tokenizer)

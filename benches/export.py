@@ -144,7 +144,8 @@ def child(kind: str, root: Path, dest: Path) -> None:
     start = time.perf_counter()
     out: dict[str, object]
     if kind == "audit":
-        from regen.audit import AuditConfig, run_audit
+        from regen.audit import run_audit
+        from regen.config import AuditConfig
 
         result = run_audit(LocalStorage(root), AuditConfig())
         out = {"rows": result.rows, "verdict": result.verdict}
@@ -160,7 +161,7 @@ def child(kind: str, root: Path, dest: Path) -> None:
         )
         out = {"rows": figures["samples"].item(), "loss_tokens": figures["loss_tokens"].item()}
     else:
-        from regen.export import ExportOptions
+        from regen.config import ExportOptions
         from regen.export.run import export_dataset
 
         options = ExportOptions.model_validate(VARIANTS.get(kind, {"format": kind}))

@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benches._common import results_path
-from regen.export import ExportOptions
+from regen.config import ExportOptions
 from regen.export.run import export_dataset
 from regen.figures import markdown_table
 from regen.storage import LocalStorage, Storage

@@ -8,7 +8,7 @@ from prefect.states import State
 from flows.failures import failed_with, quiet_failures
 from flows.labels import label_flow_run
 from regen.audit import AuditResult
-from regen.audit.thresholds import AuditConfig
+from regen.config import AuditConfig
 from regen.naming import dataset_name, dataset_slug
 from tasks.audit import audit
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from regen.export import ExportFormat, ExportOptions
-from regen.lossmask import Turns
+from regen.config import ExportFormat, ExportOptions, Turns
 from tasks.export import export
 
 

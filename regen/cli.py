@@ -212,7 +212,7 @@ def _audit(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from regen.audit import audit_table, run_audit, write_report
-    from regen.audit.thresholds import AuditConfig
+    from regen.config import AuditConfig
     from regen.canary import stopped_run
     from regen.config import load_config
     from regen.dataset.keys import AUDIT_MARKDOWN_KEY
@@ -285,7 +285,7 @@ def _estimate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from regen.export import ExportOptions
+    from regen.config import ExportOptions
     from regen.export.run import export_dataset
     from regen.storage import open_storage
 

@@ -15,8 +15,8 @@ from prefect.states import Failed, State
 
 from regen.audit import AuditResult, run_audit, write_report
 from regen.audit.report import plot_pngs
-from regen.audit.thresholds import AuditConfig
 from regen.canary import stopped_run
+from regen.config import AuditConfig
 from regen.naming import artifact, dataset_markdown
 from regen.storage import Storage, open_storage
 from tasks.cards import publish_markdown

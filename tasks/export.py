@@ -6,7 +6,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 
-from regen.export import ExportOptions
+from regen.config import ExportOptions
 from regen.export.run import ExportSummary, export_dataset
 from regen.naming import artifact
 from regen.storage import Storage, open_storage

@@ -12,7 +12,6 @@ import polars as pl
 import pytest
 
 from regen.audit import (
-    AuditConfig,
     AuditResult,
     LiveGate,
     Summary,
@@ -27,6 +26,7 @@ from regen.audit.gate import shown_over
 from regen.audit.lengths import quantile
 from regen.audit.run import row_checks, shard_summaries
 from regen.audit.summary import AuditSettings
+from regen.config import AuditConfig
 from regen.dataset import REJECTS_KEY, commit_shard, read_manifest, read_shard, replace_shard
 from regen.dataset.keys import summary_key
 from regen.schema import row_schema

@@ -9,7 +9,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from regen.audit import AuditConfig, run_audit
+from regen.audit import run_audit
+from regen.config import AuditConfig
 from regen.dataset import commit_shard
 from regen.lossmask import ChatTemplate, load_template
 from regen.schema import row_schema

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import polars as pl
 
-from regen.audit import AuditConfig, run_audit
+from regen.audit import run_audit
+from regen.config import AuditConfig
 from regen.dataset import commit_shard
 from regen.schema import row_schema
 from regen.storage import LocalStorage

@@ -20,7 +20,6 @@ from regen.audit.gate import Finding
 from regen.audit.result import Example
 from regen.audit.run import row_checks
 from regen.audit.summary import audit_rows
-from regen.audit.thresholds import AuditConfig
 from regen.canary import (
     STOP_KEY,
     CanaryFirst,
@@ -42,6 +41,7 @@ from regen.canary.stop import judge_input
 from regen.canary.store import CANARY_PARTS, WAVES_AHEAD, Verdict
 from regen.client import Dispatcher
 from regen.client.tuning import DispatchTuning
+from regen.config import AuditConfig
 from regen.dataset import commit_shard, prompts_for_shard, read_manifest
 from regen.errors import UserError
 from regen.generation.live_gate import one_sample

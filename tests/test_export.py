@@ -12,6 +12,7 @@ import pytest
 
 from flows.cli import main
 from regen.cli import FORMATS_CHOICES
+from regen.config import FORMATS, ExportOptions
 from regen.dataset import (
     PLAN_KEY,
     PLAN_SCHEMA,
@@ -22,7 +23,6 @@ from regen.dataset import (
     read_plan,
     replace_shard,
 )
-from regen.export import FORMATS, ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset
 from regen.storage import LocalStorage, Storage
 from support.s3 import MotoS3
@@ -273,7 +273,7 @@ def test_dropping_one_id_exports_its_shard_again_and_no_other(tmp_path: Path) ->
     from regen.audit.dataset import open_dataset
     from regen.audit.run import shard_summaries
     from regen.audit.summary import settings_for
-    from regen.audit.thresholds import AuditConfig
+    from regen.config import AuditConfig
 
     config = AuditConfig()
     settings = settings_for(src, open_dataset(src), config)

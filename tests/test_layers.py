@@ -61,10 +61,20 @@ def test_import_regen_fleet_loads_no_dispatcher() -> None:
     assert not {m for m in _loaded("regen.fleet") if m.startswith("regen.client")}
 
 
-def test_import_regen_config_loads_no_audit_machinery() -> None:
-    loaded = _loaded("regen.config")
-    assert "regen.audit.thresholds" in loaded  # what the config embeds, and only that
-    assert not {m for m in loaded if m.startswith("regen.audit.") and m != "regen.audit.thresholds"}
+def test_config_is_the_bottom_layer() -> None:
+    """Every layer reads the config, so the config reads no other room of regen: its sections
+    (the audit's thresholds and the export's options included) live in regen/config/, and
+    importing it loads nothing else of regen (no polars, no audit)."""
+    upward = {
+        f"{path}: {name}"
+        for path, names in _imports(REGEN / "config").items()
+        for name in names
+        if name.startswith("regen.") and name.split(".")[1] not in ("config", "errors")
+    }
+    assert not upward
+    loaded = {m for m in _loaded("regen.config") if m.startswith("regen.")}
+    assert loaded <= {"regen.errors"} | {m for m in loaded if m.startswith("regen.config")}
+    assert "polars" not in _loaded("regen.config")
 
 
 def _module_name(path: Path) -> str:

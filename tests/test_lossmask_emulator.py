@@ -12,9 +12,10 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from regen.audit import AuditConfig, run_audit
+from regen.audit import run_audit
+from regen.config import AuditConfig, Turns
 from regen.dataset import commit_shard
-from regen.lossmask import Turns, load_template, samples
+from regen.lossmask import load_template, samples
 from regen.sglang_api.endpoint import Endpoint
 from regen.storage import LocalStorage
 from regen.tools import template_tools

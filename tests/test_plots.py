@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from regen.audit import AuditConfig, run_audit, write_report
+from regen.audit import run_audit, write_report
 from regen.audit.report import plot_pngs
+from regen.config import AuditConfig
 from regen.fleet.metrics import ServerFigures
 from regen.fleet_live import Interval, LiveReport
 from regen.plots import THROUGHPUT_POINTS, downsample, live_plots, throughput_png

@@ -15,12 +15,18 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import SecretStr
 
-from regen.audit import AuditConfig, run_audit
+from regen.audit import run_audit
 from regen.audit.gate import gate_decision
 from regen.audit.summary import audit_rows, merge, settings_for
 from regen.client import Dispatcher
 from regen.client.setting import SettingDraw
-from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig, parse_config
+from regen.config import (
+    AuditConfig,
+    GenerationConfig,
+    RegenerationConfig,
+    SamplingConfig,
+    parse_config,
+)
 from regen.dataset import commit_shard
 from regen.dataset.runinfo import config_fingerprint
 from regen.errors import ConfigError

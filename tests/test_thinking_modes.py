@@ -11,9 +11,9 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from regen.audit import AuditConfig, run_audit
+from regen.audit import run_audit
 from regen.client import Dispatcher
-from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
+from regen.config import AuditConfig, GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.dataset import read_committed
 from regen.rehearsal import rehearsal_config
 from regen.sglang_api.endpoint import Endpoint

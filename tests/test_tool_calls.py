@@ -17,10 +17,9 @@ from pydantic import SecretStr
 
 from regen.audit.loss_mask import ModelTemplate
 from regen.audit.summary import AuditSettings, audit_rows
-from regen.audit.thresholds import AuditConfig
 from regen.audit.tool_calls import tool_calls_check
 from regen.client import Dispatcher, DispatchTuning
-from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
+from regen.config import AuditConfig, GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.conversations import Turns, conversation_for
 from regen.emulator import history_digest
 from regen.emulator.tool_calls import call_for

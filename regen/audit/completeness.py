@@ -7,7 +7,7 @@ import polars as pl
 from regen.audit.dataset import DatasetView
 from regen.audit.result import Check, Example, graded
 from regen.audit.summary_model import Summary
-from regen.audit.thresholds import AuditConfig
+from regen.config import AuditConfig
 
 
 def completeness_check(features: pl.DataFrame, view: DatasetView, config: AuditConfig) -> Check:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from regen.audit.thresholds import AuditConfig
+from regen.config import AuditConfig
 from regen.schema import SAMPLING
 
 _TEXT_COLUMNS = ["reasoning_content", "content"]

@@ -11,7 +11,7 @@ import numpy as np
 
 from regen.audit.result import Check, Histogram, Quantiles, graded, skipped
 from regen.audit.summary_model import Summary
-from regen.audit.thresholds import AuditConfig
+from regen.config import AuditConfig
 from regen.figures import count
 
 

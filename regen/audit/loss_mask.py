@@ -16,7 +16,7 @@ import polars as pl
 from regen.audit.lengths import quantile
 from regen.audit.result import Check, graded, skipped
 from regen.audit.summary_model import LossFigures
-from regen.audit.thresholds import AuditConfig
+from regen.config import AuditConfig
 from regen.figures import count
 from regen.lossmask import ROW_COLUMNS, ChatTemplate, lacks_ids, load_template, samples
 from regen.lossmask.ids import sample_sizes

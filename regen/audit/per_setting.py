@@ -14,7 +14,7 @@ import polars as pl
 
 from regen.audit.features import UNRECORDED
 from regen.audit.result import Check, Example, SettingFigures, grade, graded, skipped
-from regen.audit.thresholds import AuditConfig, Threshold
+from regen.config import AuditConfig, Threshold
 from regen.figures import pct
 
 NAME, TITLE = "per_setting", "9b per-setting figures"

@@ -6,7 +6,7 @@ import polars as pl
 
 from regen.audit.result import Check, Example, graded, skipped
 from regen.audit.summary_model import Hits, Summary
-from regen.audit.thresholds import AuditConfig, Threshold
+from regen.config import AuditConfig, Threshold
 
 
 def _flag_check(

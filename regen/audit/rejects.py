@@ -12,7 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from regen.audit.result import Check, Example, graded, skipped
-from regen.audit.thresholds import AuditConfig
+from regen.config import AuditConfig
 
 _LINES_SHOWN = 3
 

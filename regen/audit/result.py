@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from regen.audit.thresholds import Threshold
+from regen.config import Threshold
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, CANARY_PREFIX, key_url
 from regen.figures import count, markdown_table, pct, pct_within, sig
 from regen.status import Status

@@ -34,8 +34,8 @@ from regen.audit.servers import server_breakdown, server_check
 from regen.audit.summary import AuditSettings, audit_rows, merge, settings_for
 from regen.audit.summary_model import Summary
 from regen.audit.template_parity import template_parity_check
-from regen.audit.thresholds import AuditConfig
 from regen.audit.tool_calls import tool_calls_check
+from regen.config import AuditConfig
 from regen.dataset.keys import summary_key
 from regen.dataset.rejects import read_rejects
 from regen.storage import Storage

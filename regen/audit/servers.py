@@ -8,7 +8,7 @@ import polars as pl
 
 from regen.audit.evidence import EVIDENCE, upper_tail
 from regen.audit.result import Check, Example, ServerRates, graded, skipped
-from regen.audit.thresholds import AuditConfig
+from regen.config import AuditConfig
 
 
 def server_flags(config: AuditConfig, thinking: bool) -> dict[str, pl.Expr]:

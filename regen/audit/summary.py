@@ -45,8 +45,8 @@ from regen.audit.summary_model import (
     ToolFigures,
 )
 from regen.audit.template_parity import parity_figures
-from regen.audit.thresholds import AuditConfig
 from regen.audit.tool_calls import CALL_TOKEN, tool_figures
+from regen.config import AuditConfig
 from regen.storage import Storage
 
 SUMMARY_FORMAT = 3

@@ -21,7 +21,7 @@ import polars as pl
 from regen.audit.loss_mask import ModelTemplate
 from regen.audit.result import Check, Example, graded, skipped
 from regen.audit.summary_model import ParityFigures
-from regen.audit.thresholds import AuditConfig
+from regen.config import AuditConfig
 from regen.lossmask import ROW_COLUMNS, ChatTemplate
 from regen.lossmask.conversation import turn_inputs
 from regen.lossmask.parity import PromptDifference, prompt_differences

@@ -24,7 +24,7 @@ import polars as pl
 
 from regen.audit.result import Check, Example, graded, skipped
 from regen.audit.summary_model import Hits, ToolFigures
-from regen.audit.thresholds import Threshold
+from regen.config import Threshold
 from regen.tools import tool_names
 
 TOOL_CALLS = Threshold(warn=0.0, fail=0.02)

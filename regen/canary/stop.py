@@ -23,8 +23,8 @@ from regen.audit.gate import Finding
 from regen.audit.rejects import rejects_check
 from regen.audit.result import FailingFigure, figure_lines, short_figures
 from regen.audit.run import StoppedRun
-from regen.audit.thresholds import AuditConfig
 from regen.canary.store import read_canary
+from regen.config import AuditConfig
 from regen.dataset.keys import STOP_KEY, canary_key, set_aside_prefix
 from regen.errors import UserError
 from regen.storage import Storage

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from regen.export.options import TOKEN_FORMATS, ExportOptions
+from regen.config import TOKEN_FORMATS, ExportOptions
 from regen.lossmask import ROW_COLUMNS, ChatTemplate, samples
 from regen.schema import TOOL_CALL
 from regen.tools import template_tools

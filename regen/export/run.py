@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from regen.config import TOKEN_FORMATS, ExportOptions
 from regen.dataset import (
     AUDIT_REPORT_KEY,
     Committed,
@@ -44,7 +45,6 @@ from regen.dataset import (
 )
 from regen.errors import ConfigError, UserError
 from regen.export.formats import ShardExport, shard_export
-from regen.export.options import TOKEN_FORMATS, ExportOptions
 from regen.lossmask import load_template
 from regen.storage import LocalStorage, Storage
 

@@ -24,7 +24,6 @@ from regen.audit.dataset import open_dataset
 from regen.audit.gate import Decision, LiveGate, gate_decision
 from regen.audit.summary import AuditSettings, audit_rows, merge, settings_for
 from regen.audit.summary_model import Summary
-from regen.audit.thresholds import AuditConfig
 from regen.canary import (
     CanaryFirst,
     CanaryStopped,
@@ -39,6 +38,7 @@ from regen.canary import (
 )
 from regen.canary.stop import write_stop_record
 from regen.client import Dispatcher
+from regen.config import AuditConfig
 from regen.dataset.keys import summary_key
 from regen.generation.run_plan import RunPlan
 from regen.generation.shard import Commit, Log, RowSource

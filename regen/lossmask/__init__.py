@@ -18,12 +18,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from regen.lossmask.ids import Turns, samples_from_ids
+    from regen.lossmask.ids import samples_from_ids
     from regen.lossmask.per_turn import ROW_COLUMNS, lacks_ids, samples
     from regen.lossmask.template import ChatTemplate, load_template, load_tokenizer
 
 _WHERE = {
-    "Turns": "ids", "samples_from_ids": "ids",
+    "samples_from_ids": "ids",
     "ROW_COLUMNS": "per_turn", "lacks_ids": "per_turn", "samples": "per_turn",
     "ChatTemplate": "template", "load_template": "template", "load_tokenizer": "template",
 }  # fmt: skip
@@ -31,7 +31,6 @@ _WHERE = {
 __all__ = [
     "ROW_COLUMNS",
     "ChatTemplate",
-    "Turns",
     "lacks_ids",
     "load_template",
     "load_tokenizer",

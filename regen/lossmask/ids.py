@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import polars as pl
 
-Turns = Literal["last", "each"]
-"""Which assistant turns of a conversation become samples: the final one, or every one."""
+from regen.config.export import Turns
 
 TURN_IDS = pl.Schema(
     {  # type: ignore[arg-type]  # polars' stubs reject a dict literal of mixed dtypes

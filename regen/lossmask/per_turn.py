@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import polars as pl
 
+from regen.config import Turns
 from regen.lossmask.conversation import turn_inputs
-from regen.lossmask.ids import TURN_IDS, Turns, build_samples, turn_ids
+from regen.lossmask.ids import TURN_IDS, build_samples, turn_ids
 from regen.lossmask.spans import token_ids_from_template
 from regen.lossmask.template import ChatTemplate
 

@@ -30,14 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
-from regen.errors import ConfigError, UserError
+from regen.config.uris import PREFIX, HubUri
+from regen.errors import UserError
 from regen.hub import cache_dir, gated, has_token, hub_errors, offline
 
 log = logging.getLogger(__name__)
 
-PREFIX = "hf://datasets/"
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _GLOB = re.compile(r"[*?\[]")
@@ -71,38 +70,6 @@ _NOT_DATA = frozenset(
         "dataset_dict.json",
     }
 )
-
-
-def is_hub(spec: str) -> bool:
-    return spec.startswith("hf://")
-
-
-@dataclass(frozen=True)
-class HubUri:
-    repo_id: str
-    revision: str | None
-    path: str
-
-    @classmethod
-    def parse(cls, uri: str) -> HubUri:
-        """`hf://datasets/ORG/NAME[@REVISION][/PATH]`; a revision with `/` (refs/pr/1) is
-        written URL-encoded (`refs%2Fpr%2F1`), as the Hub's own hf:// paths write it."""
-        if not uri.startswith(PREFIX):
-            raise ConfigError(
-                f"{uri}: prompts on the Hub are hf://datasets/ORG/NAME[@REVISION][/PATH]"
-            )
-        parts = uri[len(PREFIX) :].split("/", 2)
-        if len(parts) < 2 or not parts[0] or not parts[1].partition("@")[0]:
-            raise ConfigError(f"{uri}: expected hf://datasets/ORG/NAME[@REVISION][/PATH]")
-        name, _, revision = parts[1].partition("@")
-        path = parts[2] if len(parts) > 2 else ""
-        return cls(f"{parts[0]}/{name}", unquote(revision) or None, path)
-
-    @property
-    def repo(self) -> str:
-        """How messages name the repo: as the user wrote it, revision included."""
-        at = f"@{self.revision}" if self.revision else ""
-        return f"{PREFIX}{self.repo_id}{at}"
 
 
 @dataclass(frozen=True)

@@ -13,19 +13,18 @@ import io
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
+from regen.config import InputConfig
+from regen.config.uris import is_hub
 from regen.errors import UserError
 from regen.prompts import hub, jsonl, parquet
 from regen.prompts.facts import FileFacts, download, file_facts
 from regen.prompts.formats import AS_NAMED, FORMAT, FORMAT_KEYS, Columns, format_name
 from regen.prompts.rules import check_rows, row_format
 from regen.prompts.sources import is_many, prompt_files
-
-if TYPE_CHECKING:  # only read: regen.config's validators import regen.prompts.hub
-    from regen.config import InputConfig
 
 # Validation works on this much of the file at a time: its working columns take some ten times
 # the batch, and freed batches' pages stay with the allocator a while, so smaller batches keep
@@ -115,7 +114,7 @@ def load_prompts(
     file of a glob or prefix as one set (`regen.prompts.sources`), or a Hub dataset's files
     of one commit (`regen.prompts.hub`)."""
     columns = options.columns
-    if hub.is_hub(path_or_uri):
+    if is_hub(path_or_uri):
         return _load_hub(path_or_uri, max_prompt_bytes, options)
     if is_many(path_or_uri):
         files = prompt_files(path_or_uri)
@@ -157,7 +156,7 @@ def preview(
     one downloaded), a third each from the head, the middle and the tail of the file, so rows
     broken at its end are seen too: cheap enough to run before any GPU is rented."""
     columns = options.columns
-    if hub.is_hub(path_or_uri):
+    if is_hub(path_or_uri):
         selection = _hub_selection(path_or_uri, options)
         first = replace(selection, files=selection.files[:1])
         (local,) = hub.download(first, options.hf_token)

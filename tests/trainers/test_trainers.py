@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from regen.export import ExportOptions
+from regen.config import ExportOptions
 from regen.export.run import EXPORT_KEY, export_dataset
 from regen.storage import LocalStorage, Storage
 from support.trainers import (

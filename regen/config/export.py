@@ -1,7 +1,7 @@
-"""What an export is asked for: a trainer's format and the filters on what goes into it.
+"""The `export:` section: a trainer's format and the filters on what goes into an export.
 
-Kept apart from the exporter so that `regen.config` can embed the `export:` section without
-importing polars-heavy code or `datasets`.
+The exporter itself is `regen.export`; `Turns` is defined here because the loss mask
+(`regen.lossmask`) takes the same choice the section offers.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from regen.lossmask import Turns
+Turns = Literal["last", "each"]
+"""Which assistant turns of a conversation a token export trains on: the last, or each."""
 
 ExportFormat = Literal["specforge", "tokenized", "hf-dataset", "messages"]
 """specforge: SpecForge's `conversations` JSONL; tokenized: `input_ids` + `loss_mask` JSONL

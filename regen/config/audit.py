@@ -1,4 +1,4 @@
-"""Thresholds and knobs of the quality audit; part of `RegenConfig.audit`."""
+"""The `audit:` section: thresholds and knobs of the quality audit."""
 
 from __future__ import annotations
 

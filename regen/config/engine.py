@@ -1,0 +1,159 @@
+"""The engine section: SGLang or the emulator, its launch flags and the fleet's shape."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    Field,
+    SecretStr,
+    model_validator,
+)
+
+from regen.config.section import Section
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+# A CPU server's KV cache unless engine.kv_cache_tokens says otherwise (see there).
+CPU_KV_CACHE_TOKENS = 65536
+
+
+class SpeculativeConfig(Section):
+    """MTP / EAGLE speculative decoding; NEXTN needs no draft model for Qwen3.5-family models."""
+
+    enabled: bool = True
+    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = "NEXTN"
+    num_steps: int = Field(default=3, ge=1)
+    eagle_topk: int = Field(default=1, ge=1)
+    num_draft_tokens: int = Field(default=4, ge=1)
+    draft_model_path: Path | None = None
+
+
+class EmulatorConfig(Section):
+    """Settings only the emulator reads: simulated speed, load time and injected faults."""
+
+    load_s: float = Field(default=0.5, ge=0)
+    tokens_per_s: float = Field(default=250.0, gt=0)
+    accept_length: float = Field(
+        default=3.6, gt=0, description="MTP accept length the emulator reports on /metrics."
+    )
+    time_scale: float = Field(default=0.01, gt=0, description="Wall seconds per simulated second.")
+    seed: int = 0
+    reasoning_tokens: str = Field(default="200:4000", pattern=r"^\d+:\d+$")
+    answer_tokens: str = Field(default="20:800", pattern=r"^\d+:\d+$")
+    faults: list[str] = Field(default_factory=list, description="--emu-fault specs, all servers.")
+    server_faults: dict[int, list[str]] = Field(
+        default_factory=dict, description="Extra --emu-fault specs by server index."
+    )
+
+
+class BenchConfig(Section):
+    """The fleet's micro-benchmark: a short fixed load per server, to catch a slow GPU early."""
+
+    concurrency: int = Field(default=32, ge=1)
+    max_tokens: int = Field(default=256, ge=1)
+    budget_s: float = Field(default=20.0, gt=0)
+    min_relative_speed: float = Field(
+        default=0.5, ge=0, le=1, description="Flag a server below this share of the median."
+    )
+
+
+class EngineConfig(Section):
+    """How the fleet is launched: one server per GPU (or `servers` on the CPU), each on
+    base_port + index."""
+
+    kind: Literal["sglang", "emulator", "external"] = "sglang"
+    device: Literal["cuda", "cpu"] = Field(
+        default="cuda",
+        description="cuda: one server per engine.gpus entry; cpu: engine.servers servers "
+        "on the CPU (SGLang's --device cpu), no GPU needed or touched.",
+    )
+    servers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="How many servers with device cpu (required there: there are no GPUs "
+        "to count); with cuda the servers are engine.gpus.",
+    )
+    python: str = Field(
+        default=sys.executable,
+        description="Interpreter of the venv that has sglang (on a local file system).",
+    )
+    launcher: Literal["module", "serve"] = "module"
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(
+        default_factory=lambda: [0], min_length=1
+    )
+    host: str = "127.0.0.1"
+    base_port: Port = 30000
+    api_key: SecretStr | None = Field(
+        default=None, description="Server API key; generated per run when empty."
+    )
+    reasoning_parser: str | None = "qwen3"
+    tool_call_parser: str | None = Field(
+        default=None,
+        description="SGLang's --tool-call-parser (qwen25 for Qwen3, qwen3_coder, hermes, ...): "
+        "the server then parses the calls of rows with tools into message.tool_calls; "
+        "without it a call stays text in the answer.",
+    )
+    speculative: SpeculativeConfig = SpeculativeConfig()
+    max_running_requests: int = Field(default=64, ge=1)
+    context_length: int = Field(default=40960, ge=256)
+    mem_fraction_static: float = Field(default=0.88, gt=0, le=1)
+    kv_cache_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="--max-total-tokens, the KV cache's size in tokens; default: SGLang sizes "
+        "it from mem_fraction_static, except with device cpu, where that share of the "
+        "machine's free RAM (15 GB and 29 s per server on a 24 GB box) would be taken: 65536.",
+    )
+    extra_args: list[str] = Field(default_factory=list)
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    min_servers: int | None = Field(
+        default=None, ge=1, description="Go on with this many healthy servers; default all."
+    )
+    urls: list[str] = Field(default_factory=list, description="Server URLs for kind: external.")
+    bench: BenchConfig = BenchConfig()
+    emulator: EmulatorConfig = EmulatorConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if self.kind == "external" and not self.urls:
+            raise ValueError("engine.kind external needs engine.urls")
+        if self.device == "cpu" and self.kind != "external" and self.servers is None:
+            raise ValueError(
+                "engine.device cpu needs engine.servers: how many servers to launch "
+                "(there are no GPUs to count)"
+            )
+        if self.device == "cuda" and self.servers is not None:
+            raise ValueError(
+                "engine.servers is for engine.device cpu; with cuda there is one server per "
+                "engine.gpus entry"
+            )
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"engine.gpus lists a GPU twice: {self.gpus}")
+        if self.base_port + self.num_servers - 1 > 65535:
+            raise ValueError("engine.base_port + number of GPUs exceeds 65535")
+        if self.host not in {"127.0.0.1", "localhost", "::1"} and self.api_key is None:
+            raise ValueError(f"engine.host {self.host} is not loopback: set engine.api_key")
+        if self.min_servers is not None and self.min_servers > self.num_servers:
+            raise ValueError(f"engine.min_servers {self.min_servers} > {self.num_servers} servers")
+        return self
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.urls) if self.kind == "external" else len(self.slots)
+
+    @property
+    def max_total_tokens(self) -> int | None:
+        """The KV cache's tokens regen asks for (None: SGLang's own sizing)."""
+        if self.kv_cache_tokens is None and self.device == "cpu":
+            return CPU_KV_CACHE_TOKENS
+        return self.kv_cache_tokens
+
+    @property
+    def slots(self) -> list[int | None]:
+        """The GPU of each server regen launches, in order; None for a CPU server."""
+        if self.device == "cpu":
+            return [None] * (self.servers or 0)
+        return list(self.gpus)

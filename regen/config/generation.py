@@ -1,0 +1,37 @@
+"""How the dispatcher retries, gives up and reports; not fingerprinted."""
+
+from __future__ import annotations
+
+from pydantic import (
+    Field,
+)
+
+from regen.config.section import Section
+
+
+class GenerationConfig(Section):
+    """How the dispatcher retries, gives up and reports."""
+
+    max_attempts: int = Field(default=4, ge=1)
+    request_timeout_s: float | None = Field(
+        default=None, gt=0, description="Default: derived from max_tokens and measured speed."
+    )
+    fleet_dead_s: float = Field(default=120.0, gt=0)
+    retry_errors: bool = Field(default=False, description="Regenerate error rows of done shards.")
+    shards: str | None = Field(default=None, pattern=r"^\d*:\d*$", description="e.g. 100:200")
+    shard_retries: int = Field(default=2, ge=0)
+    progress_interval_s: float = Field(default=2.0, gt=0)
+    live_interval_s: float = Field(
+        default=30.0, gt=0, description="Fleet figures from /metrics: a log line and an artifact."
+    )
+    new_output: bool = Field(
+        default=False, description="Allow a changed fingerprint: start a fresh dataset."
+    )
+    # Not fingerprinted (no generation.* setting is): a canary only changes the order rows
+    # are sent in, never what a row holds, so datasets made with and without one compare.
+    canary_prompts: int = Field(
+        default=256,
+        ge=0,
+        description="Prompts sampled over every pending shard, generated and audited before "
+        "the rest is sent; 0 turns the canary off.",
+    )
