@@ -257,10 +257,10 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
     from regen.fleet import build_server_commands, generate_api_key, launch_fleet
     from regen.generation.feed import feeding
     from regen.generation.generate import generate_plan
-    from regen.generation.lease import Lease
+    from regen.generation.loop import AllPending
     from regen.generation.outcome import ShardOutcome
     from regen.generation.run_plan import plan_run
-    from regen.generation.shard import OnCommit, RowSource, generate_shard
+    from regen.generation.shard import Fence, OnCommit, RowSource, generate_shard
     from regen.rehearsal import rehearsal_config
     from regen.run import OpenedRun
 
@@ -275,14 +275,23 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
     commands = build_server_commands(config, model_path, key, config.work_dir / "plain")
     first_start: list[float] = []
     sampler = RssSampler()
+    source = AllPending()
     with (
         launch_fleet(config, commands, key) as fleet,
         ThreadPoolExecutor(THREADS) as pool,
-        feeding(config, run.storage, plan, fleet, key, on_live=lambda _: None) as feed,
+        feeding(
+            config,
+            run.storage,
+            plan,
+            fleet,
+            key,
+            progress_key=source.progress_key,
+            on_live=lambda _: None,
+        ) as feed,
     ):
 
         def start(
-            shard: int, lease: Lease | None, rows: RowSource, on_commit: OnCommit, retry: bool
+            shard: int, lease: Fence | None, rows: RowSource, on_commit: OnCommit, retry: bool
         ) -> Future[ShardOutcome]:
             first_start.append(time.time())
             return pool.submit(
@@ -291,7 +300,7 @@ def plain_child(config_path: Path, prompts: Path, out: Path, servers: int, resul
             )  # fmt: skip
 
         sampler.start()
-        summary = generate_plan(run, plan, feed, start, tokenizer_path=tokenizer)
+        summary = generate_plan(run, plan, feed, start, source, tokenizer_path=tokenizer)
         end = time.time()
         sampler.stop()
     begin = min(first_start)

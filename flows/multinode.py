@@ -19,9 +19,15 @@ from flows.params import resolve_config
 from regen.audit import AuditResult
 from regen.config import RegenConfig
 from regen.errors import UserError
-from regen.generation.watch import NodeOutcome
+from regen.multinode.nodes import (
+    NodeAssignment,
+    NodeConfig,
+    check_nodes,
+    node_weights,
+    split_ranges,
+)
+from regen.multinode.watch import NodeOutcome
 from regen.naming import run_name, run_tags
-from regen.nodes import NodeAssignment, NodeConfig, check_nodes, node_weights, split_ranges
 from regen.run import OpenedRun
 from tasks.audit import audit
 from tasks.generate import plan_run

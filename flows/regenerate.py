@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, runtime
 from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
@@ -16,8 +16,9 @@ from regen.audit import AuditResult
 from regen.config import RegenConfig
 from regen.fleet import generate_api_key
 from regen.generation.outcome import GenerationSummary
+from regen.multinode.loop import shard_source
+from regen.multinode.nodes import NodeAssignment
 from regen.naming import run_name, run_tags
-from regen.nodes import NodeAssignment
 from regen.run import OpenedRun
 from tasks.audit import audit
 from tasks.export import export
@@ -79,20 +80,21 @@ def regenerate_completions(
         api_key_secret=api_key_secret,
     )
     config = resolved.config
-    node_name = node.name if node else None
-    label_flow_run(run_name(config, node_name), run_tags(config, *filter(None, [node_name])))
+    # Which shards this run generates, chosen once: every pending one, or a node's claims.
+    source = shard_source(node, flow_run_id=runtime.flow_run.id)
+    label_flow_run(run_name(config, source.node), run_tags(config, *filter(None, [source.node])))
     # Servers of a run killed with SIGKILL hold the ports and GPUs that provisioning checks,
     # and a rerun with nothing left to generate launches no fleet: reap them before either.
     reap_orphans(config.work_dir)
     # Every stage below shares this storage (a storage block's, with its own credentials).
     hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
     run = OpenedRun(config, opened=resolved.storage, hf_token=hf_token)
-    checked = provision(run, CODE_PACKAGES, node.lease_run if node else None, return_state=True)
+    checked = provision(run, CODE_PACKAGES, source.lease_run, return_state=True)
     if ended := failed_with(checked):
         return ended
     # One run per output: a second run stops here, before the plan writes anything or a model
     # is staged; a node of a multi-node run shares its parent's lease.
-    with hold_output(run, node.lease_run if node else None):
+    with hold_output(run, source.lease_run):
         # The plan before the model: an output another run made, an input the live gate stops on
         # its rejects and a rerun with nothing left to generate cost no staging (minutes of a
         # rented node for a large model), and launch no fleet.
@@ -104,9 +106,10 @@ def regenerate_completions(
             # Read after staging: the staged model's own tokenizer (see `OpenedRun.tokenizer`).
             tokenizer = run.tokenizer
             with start_fleet(run, model_path, api_key) as fleet:
-                generation = generate(run, plan, fleet, api_key, tokenizer, node)
+                generation = generate(run, plan, fleet, api_key, tokenizer, source)
         tokenizer = run.tokenizer
-        if node is not None:
+        # A node of a multi-node run leaves the audit to its parent, which sees every shard.
+        if not source.whole_run:
             return (
                 stop_failure(run.storage, generation.stopped)
                 if generation.stopped
@@ -116,7 +119,7 @@ def regenerate_completions(
                     rows_failed=generation.failed,
                     completion_tokens=generation.completion_tokens,
                     tokens_per_s=generation.tokens_per_s,
-                    verdict=f"not audited here: node {node.name} of a multi-node run",
+                    verdict=f"not audited here: node {source.node} of a multi-node run",
                     rows_generated=generation.rows,
                 )
             )

@@ -8,8 +8,8 @@ holder, before it costs anything.
 The lease is a sequence of generation files `lease/run.<n>.json` (keys of
 `regen.dataset.keys`), the highest the live record, each made with `Storage.create_exclusive`
 (a hard link locally, `If-None-Match: *` on S3), as the multi-node shard claims of
-`regen.claims` are: of two runs racing for generation `n + 1`, exactly one creates it. Taking,
-renewing and releasing each create the next generation; older ones are pruned.
+`regen.multinode.claims` are: of two runs racing for generation `n + 1`, exactly one creates
+it. Taking, renewing and releasing each create the next generation; older ones are pruned.
 
 A holder is dead, and its lease taken over with a log line, when it released it, when it is on
 this host and its process (pid and start time) is gone (a kill -9, a reboot: no need to wait),

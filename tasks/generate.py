@@ -19,7 +19,6 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NONE
 from prefect.client.schemas.actions import ArtifactUpdate
-from prefect.context import get_run_context
 from prefect.states import Cancelled, State
 from prefect.utilities.annotations import quote
 from pydantic import SecretStr
@@ -31,12 +30,11 @@ from regen.generation import run_plan
 from regen.generation import shard as shards
 from regen.generation.feed import Feed, feeding
 from regen.generation.generate import generate_plan
-from regen.generation.lease import Lease
+from regen.generation.loop import ShardSource
 from regen.generation.outcome import GenerationSummary, ShardOutcome
 from regen.generation.run_plan import RunPlan
-from regen.generation.shard import OnCommit, RowSource
+from regen.generation.shard import Fence, OnCommit, RowSource
 from regen.naming import artifact, dataset_markdown, described
-from regen.nodes import NodeAssignment
 from regen.plots import live_plots
 from regen.progress import ProgressSnapshot
 from regen.run import OpenedRun
@@ -121,7 +119,7 @@ def generate_shard(
     dispatcher: RowSource,
     storage: Storage,
     retry_errors: bool,
-    lease: Lease | None = None,
+    lease: Fence | None = None,
     on_commit: OnCommit | None = None,
 ) -> ShardOutcome | State[ShardOutcome]:
     """Generate one shard through the shared dispatcher and commit it (manifest last).
@@ -142,7 +140,7 @@ def generate_shard(
 
 @contextmanager
 def _feeding(
-    run: OpenedRun, plan: RunPlan, fleet: Fleet, api_key: SecretStr, node: str | None = None
+    run: OpenedRun, plan: RunPlan, fleet: Fleet, api_key: SecretStr, progress_key: str
 ) -> Iterator[Feed]:
     """The run's feed, its progress and live figures shown as artifacts."""
     logger = get_run_logger()
@@ -189,8 +187,9 @@ def _feeding(
             client.update_artifact(history_id, history)
 
     with feeding(
-        run.config, run.storage, plan, fleet, api_key, node=node, on_progress=progress, on_live=live
-    ) as feed:
+        run.config, run.storage, plan, fleet, api_key, progress_key=progress_key,
+        on_progress=progress, on_live=live,
+    ) as feed:  # fmt: skip
         yield feed
     assert feed.final is not None
     markdown(
@@ -205,14 +204,14 @@ def generate(
     fleet: Fleet,
     api_key: SecretStr,
     tokenizer_path: str | None,
-    node: NodeAssignment | None = None,
+    source: ShardSource,
 ) -> GenerationSummary:
-    """The canary, then every pending shard as a task fed through one dispatcher (or with
-    `node` this node's share of a multi-node run), judged by the live gate."""
+    """The canary, then the shards of `source` (every pending one, or a node's claims), each
+    as a task fed through one dispatcher, judged by the live gate."""
     task = generate_shard.with_options(retries=run.config.generation.shard_retries)
 
     def start(
-        shard: int, lease: Lease | None, rows: RowSource, on_commit: OnCommit, retry: bool
+        shard: int, lease: Fence | None, rows: RowSource, on_commit: OnCommit, retry: bool
     ) -> futures.Future[ShardOutcome]:
         # Quoted: Prefect walks every parameter of every task run looking for futures, and a
         # plan of a million prompts (2,000 pending shards) cost 23 ms a task.
@@ -223,12 +222,10 @@ def generate(
             )
         )  # fmt: skip
 
-    run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
-    with _feeding(run, plan, fleet, api_key, node.name if node else None) as feed:
+    with _feeding(run, plan, fleet, api_key, source.progress_key) as feed:
         summary = generate_plan(
-            run, plan, feed, start, tokenizer_path=tokenizer_path, node=node,
-            info={"flow_run_id": run_id}, log=get_run_logger(),
-        )  # fmt: skip
+            run, plan, feed, start, source, tokenizer_path=tokenizer_path, log=get_run_logger()
+        )
         # Said by the last progress and live reports, written as the feed closes.
         feed.progress.end(f"stopped: {summary.stopped}" if summary.stopped else "finished")
     assert feed.final is not None

@@ -1,7 +1,7 @@
 """The parent's side of a multi-node run: start one child run per node, watch them, report.
 
 Children are runs of each node's deployment, started from the parent's flow so the UI shows
-them as its subflows; `regen.generation.watch` decides what they get, when the watch ends
+them as its subflows; `regen.multinode.watch` decides what they get, when the watch ends
 and what became of each node; here the runs' states are read and set."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from prefect.states import Cancelled, Cancelling, Crashed, State
 from regen.config import RegenConfig
 from regen.figures import pct
 from regen.generation.run_plan import RunPlan
-from regen.generation.watch import (
+from regen.multinode.nodes import NodeAssignment, NodeConfig, NodeTally
+from regen.multinode.watch import (
     ChildState,
     NodesReport,
     child_parameters,
@@ -34,7 +35,6 @@ from regen.generation.watch import (
     watch,
 )
 from regen.naming import artifact, described
-from regen.nodes import NodeAssignment, NodeConfig, NodeTally
 from regen.run import OpenedRun
 
 _STOPS: dict[str, Callable[..., State[Any]]] = {

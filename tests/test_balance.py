@@ -16,14 +16,13 @@ from typing import Any
 import polars as pl
 import pytest
 
-import regen.balance
-import regen.nodes
-from regen.balance import ShardPicker
-from regen.claims import ClaimLost, LeaseKeeper, ShardClaims, read_heartbeat
+import regen.multinode.balance
 from regen.config import RegenConfig, parse_config
 from regen.dataset import commit_shard, manifested_shards, parse_manifest_key, read_manifest
 from regen.errors import ConfigError
-from regen.nodes import NodeConfig, NodeTally, check_nodes, heartbeat_age, split_ranges
+from regen.multinode.balance import ShardPicker
+from regen.multinode.claims import ClaimLost, LeaseKeeper, ShardClaims, read_heartbeat
+from regen.multinode.nodes import NodeConfig, NodeTally, check_nodes, heartbeat_age, split_ranges
 from regen.rehearsal import bundled
 from regen.schema import row_schema
 from regen.storage import LocalStorage, Storage
@@ -286,7 +285,7 @@ def test_a_claimed_shard_with_a_manifest_is_handed_back(
     commit_shard(storage2, 2, rows(2), fingerprint=FP, timings={}, node="b")
     b2.claims.release(2)
     a2 = picker(storage2, "a", {"a": [2], "b": []})
-    monkeypatch.setattr(regen.balance, "manifested_shards", lambda storage: set())
+    monkeypatch.setattr(regen.multinode.balance, "manifested_shards", lambda storage: set())
     generation = a2.claims.latest(2)
     assert generation is not None and generation.node is None
     assert a2.next() is None

@@ -1,4 +1,4 @@
-"""The multi-node claim loop (`regen.generation.loop.run_claimed`) without Prefect.
+"""The multi-node claim loop (`regen.multinode.loop.run_claimed`) without Prefect.
 
 Several "nodes" are threads on one LocalStorage root, each with its own claims, lease keeper
 and a thread pool standing in for the flow's task runner; shards go through the real
@@ -23,12 +23,12 @@ import pytest
 from regen.config import parse_config
 from regen.dataset import manifested_shards, read_manifest
 from regen.errors import UserError
-from regen.generation.lease import Lease
-from regen.generation.loop import NodeResult, run_all, run_claimed
+from regen.generation.loop import NodeResult, run_all
 from regen.generation.outcome import ShardOutcome, summarize
 from regen.generation.run_plan import RunPlan, plan_run
-from regen.generation.shard import Commit, generate_shard
-from regen.nodes import NodeAssignment, split_ranges
+from regen.generation.shard import Commit, Fence, generate_shard
+from regen.multinode.loop import run_claimed
+from regen.multinode.nodes import NodeAssignment, split_ranges
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage, Storage
 
@@ -133,7 +133,7 @@ class Node:
             self.log.append((commit.shard, self.name))
             assert commit.rows.height == commit.manifest.rows == SHARD_SIZE
 
-        def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
+        def submit(shard: int, lease: Fence | None) -> futures.Future[ShardOutcome]:
             return self.pool.submit(
                 generate_shard, shard, plan, self.model, self.storage,
                 lease=lease, on_commit=committed,
@@ -231,7 +231,7 @@ def test_stop_claims_nothing_more_and_lets_running_shards_finish(tmp_path: Path)
     model, pool = Model(0.05), futures.ThreadPoolExecutor(4)
     seen: list[int] = []
 
-    def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
+    def submit(shard: int, lease: Fence | None) -> futures.Future[ShardOutcome]:
         return pool.submit(generate_shard, shard, p, model, LocalStorage(root), lease=lease)
 
     result = run_claimed(
@@ -250,7 +250,7 @@ def test_run_all_commits_the_others_when_one_shard_fails(tmp_path: Path) -> None
     storage = LocalStorage(tmp_path / "out")
     model, pool = Model(fail=frozenset({4})), futures.ThreadPoolExecutor(4)
 
-    def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
+    def submit(shard: int, lease: Fence | None) -> futures.Future[ShardOutcome]:
         assert lease is None
         return pool.submit(generate_shard, shard, p, model, storage)
 
@@ -276,7 +276,7 @@ def test_run_all_starts_no_shard_once_stopped(tmp_path: Path) -> None:
     model, pool = Model(), futures.ThreadPoolExecutor(4)
     started: list[int] = []
 
-    def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
+    def submit(shard: int, lease: Fence | None) -> futures.Future[ShardOutcome]:
         started.append(shard)
         return pool.submit(generate_shard, shard, p, model, storage)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.claims import ClaimLost, ShardClaims
+from regen.multinode.claims import ClaimLost, ShardClaims
 from regen.storage import LocalStorage, Storage
 from support.s3 import MotoS3
 

@@ -1,4 +1,4 @@
-"""The parent's decisions in a multi-node run (`regen.generation.watch`), without Prefect:
+"""The parent's decisions in a multi-node run (`regen.multinode.watch`), without Prefect:
 children's states are plain `ChildState`s, heartbeats and manifests real files."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import polars as pl
 
-from regen.claims import heartbeat_key
 from regen.config import parse_config
 from regen.dataset import commit_shard
-from regen.generation.watch import (
+from regen.dataset.keys import heartbeat_key
+from regen.multinode.nodes import NodeAssignment, NodeConfig
+from regen.multinode.watch import (
     NOT_NEEDED,
     ChildState,
     NodeOutcome,
@@ -22,7 +23,6 @@ from regen.generation.watch import (
     problem,
     watch,
 )
-from regen.nodes import NodeAssignment, NodeConfig
 from regen.rehearsal import bundled
 from regen.schema import row_schema
 from regen.storage import LocalStorage, Storage

@@ -1,6 +1,6 @@
 """A multi-node run refuses `generation.retry_errors` before any node starts.
 
-Its children claim only shards without a manifest (`regen.balance.ShardPicker`), so the
+Its children claim only shards without a manifest (`regen.multinode.balance.ShardPicker`), so the
 flag would be silently ignored; the error rows are retried by a single-node run instead.
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 from regen.config import parse_config
 from regen.errors import ConfigError
-from regen.nodes import NodeConfig, check_nodes
+from regen.multinode.nodes import NodeConfig, check_nodes
 from regen.rehearsal import bundled
 
 

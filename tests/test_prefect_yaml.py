@@ -65,7 +65,7 @@ def test_entrypoint_is_a_flow_that_takes_the_parameters(
 def test_multinode_nodes_each_have_their_deployment(
     deployments: dict[str, dict[str, Any]],
 ) -> None:
-    from regen.nodes import NodeConfig, check_nodes
+    from regen.multinode.nodes import NodeConfig, check_nodes
 
     params = deployments["multinode"]["parameters"]
     nodes = [NodeConfig.model_validate(n) for n in params["nodes"]]

@@ -15,7 +15,6 @@ from pydantic import SecretStr
 
 from regen.client import Dispatcher
 from regen.config import RegenConfig
-from regen.dataset.keys import progress_key
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
 from regen.fleet_live import LiveReport, LiveWatch
@@ -61,11 +60,12 @@ def feeding(
     fleet: Fleet,
     api_key: SecretStr,
     *,
-    node: str | None = None,
+    progress_key: str,
     on_progress: Callable[[ProgressSnapshot], None] | None = None,
     on_live: Callable[[LiveReport], None],
 ) -> Iterator[Feed]:
-    """Dispatcher, progress writer and live watch for the length of the `with` block."""
+    """Dispatcher, progress writer (at `progress_key`) and live watch for the length of the
+    `with` block."""
     with (
         dispatcher_for(config, fleet, api_key) as dispatcher,
         ProgressWriter(
@@ -75,7 +75,7 @@ def feeding(
             already_done=plan.committed_rows,
             interval_s=config.generation.progress_interval_s,
             on_update=on_progress,
-            key=progress_key(node),
+            key=progress_key,
         ) as progress,
         LiveWatch(
             progress,

@@ -1,5 +1,5 @@
-"""Stage 4 whole, free of Prefect: the canary, with the shards behind it (every pending one,
-or those a node claims), each commit judged by the live gate, until done or stopped.
+"""Stage 4 whole, free of Prefect: the canary, with the shards behind it (those of the run's
+`ShardSource`), each commit judged by the live gate, until done or stopped.
 
 How a shard is started is the caller's (`start`: a Prefect task's submit in a flow, a thread
 pool in a test); everything decided between the shards is here.
@@ -14,19 +14,17 @@ from concurrent import futures
 from pathlib import Path
 
 from regen.generation.feed import Feed
-from regen.generation.lease import Lease, shards_in_flight
 from regen.generation.live_gate import LiveAudit
-from regen.generation.loop import run_all, run_claimed
+from regen.generation.loop import ShardSource, shards_in_flight
 from regen.generation.outcome import GenerationSummary, ShardOutcome, summarize
 from regen.generation.run_plan import RunPlan
-from regen.generation.shard import Log, OnCommit, RowSource
-from regen.nodes import NodeAssignment
+from regen.generation.shard import Fence, Log, OnCommit, RowSource
 from regen.run import OpenedRun
 
 _log = logging.getLogger(__name__)
 
 StartShard = Callable[
-    [int, Lease | None, RowSource, OnCommit, bool], "futures.Future[ShardOutcome]"
+    [int, Fence | None, RowSource, OnCommit, bool], "futures.Future[ShardOutcome]"
 ]
 """Start one shard: its number, the node's lease (None on a single node), where its rows come
 from, the hook its commit calls and whether its error rows are generated again; the future
@@ -38,13 +36,12 @@ def generate_plan(
     plan: RunPlan,
     feed: Feed,
     start: StartShard,
+    source: ShardSource,
     *,
     tokenizer_path: Path | str | None,
-    node: NodeAssignment | None = None,
-    info: dict[str, str] | None = None,
     log: Log = _log,
 ) -> GenerationSummary:
-    """Generate the plan's pending shards through `feed`; raise if any shard failed after its
+    """Generate the shards of `source` through `feed`; raise if any shard failed after its
     retries. A stop of the live gate is the summary's `stopped` (`report/stopped.json`)."""
     began, config = time.monotonic(), run.config
     live = LiveAudit.open(
@@ -52,7 +49,7 @@ def generate_plan(
         on_figures=feed.progress.set_audit, log=log,
     )  # fmt: skip
     # One canary per run: the nodes of a multi-node run rely on the rolling audit.
-    if node is None and config.audit.live != "off":
+    if source.whole_run and config.audit.live != "off":
         # Judged while the shards start: their rows keep every slot the canary's tail frees
         # busy until its verdict, up to two waves of the fleet's slots, which bounds what a
         # stop throws away at any run size (the incident on 4 x 16 slots: 256 + 128 rows).
@@ -60,21 +57,15 @@ def generate_plan(
         feed.progress.reused(live.reused)
     window = shards_in_flight(feed.slots, config.shard_size)
 
-    def submit(shard: int, lease: Lease | None) -> futures.Future[ShardOutcome]:
+    def submit(shard: int, lease: Fence | None) -> futures.Future[ShardOutcome]:
         # A node claims only shards without a manifest: it never retries error rows.
         retry_errors = config.generation.retry_errors and lease is None
         return start(shard, lease, live.rows, live.on_commit, retry_errors)
 
-    if node is None:
-        result = run_all(
-            plan.pending, submit, window=window, on_outcome=feed.committed, stop=live.stopped
-        )
-    else:
-        result = run_claimed(
-            run.storage, node, plan.fingerprint, submit, window=window, info=info,
-            on_outcome=feed.committed, stop=live.stopped,
-        )  # fmt: skip
-        log.info(result.headline(node.name))
+    result = source.run(
+        run.storage, plan, submit, window=window, on_outcome=feed.committed, stop=live.stopped,
+        log=log,
+    )  # fmt: skip
     live.canary_verdict()  # in by now (every shard waited for it); raises what failed it
     if result.fatal is not None:
         raise result.fatal  # a full disk: its one line, not "N shard(s) failed"

@@ -1,31 +1,40 @@
-"""Which shard runs when: every pending shard at once (one node), or claim a shard, generate
-it, commit it, repeat (one node of several).
+"""Which shard runs when: a `ShardSource`, chosen once as the flow starts, decides which shards
+a run generates; here every pending shard at once (`AllPending`, a run of its own).
 
-A node of several keeps going until every shard of the run is committed or given up here, so the
-shards of a node that died are taken over once their leases run out, and the dataset
-completes as long as one node lives. Shards run through `submit`, a callable that starts one
+The other source is a node of a multi-node run claiming shards one by one
+(`regen.multinode.loop.ClaimedShards`). Shards run through `submit`, a callable that starts one
 and returns a `concurrent.futures.Future` (tasks/generate.py adapts a Prefect task's future to
-one; a test uses a thread pool); the loop only decides which shard goes next and what a result
+one; a test uses a thread pool); a source only decides which shard goes next and what a result
 means.
 """
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from regen.balance import ShardPicker
-from regen.claims import LeaseKeeper, ShardClaims
+from regen.dataset.keys import progress_key
 from regen.diskfull import DiskFull
-from regen.generation.lease import Lease
 from regen.generation.outcome import ShardOutcome
-from regen.nodes import NodeAssignment
+from regen.generation.run_plan import RunPlan
+from regen.generation.shard import Fence, Log
 from regen.storage import Storage
 
-SubmitShard = Callable[[int, Lease | None], "futures.Future[ShardOutcome]"]
+SubmitShard = Callable[[int, Fence | None], "futures.Future[ShardOutcome]"]
 """Start one shard (with the node's lease in a multi-node run); its future gives the outcome."""
+
+
+def shards_in_flight(slots: int, shard_size: int) -> int:
+    """Enough shards running to keep every slot busy past a shard's stragglers, and no more.
+
+    A shard stays open until its longest answer ends, so the slots (servers x concurrency)
+    need twice their number of rows queued plus two shards behind; each claimed shard beyond
+    that is one fewer for a faster node to take over.
+    """
+    return max(4, math.ceil(2 * slots / shard_size) + 2)
 
 
 @dataclass
@@ -86,57 +95,73 @@ def run_all(
                     on_outcome(outcome)
 
 
-def run_claimed(
-    storage: Storage,
-    node: NodeAssignment,
-    fingerprint: str,
-    submit: SubmitShard,
-    *,
-    window: int,
-    info: dict[str, str] | None = None,
-    on_outcome: Callable[[ShardOutcome], None] | None = None,
-    stop: Callable[[], bool] = lambda: False,
-) -> NodeResult:
-    """Keep up to `window` claimed shards running until none is left to any node.
+class ShardSource(Protocol):
+    """Which shards a run generates, and what follows from that: a run of its own
+    (`AllPending`) or a node of a multi-node run (`regen.multinode.loop.ClaimedShards`)."""
 
-    `info` goes into the node's heartbeat (the flow run's id); `on_outcome` sees each shard
-    committed here; once `stop()` is true no new shard is claimed and the running ones end.
-    """
-    claims = ShardClaims(storage, node.name, node.lease_s)
-    picker = ShardPicker(claims, node.ranges, node.weights, fingerprint)
-    poll_s = min(5.0, node.lease_s / 4)
-    result = NodeResult()
-    with LeaseKeeper(claims, info) as keeper:
-        lease = Lease(claims, keeper)
-        running: dict[futures.Future[ShardOutcome], int] = {}
-        while True:
-            while (
-                not stop()
-                and result.fatal is None
-                and len(running) < window
-                and (shard := picker.next()) is not None
-            ):
-                keeper.hold(shard)
-                running[submit(shard, lease)] = shard
-            if not running:
-                if stop() or result.fatal is not None or not picker.outstanding():
-                    break
-                # Others hold these: wait for their commits, or for their leases to run out.
-                time.sleep(poll_s)
-                continue
-            done = futures.wait(running, timeout=poll_s, return_when=futures.FIRST_COMPLETED).done
-            for future in done:
-                shard = running.pop(future)
-                keeper.drop(shard)
-                outcome = result.settle(shard, future)
-                if outcome is None:  # failed after its retries here; another node may try
-                    picker.finish(shard, failed=True)
-                    continue
-                picker.finish(shard, failed=False)
-                if not outcome.committed:
-                    continue
-                claims.release(shard)
-                result.outcomes.append(outcome)
-                if on_outcome is not None:
-                    on_outcome(outcome)
-    return result
+    @property
+    def node(self) -> str | None:
+        """The node whose share of a multi-node run this is (it names the run); None alone."""
+
+    @property
+    def lease_run(self) -> str | None:
+        """The run whose lease on the output this run joins (a node's parent); None to take
+        its own."""
+
+    @property
+    def progress_key(self) -> str:
+        """Where this run writes its progress: each node of a multi-node run has its own."""
+
+    @property
+    def whole_run(self) -> bool:
+        """Whether this run is the whole run: it sends the canary and audits the dataset. The
+        nodes of a multi-node run rely on the rolling audit, and the parent, which sees every
+        shard, audits."""
+
+    def run(
+        self,
+        storage: Storage,
+        plan: RunPlan,
+        submit: SubmitShard,
+        *,
+        window: int,
+        on_outcome: Callable[[ShardOutcome], None],
+        stop: Callable[[], bool],
+        log: Log,
+    ) -> NodeResult:
+        """Generate this run's shards through `submit`, up to `window` at once; once `stop()`
+        is true no new shard starts and the running ones end (what they generated is
+        committed). `on_outcome` sees each shard committed here."""
+
+
+class AllPending:
+    """A run of its own: every pending shard of its plan, in plan order."""
+
+    @property
+    def node(self) -> None:
+        return None
+
+    @property
+    def lease_run(self) -> None:
+        return None
+
+    @property
+    def progress_key(self) -> str:
+        return progress_key()
+
+    @property
+    def whole_run(self) -> bool:
+        return True
+
+    def run(
+        self,
+        storage: Storage,
+        plan: RunPlan,
+        submit: SubmitShard,
+        *,
+        window: int,
+        on_outcome: Callable[[ShardOutcome], None],
+        stop: Callable[[], bool],
+        log: Log,
+    ) -> NodeResult:
+        return run_all(plan.pending, submit, window=window, on_outcome=on_outcome, stop=stop)

@@ -27,7 +27,6 @@ from regen.dataset import (
 )
 from regen.diskfull import DiskFull, disk_full, is_disk_full
 from regen.errors import FleetError
-from regen.generation.lease import Lease
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan, rows_to_redo
 from regen.storage import Storage
@@ -41,6 +40,16 @@ class RowSource(Protocol):
     """Where rows are answered: the run's `Dispatcher` (any thread may submit to it)."""
 
     def submit_shard(self, shard: int, rows: pl.DataFrame) -> futures.Future[pl.DataFrame]: ...
+
+
+class Fence(Protocol):
+    """A node's hold on a shard it claimed (`regen.multinode.lease.Lease`): its rows are
+    committed only while the node holds it, and the manifest names the node."""
+
+    @property
+    def node(self) -> str: ...
+
+    def held(self, shard: int) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -92,7 +101,7 @@ def generate_shard(
     storage: Storage,
     *,
     retry_errors: bool = False,
-    lease: Lease | None = None,
+    lease: Fence | None = None,
     on_commit: OnCommit | None = None,
     log: Log = _log,
 ) -> ShardOutcome:
@@ -133,7 +142,7 @@ def _generate_shard(
     start: float,
     *,
     retry_errors: bool,
-    lease: Lease | None,
+    lease: Fence | None,
     on_commit: OnCommit | None,
     log: Log,
 ) -> ShardOutcome:

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from regen.config import RegenConfig
 from regen.figures import markdown_table
-from regen.nodes import NodeAssignment, NodeConfig, NodeTally, heartbeat_age
+from regen.multinode.nodes import NodeAssignment, NodeConfig, NodeTally, heartbeat_age
 from regen.storage import Storage
 
 

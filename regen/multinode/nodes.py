@@ -3,7 +3,7 @@
 A node is one GPU machine with a Prefect worker on its own work pool. The parent run gives
 every node a contiguous range of the pending shards, sized by the node's weight; the ranges
 only decide where each node starts. Which node generates a shard in the end is settled by
-claims on the shared storage (`regen.claims`, `regen.balance`).
+claims on the shared storage (`regen.multinode.claims`, `regen.multinode.balance`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from regen.claims import read_heartbeat
 from regen.config import RegenConfig, parse_config
 from regen.dataset import Manifest, read_committed
 from regen.errors import ConfigError
+from regen.multinode.claims import read_heartbeat
 from regen.storage import Storage
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from regen.claims import ShardClaims, started_shards
 from regen.dataset import manifested_shards, read_manifest
+from regen.multinode.claims import ShardClaims, started_shards
 
 
 class ShardPicker:

@@ -1,0 +1,23 @@
+"""A node's hold on the shards it generates: the fence checked before each commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from regen.multinode.claims import LeaseKeeper, ShardClaims
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A node's hold on the shards it generates (a `regen.generation.shard.Fence`)."""
+
+    claims: ShardClaims
+    keeper: LeaseKeeper
+
+    @property
+    def node(self) -> str:
+        return self.claims.node
+
+    def held(self, shard: int) -> bool:
+        """Whether a third of the lease is left: enough for any commit to finish inside it."""
+        return not self.keeper.lost(shard) and self.claims.owns(shard, self.claims.lease_s / 3)
