@@ -1,10 +1,11 @@
 """`regen`: the command line (the console script). Each verb is thin: the work is in the
 library and the flows.
 
-The verbs that run a flow or touch Prefect (rehearse, run, blocks) are here, above the
-library; the others are regen.cli's. Prefect is imported only by the verbs that run a flow,
-so `regen emulator` and `regen --help` start fast and a config error is reported before
-Prefect loads.
+This module builds the one parser. The verbs that run a flow or touch the flows or Prefect
+(rehearse, run, check, blocks) are here, above the library; `regen.cli.add_library_verbs`
+adds the others to it, as regen/ may not import upwards. Prefect is imported only by the
+verbs that run a flow, so `regen emulator` and `regen --help` start fast and a config error
+is reported before Prefect loads.
 """
 
 from __future__ import annotations
@@ -15,21 +16,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from regen.cli import add_config, add_library_verbs
+from regen.cli import add_config, add_library_verbs, positive_int
 from regen.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
     from regen.config import RegenConfig
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         help="The rehearsal's dataset root, a directory or s3://bucket/prefix (never the "
         "config's output).",
     )
-    p.add_argument("--servers", type=_positive, help="Number of emulator servers (default 4).")
+    p.add_argument("--servers", type=positive_int, help="Number of emulator servers (default 4).")
     p.add_argument(
         "--emu-fault",
         action="append",
@@ -82,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--sample",
-        type=_positive,
+        type=positive_int,
         help="With --engine sglang: how many prompts from the head of the set (default 200).",
     )
     p.set_defaults(func=_rehearse)

@@ -1,9 +1,10 @@
 """The verbs of `regen` that need no Prefect: audit, export, status, estimate, emulator.
 
-They are the library's; `flows/cli.py` builds the command line around them, with the verbs
-that run a flow or touch Prefect, and is the `regen` console script. Each verb is thin: the
-work is in the library. Nothing heavy is imported until a verb runs, so `regen --help` and a
-config error are fast.
+They are the library's branches of the one `regen` parser, which `flows/cli.py` builds (it is
+the console script, and holds the verbs that run a flow or touch Prefect): it hands its verbs
+to `add_library_verbs`, and takes `add_config` and the argument types from here, so an option
+is spelled and checked one way for every verb. Each verb is thin: the work is in the library.
+Nothing heavy is imported until a verb runs, so `regen --help` and a config error are fast.
 """
 
 from __future__ import annotations
@@ -20,14 +21,23 @@ from regen.errors import ConfigError, UsageError, UserError
 FORMATS_CHOICES = ["specforge", "tokenized", "hf-dataset", "messages"]
 
 
-def _not_negative(text: str) -> int:
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {least}")
     return value
+
+
+def _not_negative(text: str) -> int:
+    return _whole(text, 0)
+
+
+def positive_int(text: str) -> int:
+    """A count of something (servers, prompts, GPUs): 1 or more."""
+    return _whole(text, 1)
 
 
 def _positive_float(text: str) -> float:
@@ -37,13 +47,6 @@ def _positive_float(text: str) -> float:
         value = 0.0
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number > 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = _not_negative(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
     return value
 
 
@@ -186,7 +189,7 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--gpus",
-        type=_positive_int,
+        type=positive_int,
         action="append",
         metavar="N",
         help="GPUs to estimate for (repeatable; default the config's servers).",
