@@ -24,7 +24,7 @@ from regen.audit import (
 from regen.audit.dataset import open_dataset
 from regen.audit.gate import shown_over
 from regen.audit.lengths import quantile
-from regen.audit.run import row_checks, shard_summaries
+from regen.audit.run import row_checks
 from regen.audit.summary import AuditSettings
 from regen.config import AuditConfig
 from regen.dataset import REJECTS_KEY, commit_shard, read_manifest, read_shard, replace_shard
@@ -32,6 +32,7 @@ from regen.dataset.keys import summary_key
 from regen.schema import row_schema
 from regen.storage import LocalStorage
 from tests.support.audit import FINGERPRINT, make_dataset, tiny_tokenizer
+from tests.support.summaries import shard_summaries
 from tests.test_audit import MIXED
 from tests.test_audit_turns import _conversation
 

@@ -32,7 +32,6 @@ from regen.canary import (
     check_not_stopped,
     merge_shard,
     read_canary,
-    run_canary,
     send_canary,
     split_shard,
     write_stop_record,
@@ -91,11 +90,12 @@ def test_canary_rows_are_sent_once_and_committed_once_in_their_shards(tmp_path: 
     cache = _cache(tmp_path / "prompts.parquet", 30, 10)
     sample = canary_sample(cache, [0, 1, 2], 6)
     with emulators(tmp_path, 2) as fleet, dispatcher(fleet) as d:
-        canary = run_canary(d, storage, FP, sample)
+        canary = send_canary(d, storage, FP, sample).collect()
         assert canary["id"].to_list() == sample["id"].to_list()
         assert canary["shard"].to_list() == sample["shard"].to_list()
         assert canary["error"].null_count() == 6
-        assert run_canary(d, storage, FP, sample).equals(canary)  # a resumed canary sends none
+        # A resumed canary sends none.
+        assert send_canary(d, storage, FP, sample).collect().equals(canary)
         source = CanaryFirst(d, read_canary(storage, FP))
         for shard in range(3):
             rows = prompts_for_shard(cache, shard)
@@ -120,7 +120,7 @@ def test_a_shard_merge_refuses_an_id_twice_or_missing(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "out")
     rows = prompts_for_shard(cache, 0)
     with emulators(tmp_path, 1) as fleet, dispatcher(fleet) as d:
-        canary = run_canary(d, storage, FP, canary_sample(cache, [0], 3))
+        canary = send_canary(d, storage, FP, canary_sample(cache, [0], 3)).collect()
         todo, done = split_shard(rows, canary)
         assert todo.height == 7 and done.height == 3
         sent = d.submit_shard(0, rows).result(timeout=30)  # canary ids sent again
@@ -390,7 +390,7 @@ def test_a_canary_is_sent_in_parts_judged_as_they_come_back(tmp_path: Path) -> N
     cache = _cache(tmp_path / "prompts.parquet", 200, 50)
     sample = canary_sample(cache, [0, 1, 2, 3], 80)
     with served(2) as fleet, dispatcher(fleet) as d:
-        run_canary(d, storage, FP, sample.head(16))  # a run cut short after 16 rows
+        send_canary(d, storage, FP, sample.head(16)).collect()  # a run cut short after 16 rows
         pending = send_canary(d, storage, FP, sample, parts=4)
         assert [todo.height for todo, _ in pending.parts] == [16, 16, 16, 16]
         assert pl.concat([t for t, _ in pending.parts])["id"].to_list() == ids_of(sample)[16:]

@@ -100,7 +100,7 @@ def test_read_committed_reads_only_what_this_runs_manifests_name(tmp_path: Path)
     assert table.filter(pl.col("id") == "c")["error"].to_list() == ["x"], "the new generation"
     assert table.schema == row_schema()
     assert found.rows == 5
-    assert [(s, f["id"].to_list()) for s, f in found.frames()] == [
+    assert [(s, found.scan([s]).collect()["id"].to_list()) for s in found.shards] == [
         (0, ["a", "b"]),
         (1, ["c", "d"]),
         (1_234_567, ["z"]),

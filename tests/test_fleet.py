@@ -36,7 +36,7 @@ from regen.ports import port_is_free
 from regen.preflight import check_ports
 from regen.sglang_api.probe import ProbeSettings
 from regen.storage import LocalStorage
-from tests.support.fleet import MODEL_DIR, fleet_config, start_owner
+from tests.support.fleet import MODEL_DIR, fleet_config, server_pids, start_owner
 
 FAST = ProbeSettings(generation_timeout_s=5, interval_s=0.1)
 
@@ -68,15 +68,17 @@ def test_four_servers_come_up_measured_and_go_away(tmp_path: Path) -> None:
         assert [e.name for e in fleet.endpoints] == [f"server-{i}" for i in range(4)]
         assert [r.status for r in fleet.report] == ["healthy"] * 4
         secret = fleet.api_key.get_secret_value()
-        for pid in fleet.pids:
+        pids = server_pids([r.port for r in fleet.report])
+        assert len(pids) == 4
+        for pid in pids:
             proc = psutil.Process(pid)
             assert not any(secret in a for a in proc.cmdline())
             assert FLEET_ID_ENV in proc.environ()
             assert os.getpgid(pid) == pid
         record = json.loads((config.work_dir / "pids" / "server-0.json").read_text())
-        assert record["pid"] == fleet.pids[0] and record["argv"][1:3] == ["-m", "regen.emulator"]
+        assert record["pid"] == pids[0] and record["argv"][1:3] == ["-m", "regen.emulator"]
         # What runs, read once it is up (engine.python may be a wrapper that execs).
-        assert record["cmdline"] == psutil.Process(fleet.pids[0]).cmdline()
+        assert record["cmdline"] == psutil.Process(pids[0]).cmdline()
         # The key file is gone once the server is up: it was read at argument parsing.
         assert not list((config.work_dir / "secrets").glob("*.yaml"))
 
@@ -88,7 +90,7 @@ def test_four_servers_come_up_measured_and_go_away(tmp_path: Path) -> None:
             assert row.startup_s and row.probe_latency_s is not None
             json.dumps(row.model_dump(mode="json"))
         assert asyncio.run(fleet.reprobe(fleet.endpoints[1]))
-        pids, ports = fleet.pids, [r.port for r in rows]
+        ports = [r.port for r in rows]
         # Teardown from several threads at once (a Prefect hook, a finally, atexit).
         threads = [threading.Thread(target=fleet.teardown) for _ in range(3)]
         for thread in threads:
@@ -193,7 +195,9 @@ def test_min_servers_goes_on_without_the_failed_one(tmp_path: Path) -> None:
     failed = fleet.report[2]
     assert failed.status == "exited" and "fail-startup" in failed.reason
     assert not (config.work_dir / "pids" / "server-2.json").exists()
-    pids, ports = fleet.pids, [r.port for r in fleet.report]
+    ports = [r.port for r in fleet.report]
+    pids = server_pids(ports)
+    assert len(pids) == 3
     with pytest.raises(RuntimeError), fleet:  # an exception in the `with` still tears down
         raise RuntimeError("the run failed")
     _assert_stopped(config, pids, ports)  # type: ignore[arg-type]
@@ -205,9 +209,10 @@ def test_attach_probes_external_servers_and_never_stops_them(tmp_path: Path) -> 
         external = fleet_config(
             tmp_path / "ext", 1, kind="external", engine={"urls": [owned.endpoints[0].url]}
         )
+        before = psutil.Process().children()
         attached = attach_fleet(external, owned.api_key, probe_settings=FAST)
         assert [r.status for r in attached.report] == ["healthy"]
-        assert attached.pids == []
+        assert psutil.Process().children() == before  # it started no server
         attached.teardown()
         assert not port_is_free("127.0.0.1", owned.report[0].port or 0)
 
@@ -223,7 +228,7 @@ config = parse_config(json.loads(Path(sys.argv[1]).read_text()))
 key = generate_api_key()
 commands = build_server_commands(config, config.model.staged_path(), key, config.work_dir)
 fleet = launch_fleet(config, commands, key, probe_settings=ProbeSettings(interval_s=0.1))
-print(json.dumps({"pids": fleet.pids, "ports": [c.port for c in commands]}), flush=True)
+print(json.dumps({"ports": [c.port for c in commands]}), flush=True)
 while True:
     time.sleep(0.1)
 """
@@ -286,7 +291,7 @@ def test_bring_up_tears_the_fleet_down_when_publishing_it_fails(tmp_path: Path) 
 
     def publish(fleet: Fleet) -> None:
         seen.append(fleet)
-        pids.extend(fleet.pids)
+        pids.extend(server_pids(launched))
         raise OSError("artifact store down")
 
     storage = LocalStorage(tmp_path / "out")

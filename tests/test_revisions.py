@@ -9,7 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from regen.canary import CanaryFirst, canary_sample, read_canary, run_canary
+from regen.canary import CanaryFirst, canary_sample, read_canary, send_canary
 from regen.config import parse_config
 from regen.dataset import (
     InputChanges,
@@ -92,7 +92,7 @@ def _generate(plan: RunPlan, fleet: list[Emulator], storage: LocalStorage) -> fl
     before = _requests(fleet)
     with dispatcher(fleet) as d:
         sample = canary_sample(plan.prompt_cache, plan.pending, 100)
-        run_canary(d, storage, plan.fingerprint, sample)
+        send_canary(d, storage, plan.fingerprint, sample).collect()
         source = CanaryFirst(d, read_canary(storage, plan.fingerprint))
         for shard in plan.pending:
             generate_shard(shard, plan, source, storage)

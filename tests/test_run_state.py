@@ -72,7 +72,7 @@ config = parse_config(json.loads(Path(sys.argv[1]).read_text()))
 key = generate_api_key()
 commands = build_server_commands(config, config.model.staged_path(), key, config.work_dir, "dead")
 fleet = launch_fleet(config, commands, key, probe_settings=ProbeSettings(interval_s=0.1))
-print(json.dumps({"pids": fleet.pids, "ports": [c.port for c in commands]}), flush=True)
+print(json.dumps({"ports": [c.port for c in commands]}), flush=True)
 while True:
     time.sleep(0.1)
 """

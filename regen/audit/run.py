@@ -8,7 +8,7 @@ settings or from other data; a second audit is then a merge only.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -124,21 +124,6 @@ def _uncommitted(stopped: StoppedRun | None, view: DatasetView) -> pl.DataFrame:
         return pl.DataFrame()
     rows = stopped.rows.filter(~pl.col("shard").is_in(list(view.committed)))
     return rows.filter(~pl.col("id").is_in(list(view.dropped))) if view.dropped else rows
-
-
-@dataclass
-class ShardSummaries:
-    """Every committed shard's summary, in shard order, and which were computed now."""
-
-    parts: list[Summary] = field(default_factory=list)
-    computed: list[int] = field(default_factory=list)
-
-
-def shard_summaries(storage: Storage, view: DatasetView, settings: AuditSettings) -> ShardSummaries:
-    """Every committed shard's summary (see `iter_shard_summaries`), in a list."""
-    out = ShardSummaries()
-    out.parts = list(iter_shard_summaries(storage, view, settings, out.computed))
-    return out
 
 
 def iter_shard_summaries(

@@ -25,7 +25,6 @@ from regen.canary.store import (
     Verdict,
     merge_shard,
     read_canary,
-    run_canary,
     send_canary,
     split_shard,
 )
@@ -45,7 +44,6 @@ __all__ = [
     "check_not_stopped",
     "merge_shard",
     "read_canary",
-    "run_canary",
     "send_canary",
     "split_shard",
     "stopped_run",

@@ -48,17 +48,6 @@ def read_canary(storage: Storage, fingerprint: str) -> pl.DataFrame:
     return pl.read_parquet(io.BytesIO(data))
 
 
-def run_canary(
-    dispatcher: Dispatcher, storage: Storage, fingerprint: str, sample: pl.DataFrame
-) -> pl.DataFrame:
-    """Generate the sample's rows not yet stored, store them, return every sample row.
-
-    The rows come back in sample order, each with the shard it belongs to; the caller audits
-    them and either stops the run or lets its shards commit them.
-    """
-    return send_canary(dispatcher, storage, fingerprint, sample).collect()
-
-
 @dataclass
 class PendingCanary:
     """A canary on its way: its rows not yet stored are queued at the dispatcher in parts,

@@ -10,7 +10,7 @@ collects and no more.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,11 +71,6 @@ class Committed:
             return sha256
         drop = hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:16]
         return f"{sha256}-drop{drop}"
-
-    def frames(self) -> Iterator[tuple[int, pl.DataFrame]]:
-        """(shard, rows) one shard at a time."""
-        for shard in self.shards:
-            yield shard, self.scan([shard]).collect()
 
     def collect(self) -> pl.DataFrame:
         return self.scan().collect()

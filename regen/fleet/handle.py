@@ -70,11 +70,6 @@ class Fleet:
     def target(self) -> ProbeTarget:
         return self._target
 
-    @property
-    def pids(self) -> list[int]:
-        """PIDs of the server processes regen started (none in attach mode)."""
-        return [p.pid for p in self._processes()]
-
     def update_report(self, rows: list[FleetRow]) -> None:
         """Replace rows by server name (the micro-benchmark fills in speeds)."""
         by_name = {r.server: r for r in rows}

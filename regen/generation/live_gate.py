@@ -103,11 +103,6 @@ class LiveAudit:
     def stopped(self) -> bool:
         return self.record is not None
 
-    def run_canary(self, size: int) -> Decision | None:
-        """`start_canary`, then its verdict."""
-        self.start_canary(size)
-        return self.canary_verdict()
-
     def start_canary(self, size: int, slots: int = 0) -> None:
         """Queue `size` prompts spread over the pending shards ahead of every shard and judge
         their rows in a thread of their own, each part as it comes back (no `live_min_rows`:

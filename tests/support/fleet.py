@@ -6,10 +6,14 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from regen.config import RegenConfig, parse_config
+from regen.fleet.process import FLEET_ID_ENV
 from regen.ports import quiet_port_range
 from support.emulator import MODEL_DIR
 
@@ -55,7 +59,8 @@ def start_owner(
     tmp_path: Path, config: RegenConfig, script: str
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """Run `script` (which launches a fleet from the config file named in argv[1] and prints
-    its pids and ports as one JSON line) as the fleet's owner, a process a test can kill -9."""
+    its ports as one JSON line) as the fleet's owner, a process a test can kill -9; the
+    answer adds the servers' `pids`, found while the owner lives."""
     path = tmp_path / "owner.py"
     path.write_text(textwrap.dedent(script))
     (tmp_path / "config.json").write_text(config.model_dump_json())
@@ -69,4 +74,22 @@ def start_owner(
     line = owner.stdout.readline()
     assert line, f"owner exited with {owner.wait()}"
     fleet: dict[str, Any] = json.loads(line)
+    fleet["pids"] = server_pids(fleet["ports"], parent=owner.pid)
     return owner, fleet
+
+
+def server_pids(ports: Sequence[int | None], parent: int | None = None) -> list[int]:
+    """The PIDs of the servers `parent` (default this process) launched, in `ports` order, as
+    an onlooker finds them (its running children that carry a fleet id, by their `--port`),
+    not as the fleet says: a port no server listens for is left out."""
+    by_port: dict[int, int] = {}
+    for child in psutil.Process(parent).children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE or FLEET_ID_ENV not in child.environ():
+                continue
+            argv = child.cmdline()
+        except psutil.Error:  # gone meanwhile
+            continue
+        if "--port" in argv:
+            by_port[int(argv[argv.index("--port") + 1])] = child.pid
+    return [by_port[port] for port in ports if port in by_port]
