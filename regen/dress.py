@@ -37,7 +37,8 @@ GPU_ONLY = (
 # Every check of what the answers say: random weights fail them by design.
 NOT_JUDGED = [
     "empty_answer", "empty_thinking", "think_leak", "truncation", "truncated_in_thinking",
-    "repetition", "answer_collapse", "tiny_length", "server_outlier", "per_setting", "loss_mask",
+    "repetition", "language_switch", "answer_collapse", "tiny_length", "server_outlier",
+    "per_setting", "loss_mask",
 ]  # fmt: skip
 DEFAULT_SERVERS = 2  # each CPU server holds about 1.9 GB of RAM, whatever the model
 DEFAULT_SAMPLE = 200  # prompts from the head of the set: minutes on a CPU, not days

@@ -13,7 +13,7 @@ import pytest
 
 from regen.audit import (
     AuditResult,
-    LiveGate,
+    RollingGate,
     Summary,
     audit_rows,
     gate_decision,
@@ -25,7 +25,7 @@ from regen.audit.dataset import open_dataset
 from regen.audit.gate import shown_over
 from regen.audit.lengths import quantile
 from regen.audit.run import row_checks
-from regen.audit.summary import AuditSettings
+from regen.audit.settings import AuditSettings
 from regen.config import AuditConfig
 from regen.dataset import REJECTS_KEY, commit_shard, read_manifest, read_shard, replace_shard
 from regen.dataset.keys import summary_key
@@ -175,7 +175,7 @@ def _shard_stream(storage: LocalStorage, config: AuditConfig) -> list[Summary]:
 def test_live_gate_stops_on_the_incident_only_after_min_rows(tmp_path: Path) -> None:
     ds = make_dataset(tmp_path, rows=3000, shard_size=500, defects={"incident": 0.87})
     config = AuditConfig()
-    gate = LiveGate(_settings(ds.storage, config))
+    gate = RollingGate(_settings(ds.storage, config))
     actions = [gate.update(s) for s in _shard_stream(ds.storage, config)]
     assert [d.action for d in actions] == ["go", "go", "go", "stop", "stop", "stop"]
     stop = actions[3]
@@ -188,7 +188,7 @@ def test_live_gate_stops_on_the_incident_only_after_min_rows(tmp_path: Path) -> 
     assert stop.figures["checks"]["empty_answer"]["status"] == "fail"
     json.dumps(stop.figures)  # progress.json takes it as it is
     # Under `warn` the same figures are reported and the run goes on; `off` judges nothing.
-    warn = LiveGate(_settings(ds.storage, AuditConfig(live="warn")))
+    warn = RollingGate(_settings(ds.storage, AuditConfig(live="warn")))
     last = [warn.update(s) for s in _shard_stream(ds.storage, config)][-1]
     assert last.action == "go" and {f.check for f in last.failing} >= {"empty_answer"}
     off = gate_decision(
@@ -199,7 +199,7 @@ def test_live_gate_stops_on_the_incident_only_after_min_rows(tmp_path: Path) -> 
 
 def test_clean_stream_goes_on(tmp_path: Path) -> None:
     ds = make_dataset(tmp_path, rows=2500, shard_size=500, seed=3)
-    gate = LiveGate(_settings(ds.storage, AuditConfig()))
+    gate = RollingGate(_settings(ds.storage, AuditConfig()))
     decisions = [gate.update(s) for s in _shard_stream(ds.storage, AuditConfig())]
     assert all(d.action == "go" and not d.failing and not d.quarantine for d in decisions)
 
@@ -208,7 +208,7 @@ def test_quarantine_picks_the_bad_server_and_the_run_goes_on(tmp_path: Path) -> 
     """server-2 answers nothing: it is quarantined once, and its rows do not stop the rest
     although they put the fleet's empty-answer rate at 25 % (fail at 5 %)."""
     ds = make_dataset(tmp_path, rows=4000, shard_size=500, bad_server=2)
-    gate = LiveGate(_settings(ds.storage, AuditConfig()))
+    gate = RollingGate(_settings(ds.storage, AuditConfig()))
     decisions = [gate.update(s) for s in _shard_stream(ds.storage, AuditConfig())]
     assert [d.action for d in decisions] == ["go"] * 8
     first = decisions[0].quarantine
@@ -290,7 +290,7 @@ def test_live_gate_keeps_the_answers_it_needs_and_leaves_summaries_alone(
     ds = make_dataset(tmp_path, rows=2000, shard_size=250, defects={"collapse": 0.3})
     parts = _shard_stream(ds.storage, AuditConfig())
     before = [p.model_copy(deep=True) for p in parts]
-    gate = LiveGate(_settings(ds.storage, AuditConfig()))
+    gate = RollingGate(_settings(ds.storage, AuditConfig()))
     last = [gate.update(p) for p in parts][-1]
     assert parts == before
     assert gate.summary is not None and gate.summary.answers.counts.height == 50

@@ -161,7 +161,7 @@ def test_cli_audit_takes_the_model_directory(
     storage, _ = _dataset(tmp_path / "ds", _server(served), 20)
     assert main(["audit", str(storage.root), "--tokenizer", str(model)]) == 1
     out = capsys.readouterr().out
-    parity = next(line for line in out.splitlines() if "11 template parity" in line)
+    parity = next(line for line in out.splitlines() if "│ template parity " in line)
     assert "│ fail " in parity and "20 of 20 stored prompts differ" in parity
     assert out.rstrip().endswith("verdict: fail")
     # A --tokenizer that names nothing is a usage error (2), never a failed audit's 1.

@@ -133,7 +133,7 @@ def test_a_shard_merge_refuses_an_id_twice_or_missing(tmp_path: Path) -> None:
 def _record(fingerprint: str) -> StopRecord:
     check = Finding(
         check="empty_answer",
-        title="2 empty/trivial answers",
+        title="empty/trivial answers",
         figure=0.87,
         fail=0.05,
         rows=256,

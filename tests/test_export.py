@@ -271,7 +271,7 @@ def test_dropping_one_id_exports_its_shard_again_and_no_other(tmp_path: Path) ->
     # The audit reads the same view: its summary of shard 1 is remade, the others reused.
     from regen.audit import run_audit
     from regen.audit.dataset import open_dataset
-    from regen.audit.summary import settings_for
+    from regen.audit.settings import settings_for
     from regen.config import AuditConfig
     from tests.support.summaries import shard_summaries
 

@@ -203,8 +203,8 @@ def test_a_share_under_its_threshold_is_never_shown_at_it() -> None:
     assert pct_within(0.049996, 0.05) == "4.9996 %" and pct_within(0.0499, 0.05) == "4.99 %"
     assert pct_within(0.06, 0.05) == "6.00 %" and pct_within(0.0, 0.01) == "0 %"
     check = Check(
-        name="error_rows", title="1 error rows", status="warn", figure=0.049996, warn=0.01,
+        name="error_rows", title="error rows", status="warn", figure=0.049996, warn=0.01,
         fail=0.05,
     )  # fmt: skip
     result = AuditResult(dataset="out", rows=1, planned=1, verdict="warn", checks=[check])
-    assert "| **WARN** | 1 error rows | 4.9996 % | 1.00 % | 5.00 % |" in result.to_markdown()
+    assert "| **WARN** | error rows | 4.9996 % | 1.00 % | 5.00 % |" in result.to_markdown()

@@ -17,7 +17,8 @@ from pydantic import SecretStr
 
 from regen.audit import run_audit
 from regen.audit.gate import gate_decision
-from regen.audit.summary import audit_rows, merge, settings_for
+from regen.audit.settings import settings_for
+from regen.audit.summary import audit_rows, merge
 from regen.client import Dispatcher
 from regen.client.setting import SettingDraw
 from regen.config import (

@@ -15,9 +15,10 @@ import polars as pl
 import pytest
 from pydantic import SecretStr
 
+from regen.audit.checks.tool_calls import tool_calls_check
 from regen.audit.loss_mask import ModelTemplate
-from regen.audit.summary import AuditSettings, audit_rows
-from regen.audit.tool_calls import tool_calls_check
+from regen.audit.settings import AuditSettings
+from regen.audit.summary import audit_rows
 from regen.client import Dispatcher, DispatchTuning
 from regen.config import AuditConfig, GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.conversations import Turns, conversation_for
@@ -340,7 +341,7 @@ def test_the_audit_counts_bad_calls_and_stopped_conversations(
     assert (good.rows, good.turns, good.calls) == (2, 4, 3)
     assert good.malformed.n == good.unknown.n == good.dropped.n == 0
     assert good.stopped.n == 2 and [e.id for e in good.stopped.examples] == ["a#t3", "b"]
-    assert tool_calls_check(good).status == "pass"
+    assert tool_calls_check(good, AuditConfig()).status == "pass"
 
     def broken(call: dict[str, Any], extra_block: bool = False) -> dict[str, Any]:
         def fix(turn: dict[str, Any]) -> dict[str, Any]:
@@ -367,7 +368,7 @@ def test_the_audit_counts_bad_calls_and_stopped_conversations(
     assert (
         found.malformed.examples[0].reason == "the arguments of get_weather are not a JSON object"
     )
-    check = tool_calls_check(found)
+    check = tool_calls_check(found, AuditConfig())
     assert check.status == "fail" and check.figure == pytest.approx(6 / 6)
 
 

@@ -3,21 +3,24 @@
 Its settings are the config's `audit:` section (`regen.config.AuditConfig`).
 """
 
-from regen.audit.gate import Decision, LiveGate, gate_decision
+from regen.audit.gate import Decision, RollingGate, gate_decision
+from regen.audit.registry import CHECKS
 from regen.audit.report import write_report
 from regen.audit.result import AuditResult, Check, Example
 from regen.audit.run import run_audit
-from regen.audit.summary import AuditSettings, audit_rows, merge, settings_for
+from regen.audit.settings import AuditSettings, settings_for
+from regen.audit.summary import audit_rows, merge
 from regen.audit.summary_model import Summary
 from regen.audit.table import audit_table
 
 __all__ = [
+    "CHECKS",
     "AuditResult",
     "AuditSettings",
     "Check",
     "Decision",
     "Example",
-    "LiveGate",
+    "RollingGate",
     "Summary",
     "audit_rows",
     "audit_table",

@@ -1,12 +1,11 @@
-"""Check 1: every planned id exactly once, and how many of them are error rows."""
+"""Completeness: every planned id exactly once, read across the dataset's shards."""
 
 from __future__ import annotations
 
 import polars as pl
 
 from regen.audit.dataset import DatasetView
-from regen.audit.result import Check, Example, graded
-from regen.audit.summary_model import Summary
+from regen.audit.result import Check, Example
 from regen.config import AuditConfig
 
 
@@ -34,7 +33,7 @@ def completeness_check(features: pl.DataFrame, view: DatasetView, config: AuditC
         detail = "no plan.parquet, so missing ids cannot be counted; " + ", ".join(parts)
         return Check(
             name="completeness",
-            title="1 completeness",
+            title="completeness",
             status="fail" if bad else "warn",
             figure=extra_rows / max(features.height, 1),
             examples=examples,
@@ -59,24 +58,13 @@ def completeness_check(features: pl.DataFrame, view: DatasetView, config: AuditC
     failed = bad or uncommitted or broken
     return Check(
         name="completeness",
-        title="1 completeness",
+        title="completeness",
         status="fail" if failed else "pass",
         figure=bad / max(plan.height, 1),
         fail=0.0,
         examples=examples[: 3 * k],
         detail="; ".join(parts),
     )
-
-
-def error_rows_check(summary: Summary, config: AuditConfig) -> Check:
-    """Error rows keep the dataset complete, but each is a sample the trainer never gets."""
-    errors = summary.errors
-    rate = errors.n / max(summary.rows, 1)
-    return graded(
-        "error_rows", "1 error rows", rate, config.error_rate,
-        examples=[e.model_copy() for e in errors.examples],
-        detail=f"{errors.n:,} of {summary.rows:,} rows are errors",
-    )  # fmt: skip
 
 
 def _list(shards: list[int], limit: int = 10) -> str:

@@ -6,20 +6,22 @@ fit in a few tens of MB, while the texts they came from do not need to be held a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import polars as pl
 
+from regen.audit.checks.base import FlagCheck
 from regen.config import AuditConfig
 from regen.schema import SAMPLING
 
-_TEXT_COLUMNS = ["reasoning_content", "content"]
+TEXT_COLUMNS = ["reasoning_content", "content"]
+"""Text kept in the facts frame for one batch only (`FlagCheck.batch_facts`)."""
 UNRECORDED = "unrecorded"
 """The setting of rows written before rows recorded theirs."""
-# Odd 64-bit multipliers: a rolling combination of word hashes that is order-sensitive.
-_NGRAM_MUL = 0x100000001B3
-_ROW_MUL = 0x9E3779B97F4A7C15
 
 
-def _blank(col: str) -> pl.Expr:
+def blank(col: str) -> pl.Expr:
+    """Null, empty or only whitespace."""
     return pl.col(col).is_null() | (pl.col(col).str.strip_chars() == "")
 
 
@@ -56,30 +58,22 @@ def answer_tokens() -> pl.Expr:
     return (
         pl.when(completion.is_not_null() & pl.col("reasoning_tokens").is_not_null())
         .then(completion - pl.col("reasoning_tokens"))
-        .when(completion.is_not_null() & _blank("reasoning_content"))
+        .when(completion.is_not_null() & blank("reasoning_content"))
         .then(completion)
         .otherwise(words)
         .clip(lower_bound=0)
     )
 
 
-def _row_facts(config: AuditConfig) -> list[pl.Expr]:
-    """Row-wise expressions only, so the streaming engine can run them chunk by chunk."""
-    fillers = sorted({" ".join(f.lower().split()) for f in config.filler_answers})
-    norm = normalised_answer()
-    ok = pl.col("error").is_null()
-    blank_answer = _blank("content")
-    reasoning = pl.col("reasoning_content").fill_null("")
-    content = pl.col("content").fill_null("")
-    leak = (
-        content.str.contains("<think>", literal=True)
-        | content.str.contains("</think>", literal=True)
-        | (
-            reasoning.str.count_matches("<think>", literal=True)
-            != reasoning.str.count_matches("</think>", literal=True)
-        )
-    )
-    truncated = pl.col("finish_reason") == "length"
+def answered() -> pl.Expr:
+    """The row is a completion, not an error row: every answer check leaves error rows out."""
+    return pl.col("error").is_null()
+
+
+def row_facts(checks: Sequence[FlagCheck], config: AuditConfig) -> list[pl.Expr]:
+    """Row-wise expressions only, so the streaming engine can run them chunk by chunk: the
+    facts every check shares, then each flag check's own (`FlagCheck.facts`)."""
+    ok = answered()
     return [
         pl.col("id"),
         pl.col("shard"),
@@ -93,82 +87,29 @@ def _row_facts(config: AuditConfig) -> list[pl.Expr]:
         pl.col("reasoning_tokens"),
         pl.col("completion_tokens"),
         pl.when(ok).then(answer_tokens()).alias("answer_tokens"),
-        pl.when(~ok)
-        .then(None)
-        # A tool call is the turn's answer (regen.tools): its content is empty by design.
-        .when(pl.col("finish_reason") == "tool_calls")
-        .then(None)
-        .when(blank_answer)
-        .then(pl.lit("empty"))
-        .when(norm.is_in(fillers))
-        .then(pl.lit("filler"))
-        .when(answer_tokens() < config.min_answer_tokens)
-        .then(pl.lit("short"))
-        .alias("empty_answer"),
-        # A row drawn to thinking off has no reasoning by design.
-        (ok & thinks() & _blank("reasoning_content")).alias("empty_thinking"),
-        (ok & leak).alias("think_leak"),
-        (ok & truncated).alias("truncated"),
-        (ok & truncated & blank_answer).alias("truncated_in_thinking"),
-        pl.when(ok & ~blank_answer).then(norm.hash()).alias("answer_key"),
+        *(fact for check in checks for fact in check.facts(config)),
+        pl.when(ok & ~blank("content")).then(normalised_answer().hash()).alias("answer_key"),
         pl.when(ok).then(pl.col("reasoning_content")).alias("reasoning_content"),
         pl.when(ok).then(pl.col("content")).alias("content"),
     ]
 
 
-def repeated_share(texts: pl.Series, ngram: int, min_words: int) -> pl.Series:
-    """Per text, the share of its word n-grams that repeat an earlier one (0 when too short).
-
-    A decoding loop repeats a span until max_tokens, so most of its n-grams are repeats;
-    ordinary prose repeats almost none. A repeated line is a run of repeated n-grams, so
-    line loops are caught too. Works on one flat column of word hashes, not per row.
-    """
-    words = (
-        pl.DataFrame({"t": texts})
-        .with_row_index("row")
-        .select("row", w=pl.col("t").fill_null("").str.split(" "))
-        .explode("w")
-        .select("row", h=pl.col("w").hash())
-    )
-    key = pl.col("h")
-    for k in range(1, ngram):
-        key = key * _NGRAM_MUL + pl.col("h").shift(-k)
-    grams = (
-        words.lazy()
-        .select("row", key=key + pl.col("row").cast(pl.UInt64) * _ROW_MUL)
-        .filter(pl.col("row").shift(-(ngram - 1)) == pl.col("row"))
-        .group_by("row")
-        .agg(n=pl.len(), unique=pl.col("key").n_unique())
-    )
-    share = (
-        pl.DataFrame({"row": pl.int_range(len(texts), eager=True, dtype=pl.UInt32)})
-        .lazy()
-        .join(grams, on="row", how="left", maintain_order="left")
-        .select(
-            pl.when(pl.col("n") >= max(min_words - ngram + 1, 1))
-            .then(1 - pl.col("unique") / pl.col("n"))
-            .otherwise(0.0)
-            .fill_null(0.0)
-        )
-        .collect()
-        .to_series()
-    )
-    return share.alias("repetition")
-
-
-def collect_features(rows: pl.LazyFrame, config: AuditConfig) -> pl.DataFrame:
+def collect_features(
+    rows: pl.LazyFrame, checks: Sequence[FlagCheck], config: AuditConfig
+) -> pl.DataFrame:
     """The facts frame: one row per committed row, texts dropped after each batch."""
     if "sampling" not in rows.collect_schema():
         rows = rows.with_columns(pl.lit(None, SAMPLING).alias("sampling"))
-    batches = []
-    for batch in rows.select(_row_facts(config)).collect_batches(chunk_size=config.batch_rows):
-        shares = [
-            repeated_share(batch[c], config.repetition_ngram, config.repetition_min_words)
-            for c in _TEXT_COLUMNS
-        ]
-        repetition = pl.max_horizontal(shares).alias("repetition")
-        batches.append(batch.drop(_TEXT_COLUMNS).with_columns(repetition))
+    facts = rows.select(row_facts(checks, config))
+    batches = [
+        batch.drop(TEXT_COLUMNS).with_columns(
+            [s for c in checks for s in c.batch_facts(batch, config)]
+        )
+        for batch in facts.collect_batches(chunk_size=config.batch_rows)
+    ]
     if not batches:
-        empty = rows.select(_row_facts(config)).head(0).collect().drop(_TEXT_COLUMNS)
-        return empty.with_columns(pl.lit(0.0).alias("repetition"))
+        empty = facts.head(0).collect()
+        return empty.drop(TEXT_COLUMNS).with_columns(
+            [s for c in checks for s in c.batch_facts(empty, config)]
+        )
     return pl.concat(batches)

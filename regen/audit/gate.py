@@ -4,7 +4,7 @@ A run that answers `OK.` to 87 % of prompts should stop after its first shards, 
 final gate days later. The gate merges each committed shard's summary into running figures
 (never re-reading the dataset) and says: go on, stop (a check over its fail threshold with at
 least `audit.live_min_rows` rows behind it), or quarantine a server whose answers are far
-worse than the others' (check 9's outlier test) while the run goes on with the rest.
+worse than the others' (the server_outlier check's test) while the run goes on with the rest.
 """
 
 from __future__ import annotations
@@ -13,43 +13,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from regen.audit.checks.server_outlier import server_outliers
 from regen.audit.evidence import EVIDENCE, upper_tail
-from regen.audit.per_setting import worst_defect
+from regen.audit.registry import CHECKS
 from regen.audit.result import Check, Example
 from regen.audit.run import row_checks
-from regen.audit.servers import server_outliers
-from regen.audit.summary import FLAGS, AuditSettings, merge, merge_answers
+from regen.audit.settings import AuditSettings
+from regen.audit.summary import merge, merge_answers
 from regen.audit.summary_model import Summary
 
 GATE_ANSWERS = 10_000
 """Distinct answers the rolling gate keeps: a collapse is one answer on >= 5 % of rows, so it
 is always among them; memory stays bounded over a million rows."""
-# Completeness is the final audit's (a run in flight is incomplete by design); check 9 is
-# answered by quarantine, not by a stop.
-_NOT_LIVE = {"completeness", "server_outlier"}
-
-
-def _sampled_rows(check: str, summary: Summary, settings: AuditSettings) -> int | None:
-    """The rows a check's figure is a share of, as each check counts them; None for a check
-    whose figure is not a sample of the run (judged as it is)."""
-    if check == "error_rows":
-        return summary.rows
-    if check == "empty_thinking":
-        return summary.thinking_completions or summary.completions
-    if check == "per_setting":  # the rows of the setting whose figure it is
-        worst = worst_defect(summary.by_setting, settings.config)
-        return None if worst is None else worst.n
-    if check == "loss_mask":
-        return sum(summary.loss.tokens.values())
-    if check == "template_parity":
-        return summary.parity.compared
-    if check in _PER_COMPLETION:
-        return summary.completions
-    return None
-
-
-# The row flags a summary counts, and the two checks also counted over completions.
-_PER_COMPLETION = {*FLAGS, "answer_collapse", "tiny_length"}
 
 
 def shown_over(rate: float, rows: int | None, fail: float) -> bool:
@@ -140,11 +115,11 @@ def gate_decision(
     share = sum(summary.servers.get(s, {}).get("rows", 0) for s in dropped) / max(summary.rows, 1)
     limit = config.live_min_rows if min_rows is None else min_rows
     failing = []
-    for check in checks:
-        if check.name in _NOT_LIVE or check.figure is None or summary.rows < limit:
+    for judge, check in zip(CHECKS, checks, strict=True):
+        if not judge.live or check.figure is None or summary.rows < limit:
             continue
         healthy = max(0.0, check.figure - share) / (1 - share) if share < 1 else 0.0
-        sampled = _sampled_rows(check.name, summary, settings)
+        sampled = judge.sampled(summary, settings)
         rows = None if sampled is None else round(sampled * (1 - share))
         if check.fail is not None and shown_over(healthy, rows, check.fail):
             failing.append(_finding(check, summary.rows))
@@ -158,8 +133,9 @@ def gate_decision(
     )
 
 
-class LiveGate:
-    """Running merged figures of a run's committed shards, judged after each one."""
+class RollingGate:
+    """The rolling gate: running merged figures of a run's committed shards, judged after
+    each one."""
 
     def __init__(self, settings: AuditSettings, quarantined: frozenset[str] = frozenset()):
         self.settings = settings
@@ -195,13 +171,14 @@ def running_figures(
 def _quarantine(
     summary: Summary, settings: AuditSettings, quarantined: frozenset[str]
 ) -> list[Quarantine]:
-    """The worst outlier among the servers still in use, if its excess reaches check 9's fail
-    threshold and at least one other server is left to carry the run."""
+    """The worst outlier among the servers still in use, if its excess reaches the
+    server_outlier check's fail threshold and at least one other server is left to carry the
+    run."""
     config = settings.config
     counts = {s: c for s, c in summary.servers.items() if s not in quarantined}
     if len(counts) < 2 or "server_outlier" in config.not_judged:
         return []
-    worst, _ = server_outliers(counts, config, settings.thinking)
+    worst, _ = server_outliers(counts, config)
     if worst is None or worst.excess < config.server_outlier.fail:
         return []
     ids = summary.server_examples.get(worst.server, {}).get(worst.defect, [])

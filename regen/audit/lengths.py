@@ -1,22 +1,17 @@
-"""Check 8: length distributions, and a sudden mode at a tiny length.
-
-A healthy generation has smooth length distributions; a template or parser bug shows as
-a large share of rows at nearly the same tiny length (the incident: 6 tokens). Lengths are
-kept as value counts of integers, so quantiles stay exact over merged shards.
-"""
+"""Length distributions: exact quantiles and histograms from value counts of integer lengths,
+which stay exact over merged shards (the tiny-length check and the report read them)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from regen.audit.result import Check, Histogram, Quantiles, graded, skipped
+from regen.audit.result import Histogram, Quantiles
 from regen.audit.summary_model import Summary
-from regen.config import AuditConfig
-from regen.figures import count
 
 
 def length_columns(thinking: bool) -> list[str]:
-    """The per-row length columns; check 10's loss_tokens are per sample and added apart."""
+    """The per-row length columns; the loss-mask check's loss_tokens are per sample and added
+    apart."""
     cols = ["prompt_tokens", "reasoning_tokens", "completion_tokens", "answer_tokens"]
     if not thinking:
         cols.remove("reasoning_tokens")
@@ -65,33 +60,10 @@ def histograms(lengths: dict[str, dict[int, int]], columns: list[str]) -> dict[s
     return out
 
 
-def tiny_length_check(
-    summary: Summary, config: AuditConfig, columns: list[str], lengths: dict[str, Quantiles]
-) -> Check:
-    """The worst share of completions at or under `tiny_length_tokens`, over length columns."""
-    name, title = "tiny_length", "8 tiny-length mode"
-    if summary.completions == 0:
-        return skipped(name, title, "no completions")
-    tiny = config.tiny_length_tokens
-    shares = {
-        c: (summary.tiny[c].n if c in summary.tiny else 0)
-        / max(sum(summary.lengths.get(c, {}).values()), 1)
-        for c in columns
-        if c != "loss_tokens"
-    }
-    worst = max(shares, key=lambda c: shares[c])
-    rate = float(shares[worst])
-    p50 = ", ".join(f"{c} {_g(q.p50)}" for c, q in lengths.items())
-    over = [f"{c} {v:.1%}" for c, v in shares.items() if v > 0]
-    return graded(
-        name,
-        title,
-        rate,
-        config.tiny_length,
-        examples=[e.model_copy() for e in summary.tiny[worst].examples] if rate else [],
-        detail=f"share at <= {tiny} tokens: {', '.join(over) or 'none'}; p50: {p50}",
-    )
-
-
-def _g(value: float | None) -> str:
-    return count(value)
+def length_quantiles(summary: Summary, columns: list[str]) -> dict[str, Quantiles]:
+    """p1/p50/p99 of the row lengths over completions, and of the loss tokens per sample
+    (measured apart from the other lengths, shown with them)."""
+    lengths = quantiles(summary.lengths, columns) if summary.completions else {}
+    if summary.loss.tokens:
+        lengths |= quantiles({"loss_tokens": summary.loss.tokens}, ["loss_tokens"])
+    return lengths

@@ -1,9 +1,10 @@
-"""Check 10: how many tokens a trainer learns from, per sample, from regen.lossmask.
+"""How many tokens a trainer learns from, per sample, from regen.lossmask: what the loss-mask
+check grades (`regen.audit.checks.loss_mask`), and the model template it and template parity
+render with.
 
 Each assistant turn is a sample (`samples(..., turns="each")`): with the server's stored ids
 the mask is exact and costs only list lengths; without them the model's own chat template
-and tokenizer rebuild it (an older dataset, a server that returns no ids). The check says
-how many samples came from each path, and is skipped, never passed, when neither applies.
+and tokenizer rebuild it (an older dataset, a server that returns no ids).
 """
 
 from __future__ import annotations
@@ -13,11 +14,6 @@ from pathlib import Path
 
 import polars as pl
 
-from regen.audit.lengths import quantile
-from regen.audit.result import Check, graded, skipped
-from regen.audit.summary_model import LossFigures
-from regen.config import AuditConfig
-from regen.figures import count
 from regen.lossmask import ROW_COLUMNS, ChatTemplate, lacks_ids, load_template, samples
 from regen.lossmask.ids import sample_sizes
 
@@ -104,42 +100,3 @@ def _named(sizes: pl.DataFrame) -> pl.DataFrame:
         pl.when(multi).then(pl.format("{}#t{}", "id", "turn")).otherwise("id").alias("id"),
         pl.col("loss_tokens").cast(pl.Int64),
     )
-
-
-def loss_mask_check(found: LossFigures, config: AuditConfig, missing: str) -> Check:
-    """The share of samples whose loss mask is at most `min_loss_tokens` tokens; skipped,
-    never passed, when no answer could be measured (`missing` says why)."""
-    name, title = "loss_mask", "10 loss-mask tokens"
-    measured = sum(found.tokens.values())
-    if measured == 0:
-        detail = (
-            "no completions"
-            if found.turns == 0
-            else f"no token ids stored in {found.turns} answers and {missing}: loss mask "
-            "not measured"
-        )
-        return skipped(name, title, detail)
-    limit = config.min_loss_tokens
-    rate = found.short.n / measured
-    p1, p50, p99 = (quantile(found.tokens, p) for p in (0.01, 0.5, 0.99))
-    return graded(
-        name,
-        title,
-        rate,
-        config.loss_mask_short,
-        examples=[e.model_copy() for e in found.short.examples],
-        detail=f"{found.short.n:,} of {measured:,} samples learn from <= {limit:,} tokens; "
-        f"p1 {count(p1)}, p50 {count(p50)}, p99 {count(p99)}; {_sources(found, missing)}",
-    )
-
-
-def _sources(found: LossFigures, missing: str) -> str:
-    """Which path measured how many samples, and what was left unmeasured."""
-    lacking = found.turns - found.from_ids
-    text = f"from stored token ids: {found.from_ids}, from the chat template: {found.from_template}"
-    if lacking:
-        text += f"; {lacking} answers without token ids"
-    unmeasured = found.turns - found.from_ids - found.from_template
-    if unmeasured > 0:
-        text += f", {unmeasured} not measured ({missing or 'not a stored layout'})"
-    return text

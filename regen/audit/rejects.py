@@ -1,5 +1,5 @@
-"""Check 0: the share of input rows the plan rejected (bad JSON, wrong types, empty, duplicate
-ids), by reason, with the first line numbers.
+"""Rejected input rows: the share of input rows the plan rejected (bad JSON, wrong types,
+empty, duplicate ids), by reason, with the first line numbers.
 
 A rejected row is data the user meant to train on and will not get: half a file of broken
 lines must fail the gate as loudly as half the answers empty. The figure is known when the
@@ -20,7 +20,7 @@ _LINES_SHOWN = 3
 def rejects_check(rejects: pl.DataFrame | None, usable: int, config: AuditConfig) -> Check:
     """`rejects` (line, id, reason) of an input whose other `usable` rows were planned;
     skipped when the root recorded none (made before rejects were written)."""
-    name, title = "rejects", "0 rejected input rows"
+    name, title = "rejects", "rejected input rows"
     if rejects is None:
         return skipped(
             name, title, "no rejects/rejects.parquet (a dataset made before rejects were recorded)"

@@ -15,26 +15,17 @@ from typing import Literal
 import polars as pl
 from pydantic import ValidationError
 
-from regen.audit.completeness import completeness_check, error_rows_check
+from regen.audit.completeness import completeness_check
 from regen.audit.dataset import DatasetView, open_dataset
-from regen.audit.lengths import histograms, length_columns, quantiles, tiny_length_check
-from regen.audit.loss_mask import loss_mask_check
-from regen.audit.per_setting import setting_breakdown, setting_check
-from regen.audit.quality import (
-    answer_collapse_check,
-    empty_answer_check,
-    empty_thinking_check,
-    repetition_check,
-    think_leak_check,
-    truncation_checks,
-)
+from regen.audit.lengths import histograms, length_columns, length_quantiles
+from regen.audit.per_setting import setting_breakdown
+from regen.audit.registry import CHECKS
 from regen.audit.rejects import rejects_check
-from regen.audit.result import AuditResult, Check, Quantiles, verdict_of
-from regen.audit.servers import server_breakdown, server_check
-from regen.audit.summary import AuditSettings, audit_rows, merge, settings_for
+from regen.audit.result import AuditResult, Check, verdict_of
+from regen.audit.servers import server_breakdown
+from regen.audit.settings import AuditSettings, settings_for
+from regen.audit.summary import audit_rows, merge
 from regen.audit.summary_model import Summary
-from regen.audit.template_parity import template_parity_check
-from regen.audit.tool_calls import tool_calls_check
 from regen.config import AuditConfig
 from regen.dataset.keys import summary_key
 from regen.dataset.rejects import read_rejects
@@ -161,26 +152,10 @@ def merged(parts: list[Summary], settings: AuditSettings) -> Summary:
 
 
 def row_checks(summary: Summary, settings: AuditSettings) -> list[Check]:
-    """Every check but completeness, from a summary: the final gate's and the live gate's."""
-    config, thinking = settings.config, settings.thinking
-    columns = length_columns(thinking)
-    lengths = length_quantiles(summary, columns)
-    checks = [
-        error_rows_check(summary, config),
-        empty_answer_check(summary, config),
-        empty_thinking_check(summary, config, thinking),
-        think_leak_check(summary, config),
-        *truncation_checks(summary, config),
-        repetition_check(summary, config),
-        answer_collapse_check(summary, config),
-        tiny_length_check(summary, config, columns, lengths),
-        server_check(summary.servers, summary.server_examples, config, thinking),
-        setting_check(summary.by_setting, summary.setting_examples, config),
-        loss_mask_check(summary.loss, config, settings.model.missing),
-        template_parity_check(summary.parity, settings.model, config, len(summary.sources)),
-        tool_calls_check(summary.tools),
-    ]
-    return [_not_judged(c) if c.name in config.not_judged else c for c in checks]
+    """Every check of the registry, in its order, from a summary: the final gate's and the
+    live gate's (completeness and rejects are the final audit's own)."""
+    checks = [check.grade(summary, settings) for check in CHECKS]
+    return [_not_judged(c) if c.name in settings.config.not_judged else c for c in checks]
 
 
 def _not_judged(check: Check) -> Check:
@@ -188,15 +163,6 @@ def _not_judged(check: Check) -> Check:
     detail = f"not judged (audit.not_judged): {check.detail}"
     update = {"status": "skipped", "warn": None, "fail": None, "detail": detail}
     return check.model_copy(update=update)
-
-
-def length_quantiles(summary: Summary, columns: list[str]) -> dict[str, Quantiles]:
-    """p1/p50/p99 of the row lengths over completions, and of the loss tokens per sample
-    (measured apart from the other lengths, shown with them)."""
-    lengths = quantiles(summary.lengths, columns) if summary.completions else {}
-    if summary.loss.tokens:
-        lengths |= quantiles({"loss_tokens": summary.loss.tokens}, ["loss_tokens"])
-    return lengths
 
 
 def audit_result(

@@ -13,29 +13,22 @@ over all rows. The checks that grade the figures import the models, never this m
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass
-from functools import cached_property
 from itertools import chain
-from pathlib import Path
 from typing import TypeVar
 
 import polars as pl
 
-from regen.audit.dataset import (
-    DatasetView,
-    answer_snippets,
-    per_turn,
-    thinking_enabled,
-)
-from regen.audit.dataset import thinking_requested as run_thinking
+from regen.audit.checks.template_parity import parity_figures
+from regen.audit.checks.tool_calls import CALL_TOKEN, tool_figures
+from regen.audit.dataset import answer_snippets, per_turn
 from regen.audit.features import collect_features
-from regen.audit.loss_mask import ModelTemplate, load_model_template, measure_loss_mask, stored_ids
+from regen.audit.loss_mask import measure_loss_mask, stored_ids
 from regen.audit.per_setting import setting_counts, setting_examples
+from regen.audit.registry import FLAGS
 from regen.audit.result import Example
 from regen.audit.servers import server_flags, server_rates
+from regen.audit.settings import AuditSettings
 from regen.audit.summary_model import (
     Answers,
     Hits,
@@ -44,85 +37,10 @@ from regen.audit.summary_model import (
     Summary,
     ToolFigures,
 )
-from regen.audit.template_parity import parity_figures
-from regen.audit.tool_calls import CALL_TOKEN, tool_figures
 from regen.config import AuditConfig
-from regen.storage import Storage
-
-SUMMARY_FORMAT = 3
-"""Raised when what a summary holds or how it is computed changes: old ones are recomputed."""
 
 LENGTH_COLUMNS = ["prompt_tokens", "reasoning_tokens", "completion_tokens", "answer_tokens"]
-FLAGS = [
-    "empty_answer",
-    "empty_thinking",
-    "think_leak",
-    "truncation",
-    "truncated_in_thinking",
-    "repetition",
-]
 K = TypeVar("K", str, int)
-# Settings that change no figure of a summary: changing them must not recompute any.
-_NOT_KEYED = {"live", "live_min_rows", "batch_rows", "rejects"}
-
-
-@dataclass(frozen=True)
-class AuditSettings:
-    """What makes a summary: thresholds and knobs, what thinking stores, the model template,
-    and the rows per shard that check 11 renders again."""
-
-    config: AuditConfig
-    thinking: bool
-    """Rows should carry reasoning (regeneration.thinking is save)."""
-    model: ModelTemplate
-    parity_rows: int
-    """Per shard; 0 renders every row."""
-
-    @cached_property
-    def key(self) -> str:
-        """A hash of everything that changes a summary's figures (and of polars' version: the
-        answer hashes are polars')."""
-        config = self.config.model_dump(mode="json", exclude=_NOT_KEYED)
-        template = self.model.template
-        identity = (
-            hashlib.sha256(
-                template.path.read_bytes() + template.tokenizer.to_str().encode()
-            ).hexdigest()
-            if template is not None
-            else None
-        )
-        blob = json.dumps(
-            [
-                SUMMARY_FORMAT,
-                pl.__version__,
-                config,
-                self.thinking,
-                self.model.enable_thinking,
-                identity,
-                self.parity_rows,
-            ],
-            sort_keys=True,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def settings_for(
-    storage: Storage,
-    view: DatasetView,
-    config: AuditConfig,
-    *,
-    thinking_requested: bool | None = None,
-    tokenizer_path: Path | str | None = None,
-) -> AuditSettings:
-    """The settings of a dataset's audit: run.json's thinking, the model directory's template,
-    and check 11's budget of `template_parity_rows` spread evenly over the planned shards."""
-    thinking = run_thinking(storage) if thinking_requested is None else thinking_requested
-    path = Path(tokenizer_path) if tokenizer_path else None
-    model = load_model_template(path, enable_thinking=thinking_enabled(storage))
-    limit = config.template_parity_rows
-    shards = view.plan["shard"].n_unique() if view.plan is not None else len(view.committed)
-    per_shard = -(-limit // max(shards, 1)) if limit else 0
-    return AuditSettings(config, thinking, model, per_shard)
 
 
 def audit_rows(
@@ -135,13 +53,13 @@ def audit_rows(
     """
     config, k = settings.config, settings.config.max_examples
     conversations = rows.lazy()
-    features = collect_features(conversations, config)
+    features = collect_features(conversations, FLAGS, config)
     stored = stored_ids(conversations)
     # Completeness and errors count conversations; the answer checks count every turn. The
     # text features are the costly part: computed again only where turns were split.
     if stored.multi_turn:
         turn_rows = per_turn(conversations)
-        ok = collect_features(turn_rows, config).filter(~pl.col("is_error"))
+        ok = collect_features(turn_rows, FLAGS, config).filter(~pl.col("is_error"))
     else:
         turn_rows, ok = conversations, features.filter(~pl.col("is_error"))
     loss = measure_loss_mask(conversations, stored, settings.model, ok.height, config.batch_rows)
@@ -153,37 +71,7 @@ def audit_rows(
             n=found.height, examples=[Example(id=i, reason=r) for i, r in shown.iter_rows()]
         )
 
-    empty = hits(
-        ok,
-        pl.col("empty_answer").is_not_null(),
-        pl.when(pl.col("empty_answer") == "short")
-        .then(pl.format("short: {} tokens", pl.col("answer_tokens")))
-        .otherwise(pl.col("empty_answer")),
-    )
-    fillers = answer_snippets(turn_rows, [e.id for e in empty.examples if e.reason == "filler"])
-    for e in empty.examples:
-        if e.id in fillers:
-            e.reason = f"filler: {fillers[e.id]!r}"
-    flags = {
-        "empty_answer": empty,
-        "empty_thinking": hits(ok, pl.col("empty_thinking"), pl.lit("empty reasoning_content")),
-        "think_leak": hits(
-            ok, pl.col("think_leak"), pl.lit("<think> tag in content or unbalanced in reasoning")
-        ),
-        "truncation": hits(ok, pl.col("truncated"), pl.lit("finish_reason length")),
-        "truncated_in_thinking": hits(
-            ok, pl.col("truncated_in_thinking"), pl.lit("finish_reason length, no answer")
-        ),
-        "repetition": hits(
-            ok,
-            pl.col("repetition") >= config.repetition_share,
-            pl.format(
-                "{}% of {}-grams repeated",
-                (100 * pl.col("repetition")).round(0).cast(pl.Int64),
-                pl.lit(config.repetition_ngram),
-            ),
-        ),
-    }
+    flags = {c.name: c.amend(hits(ok, c.hit(config), c.reason(config)), turn_rows) for c in FLAGS}
     # Reasoning lengths are those of the answers that thought: a row drawn to thinking off
     # (regeneration.thinking_mix) has none by design, not a tiny one.
     thought = ok.filter(pl.col("thinks"))
@@ -241,7 +129,7 @@ def audit_rows(
 
 
 def _call_token(settings: AuditSettings) -> int | None:
-    """The model's `<tool_call>` token, where its tokenizer has one (check 12)."""
+    """The model's `<tool_call>` token, where its tokenizer has one (the tool-calls check)."""
     template = settings.model.template
     found = template.tokenizer.token_to_id(CALL_TOKEN) if template is not None else None
     return found if isinstance(found, int) else None
@@ -374,7 +262,8 @@ def _answers(ok: pl.DataFrame, rows: pl.LazyFrame, k: int) -> Answers:
 def _server_examples(
     features: pl.DataFrame, config: AuditConfig, thinking: bool, k: int
 ) -> dict[str, dict[str, list[str]]]:
-    """Per server and defect, its first ids: the examples of check 9 whichever server it names."""
+    """Per server and defect, its first ids: the server_outlier check's examples, whichever
+    server it names."""
     out: dict[str, dict[str, list[str]]] = {}
     ok = ~pl.col("is_error")
     named = {

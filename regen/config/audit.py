@@ -22,12 +22,13 @@ class Threshold(BaseModel):
         return self
 
 
-# The checks `not_judged` may name: every row check. Completeness and rejects are not among
-# them: every input id once is the dataset's one promise, whatever its text.
+# The checks `not_judged` may name: every row check, each a module of regen/audit/checks/
+# listed by regen.audit.registry (a test holds the two equal). Completeness and rejects are
+# not among them: every input id once is the dataset's one promise, whatever its text.
 RowCheck = Literal[
     "error_rows", "empty_answer", "empty_thinking", "think_leak", "truncation",
-    "truncated_in_thinking", "repetition", "answer_collapse", "tiny_length", "server_outlier",
-    "per_setting", "loss_mask", "template_parity",
+    "truncated_in_thinking", "repetition", "language_switch", "answer_collapse", "tiny_length",
+    "server_outlier", "per_setting", "loss_mask", "template_parity", "tool_calls",
 ]  # fmt: skip
 
 
@@ -45,22 +46,30 @@ class AuditConfig(BaseModel):
     truncated: Threshold = Threshold(warn=0.05, fail=0.2)
     truncated_in_thinking: Threshold = Threshold(warn=0.01, fail=0.05)
     repetition: Threshold = Threshold(warn=0.01, fail=0.05)
+    # Answers in CJK to Latin-script prompts (Qwen drifting into Chinese): rare in a healthy run.
+    language_switch: Threshold = Threshold(warn=0.02, fail=0.1)
     answer_collapse: Threshold = Threshold(warn=0.05, fail=0.2)
     tiny_length: Threshold = Threshold(warn=0.02, fail=0.1)
     server_outlier: Threshold = Threshold(warn=0.02, fail=0.1)
     loss_mask_short: Threshold = Threshold(warn=0.01, fail=0.05)
     # Any prompt the template renders differently warns: a trainer would see other tokens.
     template_parity: Threshold = Threshold(warn=0.0, fail=0.01)
+    # Any bad call warns; over 2 % of the model's calls the run is not what was asked for.
+    tool_calls: Threshold = Threshold(warn=0.0, fail=0.02)
 
     min_answer_tokens: int = Field(default=4, ge=0, description="Shorter answers are trivial.")
     filler_answers: list[str] = ["OK.", "OK", "Ok.", "Sure.", "Sure", "Yes.", "No.", "Done."]
     tiny_length_tokens: int = Field(
-        default=8, ge=0, description="A length at or under this is the 'tiny' bucket of check 8."
+        default=8,
+        ge=0,
+        description="A length at or under this is the tiny-length check's 'tiny' bucket.",
     )
     min_loss_tokens: int = Field(
         default=16, ge=0, description="A sample whose loss mask has at most this many tokens."
     )
-    repetition_ngram: int = Field(default=6, ge=2, description="Words per n-gram of check 6.")
+    repetition_ngram: int = Field(
+        default=6, ge=2, description="Words per n-gram of the repetition check."
+    )
     repetition_min_words: int = Field(
         default=24, ge=2, description="Texts with fewer words are too short to call a loop."
     )
@@ -73,7 +82,7 @@ class AuditConfig(BaseModel):
     template_parity_rows: int = Field(
         default=5000,
         ge=0,
-        description="Rows whose stored prompts check 11 renders again (evenly spread, "
+        description="Rows whose stored prompts template parity renders again (evenly spread, "
         "deterministic); 0 renders every row.",
     )
     max_examples: int = Field(default=5, ge=0)

@@ -14,7 +14,7 @@ from concurrent import futures
 from pathlib import Path
 
 from regen.generation.feed import Feed
-from regen.generation.live_gate import LiveAudit
+from regen.generation.live_gate import LiveGate
 from regen.generation.loop import ShardSource, shards_in_flight
 from regen.generation.outcome import GenerationSummary, ShardOutcome, summarize
 from regen.generation.run_plan import RunPlan
@@ -44,7 +44,7 @@ def generate_plan(
     """Generate the shards of `source` through `feed`; raise if any shard failed after its
     retries. A stop of the live gate is the summary's `stopped` (`report/stopped.json`)."""
     began, config = time.monotonic(), run.config
-    live = LiveAudit.open(
+    live = LiveGate.open(
         run.storage, plan, feed.dispatcher, config.audit, tokenizer_path,
         on_figures=feed.progress.set_audit, log=log,
     )  # fmt: skip

@@ -21,8 +21,9 @@ from typing import Any
 import polars as pl
 
 from regen.audit.dataset import open_dataset
-from regen.audit.gate import Decision, LiveGate, gate_decision
-from regen.audit.summary import AuditSettings, audit_rows, merge, settings_for
+from regen.audit.gate import Decision, RollingGate, gate_decision
+from regen.audit.settings import AuditSettings, settings_for
+from regen.audit.summary import audit_rows, merge
 from regen.audit.summary_model import Summary
 from regen.canary import (
     CanaryFirst,
@@ -48,8 +49,9 @@ from regen.storage import Storage
 _log = logging.getLogger(__name__)
 
 
-class LiveAudit:
-    """The canary and the rolling audit of one run (or node), shared by its shard threads."""
+class LiveGate:
+    """The live gate of one run (or node): its canary and its rolling gate, shared by its
+    shard threads."""
 
     def __init__(
         self,
@@ -65,7 +67,7 @@ class LiveAudit:
         self.plan = plan
         self.dispatcher = dispatcher
         self.settings = settings
-        self.gate = LiveGate(settings)
+        self.gate = RollingGate(settings)
         self.record: StopRecord | None = None
         self.canary = pl.DataFrame(schema=row_schema())
         self.reused = 0
@@ -86,7 +88,7 @@ class LiveAudit:
         config: AuditConfig,
         tokenizer_path: Path | str | None,
         **kwargs: Any,
-    ) -> LiveAudit:
+    ) -> LiveGate:
         """The settings `regen audit` of this dataset would use, so its summaries are reused."""
         view = open_dataset(storage)
         settings = settings_for(storage, view, config, tokenizer_path=tokenizer_path)

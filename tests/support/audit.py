@@ -27,6 +27,7 @@ LOOP = "Wait, let me check that again. "
 COLLAPSED = "The final answer is 42, as the reasoning above shows."
 ERROR = "http 500 after 4 attempts"
 FINGERPRINT = "synthetic-run"
+SWITCHED = "答案是四十二，因为推理过程表明了这一点。The answer is 42."
 
 DEFECTS = (
     "error",
@@ -42,6 +43,7 @@ DEFECTS = (
     "collapse",
     "tiny_reasoning",
     "incident",
+    "language_switch",
 )
 
 
@@ -129,6 +131,8 @@ def _plant(row: dict[str, Any], defect: str) -> None:
         row.update(reasoning_content="Easy.", reasoning_tokens=2, completion_tokens=a + 2)
     elif defect == "incident":
         row.update(content="OK.", reasoning_content="", reasoning_tokens=3, completion_tokens=6)
+    elif defect == "language_switch":
+        row.update(content=SWITCHED)
     else:
         raise ValueError(defect)
 

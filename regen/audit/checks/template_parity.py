@@ -1,4 +1,4 @@
-"""Check 11: the model directory's chat template renders what the server was sent.
+"""Template parity: the model directory's chat template renders what the server was sent.
 
 A trainer renders text with the template it is given; if that is not the one the server
 used, every sample's context differs from what the target saw. Where turns store the
@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import polars as pl
 
+from regen.audit.checks.base import AuditCheck
 from regen.audit.loss_mask import ModelTemplate
 from regen.audit.result import Check, Example, graded, skipped
-from regen.audit.summary_model import ParityFigures
+from regen.audit.settings import AuditSettings
+from regen.audit.summary_model import ParityFigures, Summary
 from regen.config import AuditConfig
 from regen.lossmask import ROW_COLUMNS, ChatTemplate
 from regen.lossmask.conversation import turn_inputs
@@ -58,11 +60,27 @@ def parity_figures(rows: pl.DataFrame, model: ModelTemplate, quota: int, k: int)
     )
 
 
+class TemplateParity(AuditCheck):
+    name = "template_parity"
+    title = "template parity"
+    threshold = "template_parity"
+
+    def grade(self, summary: Summary, settings: AuditSettings) -> Check:
+        found, shards = summary.parity, len(summary.sources)
+        return template_parity_check(found, settings.model, settings.config, shards)
+
+    def sampled(self, summary: Summary, settings: AuditSettings) -> int | None:
+        return summary.parity.compared
+
+
+CHECK = TemplateParity()
+
+
 def template_parity_check(
     found: ParityFigures, model: ModelTemplate, config: AuditConfig, shards: int
 ) -> Check:
     """The share of compared prompts whose tokens differ from the template's rendering."""
-    name, title = "template_parity", "11 template parity"
+    name, title = CHECK.name, CHECK.title
     if model.template is None:
         return skipped(name, title, model.missing)
     if found.compared == 0:
@@ -73,7 +91,7 @@ def template_parity_check(
         name,
         title,
         rate,
-        config.template_parity,
+        CHECK.limit(config),
         examples=found.examples,
         detail=f"{found.differ:,} of {found.compared:,} stored prompts differ from the template in "
         f"{model.template.path.name} ({found.rows:,} rows of {found.shards:,} of {shards:,} shards "

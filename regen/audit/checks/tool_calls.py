@@ -1,4 +1,4 @@
-"""Check 12: the model's tool calls, in the conversations that have tools.
+"""Tool calls: the model's tool calls, in the conversations that have tools.
 
 A draft trained on calls learns their tokens; a call the target wrote wrong teaches nothing
 useful and shows a run that went wrong (a template that renders no tools, a parser that does
@@ -22,13 +22,13 @@ import json
 
 import polars as pl
 
+from regen.audit.checks.base import AuditCheck
 from regen.audit.result import Check, Example, graded, skipped
-from regen.audit.summary_model import Hits, ToolFigures
-from regen.config import Threshold
+from regen.audit.settings import AuditSettings
+from regen.audit.summary_model import Hits, Summary, ToolFigures
+from regen.config import AuditConfig
 from regen.tools import tool_names
 
-TOOL_CALLS = Threshold(warn=0.0, fail=0.02)
-"""Any bad call warns; over 2 % of the model's calls the run is not what was asked for."""
 CALL_TOKEN = "<tool_call>"
 
 
@@ -110,8 +110,23 @@ def _hit(hits: Hits, where: str, reason: str, k: int) -> None:
         hits.examples.append(Example(id=where, reason=reason[:160]))
 
 
-def tool_calls_check(found: ToolFigures) -> Check:
-    name, title = "tool_calls", "12 tool calls"
+class ToolCalls(AuditCheck):
+    name = "tool_calls"
+    title = "tool calls"
+    threshold = "tool_calls"
+
+    def grade(self, summary: Summary, settings: AuditSettings) -> Check:
+        return tool_calls_check(summary.tools, settings.config)
+
+    def sampled(self, summary: Summary, settings: AuditSettings) -> int | None:
+        return None
+
+
+CHECK = ToolCalls()
+
+
+def tool_calls_check(found: ToolFigures, config: AuditConfig) -> Check:
+    name, title = CHECK.name, CHECK.title
     if found.rows == 0:
         return skipped(name, title, "no conversation has tools")
     bad = found.malformed.n + found.unknown.n + found.dropped.n
@@ -125,7 +140,7 @@ def tool_calls_check(found: ToolFigures) -> Check:
         name,
         title,
         bad / written,
-        TOOL_CALLS,
+        CHECK.limit(config),
         examples=(found.malformed.examples + found.unknown.examples + found.dropped.examples)[:5],
         detail=f"{bad:,} of {written:,} calls the model wrote are bad ({found.malformed.n:,} "
         f"malformed, {found.unknown.n:,} to unknown tools, {found.dropped.n:,} dropped by the "
