@@ -126,11 +126,10 @@ def regenerate_multinode(
             return ended
         result = judged.result()
         assert isinstance(result, AuditResult), "a passed or warned audit returns its result"
-        errors = round((result.check("error_rows").figure or 0.0) * result.rows)
         return MultinodeSummary(
             output=shared.output,
-            rows_ok=result.rows - errors,
-            rows_failed=errors,
+            rows_ok=result.rows - result.failed_rows,
+            rows_failed=result.failed_rows,
             nodes=outcomes,
             failed_nodes=failed,
             verdict=result.verdict,

@@ -132,15 +132,14 @@ def regenerate_completions(
             return ended
         report = judged.result()
         assert isinstance(report, AuditResult), "a passed or warned audit returns its result"
-        failed = round((report.check("error_rows").figure or 0.0) * report.rows)
         # A failed audit returned above: an unfit dataset is never exported.
         targets = config.export.targets() if config.export else []
         for dest, options in targets:
             export(config.output, dest, options, tokenizer, storage=run.storage)
         return RunSummary(
             output=config.output,
-            rows_ok=report.rows - failed,
-            rows_failed=failed,
+            rows_ok=report.rows - report.failed_rows,
+            rows_failed=report.failed_rows,
             completion_tokens=generation.completion_tokens,
             tokens_per_s=generation.tokens_per_s,
             verdict=report.verdict,

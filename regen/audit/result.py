@@ -104,6 +104,12 @@ class AuditResult(BaseModel):
                 return c
         raise KeyError(name)
 
+    @property
+    def failed_rows(self) -> int:
+        """Rows that ended in an error, from the error-rate check's figure: what a run's
+        summary reports as failed."""
+        return round((self.check("error_rows").figure or 0.0) * self.rows)
+
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
 
