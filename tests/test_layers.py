@@ -57,6 +57,18 @@ def test_client_and_fleet_do_not_import_each_other(package: str, other: str) -> 
     assert not crossing
 
 
+def test_generation_knows_nothing_of_the_multinode_protocol() -> None:
+    """A node of a multi-node run drives stage 4 through a `ShardSource` and a shard's fence,
+    both declared in regen/generation/: the protocol sits above the stage, not inside it."""
+    crossing = {
+        f"{path}: {name}"
+        for path, names in _imports(REGEN / "generation").items()
+        for name in names
+        if name == "regen.multinode" or name.startswith("regen.multinode.")
+    }
+    assert not crossing
+
+
 def test_import_regen_fleet_loads_no_dispatcher() -> None:
     assert not {m for m in _loaded("regen.fleet") if m.startswith("regen.client")}
 
