@@ -66,7 +66,7 @@ def _one_shard_copy(src: LocalStorage, root: Path) -> LocalStorage:
 
 
 def _comparable(result: AuditResult) -> dict[str, object]:
-    """Everything but where the dataset is and how many shards check 11 read."""
+    """Everything but where the dataset is and how many shards template parity read."""
     out = result.model_dump(exclude={"dataset"})
     for check in out["checks"]:
         if check["name"] == "template_parity":

@@ -79,8 +79,9 @@ def _dataset(
     return storage, hit
 
 
-def test_incident_fails_check_10_from_ids_alone(tmp_path: Path, model: Path) -> None:
-    """87 % of answers are the incident's: check 10 fails on the stored ids, no tokenizer."""
+def test_incident_fails_the_loss_mask_from_ids_alone(tmp_path: Path, model: Path) -> None:
+    """87 % of answers are the incident's: the loss-mask check fails on the stored ids, no
+    tokenizer."""
     storage, hit = _dataset(tmp_path, _server(model), 200, incident=0.87)
     result = run_audit(storage, AuditConfig())
     check = result.check("loss_mask")

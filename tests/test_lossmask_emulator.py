@@ -125,7 +125,8 @@ tools {{ tools | tojson }} today {{ strftime_now('%Y') }}<|im_end|>
 
 def test_emulator_and_audit_render_one_template_alike(tmp_path: Path) -> None:
     """One renderer: a template using strftime_now, {% generation %}, tools and eos_token is
-    served by the emulator and rendered by the audit's check 11 to the same prompt ids."""
+    served by the emulator and rendered by the audit's template parity check to the same
+    prompt ids."""
     import httpx
 
     from regen.lossmask.conversation import TurnInput

@@ -56,7 +56,7 @@ def _server_check(config: RegenConfig) -> dict[str, Any]:
     return next(c for c in audit["checks"] if c["name"] == "server_outlier")
 
 
-def test_a_clean_rehearsal_on_seven_emulators_passes_check_9(tmp_path: Path) -> None:
+def test_a_clean_rehearsal_on_seven_emulators_passes_server_outlier(tmp_path: Path) -> None:
     from flows.regenerate import regenerate_completions
 
     config = _config(tmp_path)

@@ -1,10 +1,10 @@
 """How unlikely a count is by chance: the one test every judgement of a sample uses.
 
 The live gate asks whether a sample's bad rows show a run at or over a fail threshold
-(`regen.audit.gate.shown_over`); check 9 asks whether one server's bad rows stand out from the
-other servers' by more than chance (`regen.audit.servers`). Both are an exact binomial tail
-read against `EVIDENCE`, so "a finding" means the same thing at the canary, in the rolling
-audit and in the final report.
+(`regen.audit.gate.shown_over`); the server_outlier check asks whether one server's bad rows
+stand out from the other servers' by more than chance (`regen.audit.checks.server_outlier`).
+Both are an exact binomial tail read against `EVIDENCE`, so "a finding" means the same thing
+at the canary, in the rolling audit and in the final report.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ EVIDENCE = 0.05
 sample of the run, so a check over its fail threshold stops it only when its bad rows would
 come less than once in 20 (one-sided, exact binomial) from a run whose true rate is just at the
 threshold: 1 most common answer of 4 rows never stops a canary, 223 empty answers of 256 do at
-once, and at thousands of rows the bound is the figure itself. Check 9 spends the same 5 % on
-the whole fleet: a healthy fleet (every server alike) shows an outlier less than once in 20."""
+once, and at thousands of rows the bound is the figure itself. The server_outlier check spends
+the same 5 % on the whole fleet: a healthy fleet (every server alike) shows an outlier less
+than once in 20."""
 
 
 def upper_tail(k: int, n: int, p: float, enough: float = EVIDENCE) -> float:

@@ -60,8 +60,8 @@ class ServerRates(BaseModel):
 
 
 class SettingFigures(BaseModel):
-    """One sampling setting's rows and the rate of every graded defect (check 9b), and its
-    mean tokens per answer (reasoning: per answer that thought)."""
+    """One sampling setting's rows and the rate of every graded defect (the per_setting
+    check's), and its mean tokens per answer (reasoning: per answer that thought)."""
 
     setting: str
     rows: int
@@ -125,7 +125,7 @@ class AuditResult(BaseModel):
         worst = [c for c in self.ordered_checks() if c.status == self.verdict]
         if self.gate != "final":
             worst = [c for c in worst if c.name != "completeness"] or worst
-        figures = ", ".join(f"{_topic(c)} {pct(c.figure)}" for c in worst[:2])
+        figures = ", ".join(f"{c.title} {pct(c.figure)}" for c in worst[:2])
         more = f" (+{len(worst) - 2} more)" if len(worst) > 2 else ""
         stop = f" (stopped by the {self.gate} gate)" if self.gate != "final" else ""
         return f"{self.verdict.upper()}{stop} {figures}{more}"
@@ -337,12 +337,6 @@ def _figure(check: Check) -> str:
         return pct(None)
     above = [t for t in (check.warn, check.fail) if t is not None and figure < t]
     return pct_within(figure, above[0] if above else None)
-
-
-def _topic(check: Check) -> str:
-    """A check's title without its number: `2 empty/trivial answers` -> `empty/trivial answers`."""
-    head, _, rest = check.title.partition(" ")
-    return rest if head.isdigit() and rest else check.title
 
 
 def _cell(text: str) -> str:

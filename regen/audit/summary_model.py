@@ -70,7 +70,7 @@ class Answers(BaseModel):
 
 
 class LossFigures(BaseModel):
-    """Check 10's figures: loss tokens per sample, and which path measured them."""
+    """The loss-mask check's figures: loss tokens per sample, and which path measured them."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -110,7 +110,8 @@ class ParityFigures(BaseModel):
 
 
 class ToolFigures(BaseModel):
-    """Check 12's figures (regen.audit.tool_calls): the model's calls in rows with tools."""
+    """The tool-calls check's figures (regen.audit.checks.tool_calls): the model's calls in
+    rows with tools."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -157,7 +158,7 @@ class Summary(BaseModel):
     errors: Hits = Field(default_factory=Hits)
     finish_reasons: dict[str, int] = Field(default_factory=dict)
     completions: int = 0
-    """Answered turns (error rows left out): the denominator of checks 2-8."""
+    """Answered turns (error rows left out): the denominator of the answer checks."""
     flags: dict[str, Hits] = Field(default_factory=dict)
     empty_kinds: dict[str, int] = Field(default_factory=dict)
     tiny: dict[str, Hits] = Field(default_factory=dict)
@@ -167,7 +168,7 @@ class Summary(BaseModel):
     servers: dict[str, dict[str, int]] = Field(default_factory=dict)
     server_examples: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
     thinking_completions: int = 0
-    """Completions whose row asked for thinking: the denominator of check 3."""
+    """Completions whose row asked for thinking: the denominator of the empty-thinking check."""
     by_setting: dict[str, dict[str, int]] = Field(default_factory=dict)
     """Sampling setting (regen.audit.features.setting_label) -> rows, completions, defect
     counts and token sums, as `servers` per server."""

@@ -115,7 +115,7 @@ def judge_input(
     config: AuditConfig,
 ) -> StopRecord | None:
     """The live gate's first look, before any prompt is sent: the share of input rows
-    rejected (the audit's check 0). Over its fail threshold under `audit.live: stop`, the run
+    rejected (the audit's rejects check). Over its fail threshold under `audit.live: stop`, the run
     stops here: the record is written and returned. None otherwise (under `warn` the final
     audit still fails on it)."""
     check = rejects_check(rejects, usable, config)

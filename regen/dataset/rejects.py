@@ -1,6 +1,6 @@
 """`rejects/rejects.parquet`: the input rows the plan left out, kept with the dataset they were
-left out of (check 0 reads them). Written here, by the layout's owner, so regen.prompts, which
-finds the rejects, needs nothing of this package.
+left out of (the audit's rejects check reads them). Written here, by the layout's owner, so
+regen.prompts, which finds the rejects, needs nothing of this package.
 """
 
 from __future__ import annotations
