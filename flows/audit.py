@@ -10,6 +10,7 @@ from flows.labels import label_flow_run
 from regen.audit import AuditResult
 from regen.config import AuditConfig
 from regen.naming import dataset_name, dataset_slug
+from regen.run import OpenedDataset
 from tasks.audit import audit
 
 
@@ -21,8 +22,9 @@ def audit_dataset(
     with the verdict and the failing figures as the state's message."""
     quiet_failures()
     label_flow_run(f"audit-{dataset_slug(output)}", ["audit", f"dataset:{dataset_name(output)}"])
+    dataset = OpenedDataset.open(output)
     judged = audit(
-        output, config or AuditConfig(), tokenizer_path=tokenizer_path, return_state=True
+        dataset, config or AuditConfig(), tokenizer_path=tokenizer_path, return_state=True
     )
     if ended := failed_with(judged):
         return ended

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow
 
 from regen.config import ExportFormat, ExportOptions, Turns
+from regen.run import OpenedDataset
 from tasks.export import export
 
 
@@ -33,4 +34,4 @@ def export_dataset_flow(
         single_file=single_file,
         token_freq=token_freq,
     )
-    return export(dataset, dest, options, tokenizer_path).counts
+    return export(OpenedDataset.open(dataset), dest, options, tokenizer_path).counts

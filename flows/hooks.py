@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from prefect import Flow
@@ -11,11 +9,9 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.logging import get_logger
 from prefect.states import State
 
-from flows.params import resolve_config
-from regen.config import parse_config
+from flows.params import config_parameter, open_run
 from regen.fleet import reap_orphans
 from regen.progress import mark_state
-from regen.storage import open_storage
 
 
 def reap_fleet_on_exit(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any]) -> None:
@@ -25,21 +21,16 @@ def reap_fleet_on_exit(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any
     object: the same path works in the flow's own process and after it was killed.
     """
     logger = get_logger("regen.hooks")
-    raw = flow_run.parameters.get("config")
-    if raw is None:
+    config = config_parameter(flow_run.parameters)
+    if config is None:
         return
-    config = parse_config(
-        raw if isinstance(raw, dict) else json.loads(json.dumps(raw, default=str))
-    )
-    # The output may be named by a block rather than the config (see `resolve_config`).
-    resolved = resolve_config(config, storage_block=flow_run.parameters.get("storage_block"))
-    config = resolved.config
-    stopped = reap_orphans(Path(config.work_dir))
+    # The output may be named by a block rather than the config (see `open_run`).
+    run = open_run(config, storage_block=flow_run.parameters.get("storage_block"))
+    stopped = reap_orphans(run.work_dir)
     logger.warning("run %s: %s; stopped %d server(s)", flow_run.name, state.name, len(stopped))
-    storage = resolved.storage or open_storage(config.output)
     node = flow_run.parameters.get("node")
     mark_state(
-        storage,
+        run.storage,
         state.name or state.type.value,
         node.get("name") if isinstance(node, dict) else None,
     )

@@ -14,16 +14,15 @@ from prefect import get_client
 from prefect.context import get_run_context
 from prefect.runtime import flow_run as runtime_flow_run
 
-from regen.config import RegenConfig, parse_config
+from flows.params import config_parameter
 from regen.naming import run_name
 
 
 def regenerate_name() -> str:
     """`flow_run_name=` of `regenerate`: `rehearsal-<model>-<prompts>` or `<node>-...`."""
     params: dict[str, Any] = runtime_flow_run.parameters
-    config = params["config"]
-    if not isinstance(config, RegenConfig):
-        config = parse_config(config)
+    config = config_parameter(params)
+    assert config is not None, "regenerate takes a config"
     node = params.get("node")
     name = node.get("name") if isinstance(node, dict) else getattr(node, "name", None)
     return run_name(config, name)

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from flows.failures import failed_with, quiet_failures
 from flows.labels import label_flow_run
-from flows.params import resolve_config
+from flows.params import open_run
 from regen.audit import AuditResult
 from regen.config import RegenConfig
 from regen.errors import UserError
@@ -28,7 +28,6 @@ from regen.multinode.nodes import (
 )
 from regen.multinode.watch import NodeOutcome
 from regen.naming import run_name, run_tags
-from regen.run import OpenedRun
 from tasks.audit import audit
 from tasks.generate import plan_run
 from tasks.lease import hold_output
@@ -65,21 +64,19 @@ def regenerate_multinode(
     """
     quiet_failures()
     logger = get_run_logger()
-    resolved = resolve_config(config, model_block=model_block, storage_block=storage_block)
-    shared = resolved.config
+    # The parent's run (each child opens its own), with the block's token for Hub prompts.
+    run = open_run(config, model_block=model_block, storage_block=storage_block)
+    shared = run.config
     label_flow_run(run_name(shared, "multinode"), run_tags(shared, *(n.name for n in nodes)))
     node_configs = check_nodes(config, nodes)
-    # The parent's storage (each child opens its own), and the block's token for Hub prompts.
-    hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
-    run = OpenedRun(shared, hf_token=hf_token)
     parent = get_run_context().flow_run  # type: ignore[union-attr]
     assert parent is not None, "a flow's context has its run"
     # One run per output: the parent holds the lease for the whole run, its nodes join it.
     with hold_output(run):
         plan = plan_run(run)
         # This machine stages no model: a remote model's tokenizer files are fetched now, so an
-        # unreadable source fails before any node starts, and the audit runs checks 10-11.
-        tokenizer = run.tokenizer
+        # unreadable source fails before any node starts, and the audit renders templates.
+        tokenizer = run.tokenizer()
         weights = node_weights(nodes, node_configs)
         ranges = split_ranges(plan.pending, weights)
         for name, shards in ranges.items():
@@ -113,10 +110,7 @@ def regenerate_multinode(
             outcomes, failed = report.nodes, report.failed
         else:
             outcomes, failed = [], []
-        judged = audit(
-            shared.output, shared.audit, tokenizer_path=tokenizer, storage=run.storage,
-            return_state=True,
-        )  # fmt: skip
+        judged = audit(run.dataset, shared.audit, tokenizer_path=tokenizer, return_state=True)
         if failed:
             logger.error(
                 "dataset complete, but node(s) %s failed: see the multinode-nodes artifact",

@@ -7,40 +7,41 @@ flow's process, once at the top of the run.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefect.blocks.system import Secret
-from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import SecretStr
 
 from blocks import FleetConfig, ModelSource, load_block
-from regen.config import RegenConfig
-from regen.storage import Storage
+from regen.config import RegenConfig, parse_config
+from regen.run import OpenedRun
 
 
-class ResolvedRun(BaseModel):
-    """The run's config with every named block applied, the one secret staging needs, and the
-    storage an `S3Bucket` block opened with its own credentials (None: open `config.output`)."""
+def config_parameter(parameters: dict[str, Any]) -> RegenConfig | None:
+    """A flow run's `config` parameter as a `RegenConfig` (None: the run has none): what its
+    name and its state hooks read, which get the parameters rather than the flow's locals."""
+    raw = parameters.get("config")
+    if raw is None or isinstance(raw, RegenConfig):
+        return raw
+    # A deployment's parameters arrive as JSON-ready values; a hook's may hold paths.
+    return parse_config(raw if isinstance(raw, dict) else json.loads(json.dumps(raw, default=str)))
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    config: RegenConfig
-    hf_token: SecretStr | None = None
-    storage: Storage | None = None
-
-
-def resolve_config(
+def open_run(
     config: RegenConfig,
     *,
     fleet_block: str | None = None,
     model_block: str | None = None,
     storage_block: str | None = None,
     api_key_secret: str | None = None,
-) -> ResolvedRun:
-    """`config` with `engine` from a `FleetConfig`, `model` from a `ModelSource`, `output` from
-    an `S3Bucket` and `engine.api_key` from a `Secret`, each only when its name is given.
+) -> OpenedRun:
+    """The run of `config` with `engine` from a `FleetConfig`, `model` from a `ModelSource`,
+    `output` from an `S3Bucket` and `engine.api_key` from a `Secret`, each only when its name
+    is given.
 
-    The S3Bucket's storage carries the block's credentials; a stage that opens the output from
-    its URL instead gets the worker's environment (the AWS default chain).
+    The S3Bucket's storage carries the block's credentials; a stage that opened the output from
+    its URL instead would get the worker's environment (the AWS default chain).
     """
     data: dict[str, Any] = config.model_dump()
     hf_token = None
@@ -50,7 +51,7 @@ def resolve_config(
     if model_block:
         source = load_block(ModelSource, model_block)
         data["model"] = source.model().model_dump()
-        hf_token = source.hf_token
+        hf_token = source.hf_token.get_secret_value() if source.hf_token else None
     if storage_block:
         from blocks.storage import open_s3_bucket_block  # prefect-aws and boto3: only if named
 
@@ -58,4 +59,4 @@ def resolve_config(
         data["output"] = storage.uri
     if api_key_secret:
         data["engine"]["api_key"] = SecretStr(str(load_block(Secret, api_key_secret).get()))
-    return ResolvedRun(config=RegenConfig.model_validate(data), hf_token=hf_token, storage=storage)
+    return OpenedRun(RegenConfig.model_validate(data), opened=storage, hf_token=hf_token)

@@ -11,7 +11,7 @@ from flows import CODE_PACKAGES
 from flows.failures import failed_with, quiet_failures, stop_failure
 from flows.hooks import reap_fleet_on_exit
 from flows.labels import label_flow_run, regenerate_name
-from flows.params import resolve_config
+from flows.params import open_run
 from regen.audit import AuditResult
 from regen.config import RegenConfig
 from regen.fleet import generate_api_key
@@ -19,7 +19,7 @@ from regen.generation.outcome import GenerationSummary
 from regen.multinode.loop import shard_source
 from regen.multinode.nodes import NodeAssignment
 from regen.naming import run_name, run_tags
-from regen.run import OpenedRun
+from regen.run import StagedModel
 from tasks.audit import audit
 from tasks.export import export
 from tasks.generate import generate, plan_run
@@ -72,23 +72,22 @@ def regenerate_completions(
     one line per failing check, and no traceback (`flows.failures`); the data is kept.
     """
     quiet_failures()
-    resolved = resolve_config(
+    # Every stage below shares this run: its config with the named blocks folded in, and its
+    # storage (a storage block's, with its own credentials).
+    run = open_run(
         config,
         fleet_block=fleet_block,
         model_block=model_block,
         storage_block=storage_block,
         api_key_secret=api_key_secret,
     )
-    config = resolved.config
+    config = run.config
     # Which shards this run generates, chosen once: every pending one, or a node's claims.
     source = shard_source(node, flow_run_id=runtime.flow_run.id)
     label_flow_run(run_name(config, source.node), run_tags(config, *filter(None, [source.node])))
     # Servers of a run killed with SIGKILL hold the ports and GPUs that provisioning checks,
     # and a rerun with nothing left to generate launches no fleet: reap them before either.
-    reap_orphans(config.work_dir)
-    # Every stage below shares this storage (a storage block's, with its own credentials).
-    hf_token = resolved.hf_token.get_secret_value() if resolved.hf_token else None
-    run = OpenedRun(config, opened=resolved.storage, hf_token=hf_token)
+    reap_orphans(run)
     checked = provision(run, CODE_PACKAGES, source.lease_run, return_state=True)
     if ended := failed_with(checked):
         return ended
@@ -101,13 +100,11 @@ def regenerate_completions(
         plan = plan_run(run)
         api_key = config.engine.api_key or generate_api_key()
         generation = GenerationSummary.empty()
+        model: StagedModel | None = None
         if plan.pending and not plan.stopped:
-            model_path = stage_model(config, hf_token=hf_token)
-            # Read after staging: the staged model's own tokenizer (see `OpenedRun.tokenizer`).
-            tokenizer = run.tokenizer
-            with start_fleet(run, model_path, api_key) as fleet:
-                generation = generate(run, plan, fleet, api_key, tokenizer, source)
-        tokenizer = run.tokenizer
+            model = stage_model(run)
+            with start_fleet(run, model, api_key) as fleet:
+                generation = generate(run, plan, fleet, api_key, model.tokenizer, source)
         # A node of a multi-node run leaves the audit to its parent, which sees every shard.
         if not source.whole_run:
             return (
@@ -123,11 +120,11 @@ def regenerate_completions(
                     rows_generated=generation.rows,
                 )
             )
+        # The staged model's tokenizer; with nothing staged here, a remote model's files.
+        tokenizer = model.tokenizer if model else run.tokenizer()
         # A run the live gate stopped is audited too, on every row it generated, and fails
         # naming the gate that stopped it.
-        judged = audit(
-            config.output, config.audit, tokenizer, storage=run.storage, return_state=True
-        )
+        judged = audit(run.dataset, config.audit, tokenizer, return_state=True)
         if ended := failed_with(judged):
             return ended
         report = judged.result()
@@ -135,7 +132,7 @@ def regenerate_completions(
         # A failed audit returned above: an unfit dataset is never exported.
         targets = config.export.targets() if config.export else []
         for dest, options in targets:
-            export(config.output, dest, options, tokenizer, storage=run.storage)
+            export(run.dataset, dest, options, tokenizer)
         return RunSummary(
             output=config.output,
             rows_ok=report.rows - report.failed_rows,

@@ -215,9 +215,8 @@ def _audit(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from regen.audit import audit_table, run_audit, write_report
-    from regen.config import AuditConfig
     from regen.canary import stopped_run
-    from regen.config import load_config
+    from regen.config import AuditConfig, load_config
     from regen.dataset.keys import AUDIT_MARKDOWN_KEY
     from regen.run import OpenedRun
     from regen.storage import open_storage
@@ -229,7 +228,7 @@ def _audit(args: argparse.Namespace) -> int:
         tokenizer = args.tokenizer
         if tokenizer is None and config is not None:
             # The run's own answer (regen.run.resolve_tokenizer): a remote model's files fetched.
-            tokenizer = OpenedRun(config).tokenizer
+            tokenizer = OpenedRun(config).tokenizer()
         result = run_audit(
             storage, audit_config, tokenizer_path=tokenizer, stopped=stopped_run(storage)
         )

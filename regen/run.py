@@ -1,5 +1,4 @@
-"""A run opened once: its resolved config, its opened storage and its model's tokenizer,
-handed to every stage.
+"""A run opened once: its resolved config and its opened dataset, handed to every stage.
 
 Each stage used to reopen the output by URI from the config it was given; a run now opens
 its storage at the top and the stages share that one object (and its S3 client). Hooks and
@@ -17,6 +16,19 @@ from regen.storage import Storage, open_storage
 
 TOKENIZER_DIR = "tokenizer"
 """Under the work dir: the tokenizer files of a model no server staged on this machine."""
+
+
+@dataclass(frozen=True)
+class OpenedDataset:
+    """A dataset root as its URI names it (the artifacts' keys) and as it is opened (what is
+    read and written): the audit and the exports take both, from a run or on their own."""
+
+    output: str
+    storage: Storage
+
+    @classmethod
+    def open(cls, output: str) -> OpenedDataset:
+        return cls(output, open_storage(output))
 
 
 @dataclass(frozen=True)
@@ -38,20 +50,30 @@ class OpenedRun:
         return self.config.output
 
     @property
-    def model_dir(self) -> Path:
-        """The directory the servers load the model from (staged, or the source itself)."""
-        return self.config.model.staged_path()
+    def dataset(self) -> OpenedDataset:
+        return OpenedDataset(self.output, self.storage)
 
-    @cached_property
+    @property
+    def work_dir(self) -> Path:
+        return self.config.work_dir
+
     def tokenizer(self) -> str | None:
-        """The tokenizer (a model directory or tokenizer.json) whose chat template the audit's
-        checks 10-11 and the token exports render with: see `resolve_tokenizer`. Read after
-        staging, it is the staged model; on a machine that staged none (a multi-node run's
-        parent) a remote model's tokenizer files are fetched into the work dir."""
+        """This run's tokenizer as `resolve_tokenizer` answers, fetched into the work dir
+        when the model is remote and this machine staged none (a multi-node run's parent)."""
         path = resolve_tokenizer(
-            self.config.model, self.config.work_dir / TOKENIZER_DIR, hf_token=self.hf_token
+            self.config.model, self.work_dir / TOKENIZER_DIR, hf_token=self.hf_token
         )
         return str(path) if path is not None else None
+
+
+@dataclass(frozen=True)
+class StagedModel:
+    """What staging leaves: the directory the servers load, and the tokenizer whose chat
+    template the audit's template checks and the token exports render with, said together so
+    no stage reads one before the other exists."""
+
+    path: Path
+    tokenizer: str | None
 
 
 def resolve_tokenizer(

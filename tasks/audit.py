@@ -18,22 +18,19 @@ from regen.audit.report import plot_pngs
 from regen.canary import stopped_run
 from regen.config import AuditConfig
 from regen.naming import artifact, dataset_markdown
-from regen.storage import Storage, open_storage
+from regen.run import OpenedDataset
 from tasks.cards import publish_markdown
 from tasks.pictures import embedded
 
 
 @task(name="audit", persist_result=False, cache_policy=NONE)
 def audit(
-    output: str,
-    config: AuditConfig,
-    tokenizer_path: str | None = None,
-    storage: Storage | None = None,
+    dataset: OpenedDataset, config: AuditConfig, tokenizer_path: str | None = None
 ) -> AuditResult | State[None]:
     """Every check against its threshold; the markdown report becomes the dataset's artifact.
-    `storage` is `output` when the run has it open. A run the live gate stopped is judged on
-    the rows it generated, its canary's included, and fails naming the gate."""
-    logger, storage = get_run_logger(), storage or open_storage(output)
+    A run the live gate stopped is judged on the rows it generated, its canary's included,
+    and fails naming the gate."""
+    logger, output, storage = get_run_logger(), dataset.output, dataset.storage
     result = run_audit(storage, config, tokenizer_path=tokenizer_path, stopped=stopped_run(storage))
     plots = plot_pngs(result)
     write_report(storage, result, plots)

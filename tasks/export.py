@@ -9,27 +9,26 @@ from prefect.cache_policies import NONE
 from regen.config import ExportOptions
 from regen.export.run import ExportSummary, export_dataset
 from regen.naming import artifact
-from regen.storage import Storage, open_storage
+from regen.run import OpenedDataset
+from regen.storage import open_storage
 
 
 @task(
     name="export", task_run_name="export-{options.format}", persist_result=False, cache_policy=NONE
 )
 def export(
-    dataset: str,
-    dest: str,
-    options: ExportOptions,
-    tokenizer_path: str | None = None,
-    storage: Storage | None = None,
+    dataset: OpenedDataset, dest: str, options: ExportOptions, tokenizer_path: str | None = None
 ) -> ExportSummary:
-    """Export `dataset` (`storage` when the run has it open) to `dest`; unchanged shards are
-    not written again."""
-    source = storage or open_storage(dataset)
-    summary = export_dataset(source, open_storage(dest), options, tokenizer_path=tokenizer_path)
+    """Export `dataset` to `dest`; unchanged shards are not written again."""
+    summary = export_dataset(
+        dataset.storage, open_storage(dest), options, tokenizer_path=tokenizer_path
+    )
     logger = get_run_logger()
     logger.info(summary.headline(options.format))
     for line in summary.notes():
         (logger.warning if line.startswith("warning") else logger.info)("export %s", line)
     what = f"{summary.counts['samples']:,} samples · export {options.format}"
-    create_table_artifact(summary.table(), **artifact(f"export-{options.format}", dataset, what))
+    create_table_artifact(
+        summary.table(), **artifact(f"export-{options.format}", dataset.output, what)
+    )
     return summary

@@ -12,20 +12,19 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 from pydantic import SecretStr
 
-from regen.config import RegenConfig
+import regen.fleet
+import regen.staging
 from regen.fleet import Fleet, ServerCommand
-from regen.fleet import reap_orphans as reap
 from regen.fleet.report import fleet_markdown
 from regen.fleet.up import bring_up_fleet
 from regen.naming import artifact
 from regen.preflight import PreflightReport, run_checks
-from regen.run import OpenedRun
-from regen.staging import stage_model as stage
+from regen.run import OpenedRun, StagedModel
 
 
-def reap_orphans(work_dir: Path) -> list[int]:
+def reap_orphans(run: OpenedRun) -> list[int]:
     """Stop servers whose owner died; the flow calls it first, before provisioning."""
-    if reaped := reap(work_dir):
+    if reaped := regen.fleet.reap_orphans(run.work_dir):
         get_run_logger().warning(
             "stopped %d orphan server(s) of an earlier run: pids %s", len(reaped), reaped
         )
@@ -70,25 +69,31 @@ def provisioning_failed(report: PreflightReport) -> str:
 
 
 @task(name="stage-model", retries=2, retry_delay_seconds=10, persist_result=False)
-def stage_model(config: RegenConfig, hf_token: str | None = None) -> Path:
-    """The directory the servers load from; a second staging of the same source is a no-op."""
-    logger, model = get_run_logger(), config.model
+def stage_model(run: OpenedRun) -> StagedModel:
+    """The directory the servers load from and the tokenizer that goes with it; a second
+    staging of the same source is a no-op."""
+    logger, model = get_run_logger(), run.config.model
     if not model.stage:
         logger.info("model.stage is false: servers load %s directly", model.source)
-        return Path(model.source)
-    result = stage(model.source, model.staged_path(), revision=model.revision, hf_token=hf_token)
-    if result.skipped:
-        logger.info("model already staged at %s (%d files)", result.path, result.files)
+        path = Path(model.source)
     else:
-        logger.info(
-            "staged %d files, %.1f GB in %.1f s to %s",
-            *(result.files, result.bytes / 1e9, result.seconds, result.path),
+        result = regen.staging.stage_model(
+            model.source, model.staged_path(), revision=model.revision, hf_token=run.hf_token
         )
-    return Path(result.path)
+        if result.skipped:
+            logger.info("model already staged at %s (%d files)", result.path, result.files)
+        else:
+            logger.info(
+                "staged %d files, %.1f GB in %.1f s to %s",
+                *(result.files, result.bytes / 1e9, result.seconds, result.path),
+            )
+        path = Path(result.path)
+    # Asked once the model is in place: the staged directory is then its answer.
+    return StagedModel(path, run.tokenizer())
 
 
 @task(name="launch-fleet", persist_result=False, cache_policy=NONE)
-def start_fleet(run: OpenedRun, model_path: Path, api_key: SecretStr) -> Fleet:
+def start_fleet(run: OpenedRun, model: StagedModel, api_key: SecretStr) -> Fleet:
     """Servers that answered a real generation; the caller owns teardown (a `with` block)."""
     logger, config = get_run_logger(), run.config
 
@@ -111,6 +116,6 @@ def start_fleet(run: OpenedRun, model_path: Path, api_key: SecretStr) -> Fleet:
     # The flow run's id keys the servers' private files: a second run from this checkout
     # (another model on the node's other GPUs) shares none of them.
     return bring_up_fleet(
-        config, model_path, api_key, run.storage, on_launch=launching, on_ready=publish,
+        config, model.path, api_key, run.storage, on_launch=launching, on_ready=publish,
         run_id=str(flow_run.id),
     )  # fmt: skip

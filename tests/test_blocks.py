@@ -123,13 +123,13 @@ def test_secrets_are_not_shown(block: FleetConfig | ModelSource) -> None:
 
 
 @needs_prefect
-def test_resolve_config_applies_every_named_block(
+def test_open_run_applies_every_named_block(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from prefect.blocks.system import Secret
     from prefect_aws import AwsCredentials, S3Bucket
 
-    from flows.params import resolve_config
+    from flows.params import open_run
 
     fleet, model, bucket, secret = (_name(p) for p in ("fleet", "model", "bucket", "key"))
     FleetConfig(
@@ -146,7 +146,7 @@ def test_resolve_config_applies_every_named_block(
     Secret(value=SecretStr(API_KEY)).save(secret)
 
     with caplog.at_level(logging.DEBUG):
-        run = resolve_config(
+        run = open_run(
             _config(tmp_path),
             fleet_block=fleet,
             model_block=model,
@@ -162,17 +162,17 @@ def test_resolve_config_applies_every_named_block(
     assert run.storage is not None and run.storage.uri == run.config.output
     assert run.config.engine.api_key is not None
     assert run.config.engine.api_key.get_secret_value() == API_KEY
-    assert run.hf_token is not None and run.hf_token.get_secret_value() == TOKEN
+    assert run.hf_token == TOKEN
     assert TOKEN not in logged and API_KEY not in logged
     assert "saved" in logged
 
 
-def test_resolve_config_without_blocks_is_the_config(tmp_path: Path) -> None:
-    from flows.params import resolve_config
+def test_open_run_without_blocks_is_the_config(tmp_path: Path) -> None:
+    from flows.params import open_run
 
     config = _config(tmp_path)
-    run = resolve_config(config)
-    assert run.config == config and run.hf_token is None and run.storage is None
+    run = open_run(config)
+    assert run.config == config and run.hf_token is None and run.opened is None
 
 
 @needs_prefect
@@ -182,7 +182,7 @@ def test_storage_block_credentials_reach_the_run_storage(
     """The S3Bucket block's keys and endpoint, not the worker's environment, open the output."""
     from prefect_aws import AwsClientParameters, AwsCredentials, S3Bucket
 
-    from flows.params import resolve_config
+    from flows.params import open_run
 
     # Nothing to fall back on: without the block's credentials and endpoint this fails.
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
@@ -201,7 +201,7 @@ def test_storage_block_credentials_reach_the_run_storage(
     S3Bucket(bucket_name=bucket, bucket_folder="runs/r1", credentials=credentials).save(name)
 
     with caplog.at_level(logging.DEBUG):
-        run = resolve_config(_config(tmp_path), storage_block=name)
+        run = open_run(_config(tmp_path), storage_block=name)
         assert run.storage is not None
         run.storage.write_bytes("run.json", b"{}")
 
