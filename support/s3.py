@@ -102,6 +102,13 @@ class MotoS3:
             aws_secret_access_key=SECRET,
         )
 
+    def counting_client(self, calls: list[str]) -> S3Client:
+        """`client()`, noting each S3 call it sends (PutObject, HeadBucket...) in `calls`: a
+        call retried shows as the same name again, whatever the machine's speed."""
+        client = self.client()
+        client.meta.events.register("before-call.s3", lambda model, **_: calls.append(model.name))
+        return client
+
     def create_bucket(self, prefix: str = "regen-test") -> str:
         """A new bucket with a unique name: tests share one moto backend per process."""
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
