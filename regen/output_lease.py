@@ -33,6 +33,7 @@ import psutil
 
 from regen.dataset.keys import LEASE_PREFIX, key_url, lease_key, parse_lease_key
 from regen.errors import UserError
+from regen.owned import alive
 from regen.storage import Storage
 from regen.ticker import Ticker
 
@@ -80,15 +81,7 @@ class Holder:
 
     def process_gone(self) -> bool:
         """On this host only: whether the holder's process (pid and start time) has ended."""
-        try:
-            proc = psutil.Process(self.pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return True
-            return abs(proc.create_time() - self.pid_started) >= 1.0
-        except psutil.NoSuchProcess:
-            return True
-        except psutil.Error:
-            return False
+        return not alive(self.pid, self.pid_started)
 
 
 @dataclass(frozen=True)

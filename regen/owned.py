@@ -40,15 +40,20 @@ def tag_children() -> None:
 
 def alive(pid: int, started_at: float) -> bool:
     """Whether process `pid`, started at `started_at` (epoch seconds), still runs: a PID alone
-    may have been reused by an unrelated process, and a zombie holds nothing any more. A
-    process that cannot be read counts as gone."""
+    may have been reused by an unrelated process, and a zombie holds nothing any more.
+
+    One answer for every owner regen records (a helper's tag, a server's PID file, the output
+    lease's holder). A process this user may not read counts as alive: what it holds is left
+    alone rather than taken or stopped on a guess."""
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
         return abs(proc.create_time() - started_at) < 1.0
-    except psutil.Error:
+    except psutil.NoSuchProcess:
         return False
+    except psutil.Error:
+        return True
 
 
 def _owner_alive(tag: str) -> bool:
