@@ -51,6 +51,8 @@ def _switched(prompt: str, answer: str) -> bool:
     [
         ("What is six times seven?", SWITCHED, True),
         ("What is six times seven?", "The answer is 42 (四十二).", False),
+        ("What is six times seven?", "四十二 (forty-two), as the reasoning shows.", False),
+        ("Что такое шесть на семь?", SWITCHED, False),  # not a Latin prompt
         ("Quelle est la réponse ?", "La réponse est 42.", False),
         ("六乘以七是多少？", SWITCHED, False),  # asked in Chinese: answered in it
         ("What is six times seven?", "", False),

@@ -27,7 +27,7 @@ LOOP = "Wait, let me check that again. "
 COLLAPSED = "The final answer is 42, as the reasoning above shows."
 ERROR = "http 500 after 4 attempts"
 FINGERPRINT = "synthetic-run"
-SWITCHED = "答案是四十二，因为推理过程表明了这一点。The answer is 42."
+SWITCHED = "答案是四十二，因为上面的推理过程表明了这一点。"
 
 DEFECTS = (
     "error",

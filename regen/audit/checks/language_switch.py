@@ -1,9 +1,15 @@
 """Language switch: the prompt is mostly Latin script, the answer mostly CJK.
 
 Qwen models drift into Chinese, above all at a high temperature or deep in a long thinking;
-a draft trained on those answers learns the drift. Scripts are counted in letters (a Han
-character is one, as a Latin letter is), so "mostly" is more than half of a text's letters.
-A prompt that is itself mostly CJK, or an answer in another Latin language, is no switch.
+a draft trained on those answers learns the drift. "Mostly" is more than half of a text's
+characters. A prompt that is itself mostly CJK (or Cyrillic, Greek, ...) is no switch, nor
+is an answer that quotes a few CJK words.
+
+Measured without a pass per letter, which would cost more than every other row check
+together: an answer's CJK characters are counted by one regex (a text with none is scanned,
+not matched), and a prompt is mostly Latin when its UTF-8 bytes outnumber its characters by
+less than half: ASCII letters, digits and punctuation take one byte, accented Latin letters
+two (a French prompt passes), CJK three and Cyrillic two on every letter.
 """
 
 from __future__ import annotations
@@ -14,15 +20,20 @@ from regen.audit.checks.base import FlagCheck
 from regen.audit.features import answered
 from regen.config import AuditConfig
 
-LATIN = r"\p{Latin}"
 CJK = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]"
 MOSTLY = 0.5
 
 
-def script_share(text: pl.Expr, script: str) -> pl.Expr:
-    """The share of a text's letters in `script` (0 for a text without letters)."""
-    letters = text.str.count_matches(r"\p{L}")
-    return pl.when(letters > 0).then(text.str.count_matches(script) / letters).otherwise(0.0)
+def cjk_share(text: pl.Expr) -> pl.Expr:
+    """The share of a text's characters that are CJK (0 for an empty text)."""
+    chars = text.str.len_chars()
+    return pl.when(chars > 0).then(text.str.count_matches(CJK) / chars).otherwise(0.0)
+
+
+def mostly_latin(text: pl.Expr) -> pl.Expr:
+    """Whether a text is mostly single-byte characters (false for an empty text)."""
+    chars = text.str.len_chars()
+    return (chars > 0) & ((text.str.len_bytes() - chars) < MOSTLY * chars)
 
 
 def prompt_text() -> pl.Expr:
@@ -41,18 +52,15 @@ class LanguageSwitch(FlagCheck):
     per_server = False
 
     def facts(self, config: AuditConfig) -> list[pl.Expr]:
-        answer = pl.col("content").fill_null("")
-        switched = (script_share(prompt_text(), LATIN) > MOSTLY) & (
-            script_share(answer, CJK) > MOSTLY
-        )
+        share = pl.when(answered()).then(cjk_share(pl.col("content").fill_null("")))
         return [
-            (answered() & switched).alias(self.name),
-            pl.when(answered()).then(script_share(answer, CJK)).alias("_cjk_share"),
+            share.alias("_cjk_share"),
+            (mostly_latin(prompt_text()) & (share > MOSTLY)).fill_null(False).alias(self.name),
         ]
 
     def reason(self, config: AuditConfig) -> pl.Expr:
         return pl.format(
-            "{}% of the answer's letters CJK, prompt Latin",
+            "{}% of the answer's characters CJK, prompt Latin",
             (100 * pl.col("_cjk_share")).round(0).cast(pl.Int64),
         )
 
