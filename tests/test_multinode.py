@@ -27,6 +27,7 @@ import pytest
 
 from regen.dataset import read_committed
 from regen.fleet import reap_orphans
+from regen.generation.loop import shards_in_flight
 from regen.naming import artifact_key
 from regen.storage import Storage
 from support import REPO
@@ -219,6 +220,15 @@ def _ideal_ratio(manifests: dict[int, Any]) -> tuple[float, dict[str, float]]:
     return wall / (hi_t - first), rates
 
 
+def _commits_after_the_first_ran_dry(manifests: dict[int, Any]) -> int:
+    """Shards committed after the last commit of the node that finished first."""
+    last: dict[str, float] = {}
+    for m in manifests.values():
+        last[m.node] = max(last.get(m.node, 0.0), _stamp(m.written_at))
+    dry = min(last.values())
+    return sum(_stamp(m.written_at) > dry for m in manifests.values())
+
+
 def test_a_twice_slower_node_gets_fewer_shards_and_the_wall_stays_near_ideal(
     cluster: Cluster,
 ) -> None:
@@ -238,7 +248,14 @@ def test_a_twice_slower_node_gets_fewer_shards_and_the_wall_stays_near_ideal(
         f"wall / ideal split {ratio:.3f}"
     )
     assert by_node["node-2"] < by_node["node-1"], by_node
-    assert ratio <= 1.15, f"wall time {ratio:.2f} x the ideal split"
+    # Near ideal, read from the order of commits rather than the clock (a loaded machine
+    # stretches both): once the first node to run dry has committed its last shard, every
+    # shard is claimed, so the other commits what it holds in flight (`window`), and at most
+    # as many again taken over from a lease that ran out under load. Nodes that each kept
+    # their own half (no taking over: here about 15 left to the slow node), or a node idle
+    # while shards waited, would leave the other committing many more.
+    window = shards_in_flight(slots=1 * 4, shard_size=5)  # parent_params: 1 server x 4
+    assert _commits_after_the_first_ran_dry(manifests) <= 2 * window, (by_node, ratio)
 
 
 def test_the_parent_audits_an_s3_model_with_its_tokenizer(cluster: Cluster) -> None:
