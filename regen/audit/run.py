@@ -15,10 +15,10 @@ from typing import Literal
 import polars as pl
 from pydantic import ValidationError
 
+from regen.audit.by_setting import setting_breakdown
 from regen.audit.completeness import completeness_check
 from regen.audit.dataset import DatasetView, open_dataset
 from regen.audit.lengths import histograms, length_columns, length_quantiles
-from regen.audit.per_setting import setting_breakdown
 from regen.audit.registry import CHECKS
 from regen.audit.rejects import rejects_check
 from regen.audit.result import AuditResult, Check, verdict_of

@@ -19,12 +19,12 @@ from typing import TypeVar
 
 import polars as pl
 
+from regen.audit.by_setting import setting_counts, setting_examples
 from regen.audit.checks.template_parity import parity_figures
 from regen.audit.checks.tool_calls import CALL_TOKEN, tool_figures
 from regen.audit.dataset import answer_snippets, per_turn
 from regen.audit.features import collect_features
 from regen.audit.loss_mask import measure_loss_mask, stored_ids
-from regen.audit.per_setting import setting_counts, setting_examples
 from regen.audit.registry import FLAGS
 from regen.audit.result import Example
 from regen.audit.servers import server_flags, server_rates

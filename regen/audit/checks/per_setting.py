@@ -6,7 +6,7 @@ setting drawn for 10 % of the rows whose answers are all empty moves the whole's
 points at most, under a fail threshold it would blow through on its own. Each setting is
 judged as its own dataset, against the thresholds of the checks that measure the whole (the
 error rows and every flag check counted per setting). The counts are the per-setting
-table's (`regen.audit.per_setting`).
+table's (`regen.audit.by_setting`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The per-setting table: rows, completions, defect counts and token sums per sampling setting
-(and thinking mode), what the per_setting check judges. The defects are the error rows and the
-flag checks the registry counts per setting."""
+"""The per-setting table (`Summary.by_setting`): rows, completions, defect counts and token
+sums per sampling setting (and thinking mode), what the per_setting check judges. The defects
+are the error rows and the flag checks the registry counts per setting."""
 
 from __future__ import annotations
 
