@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen.audit.registry import CHECKS
 from regen.config import RegenConfig
 from regen.errors import UserError
 from regen.ports import free_port_range, quiet_port_range
@@ -35,11 +36,7 @@ GPU_ONLY = (
     "--base-gpu-id", "--gpu-id-step",
 )  # fmt: skip
 # Every check of what the answers say: random weights fail them by design.
-NOT_JUDGED = [
-    "empty_answer", "empty_thinking", "think_leak", "truncation", "truncated_in_thinking",
-    "repetition", "language_switch", "answer_collapse", "tiny_length", "server_outlier",
-    "per_setting", "loss_mask",
-]  # fmt: skip
+NOT_JUDGED = [check.name for check in CHECKS if check.reads_answers]
 DEFAULT_SERVERS = 2  # each CPU server holds about 1.9 GB of RAM, whatever the model
 DEFAULT_SAMPLE = 200  # prompts from the head of the set: minutes on a CPU, not days
 MAX_TOKENS = 64  # the planted answer is about 20 tokens; random text runs to the cap

@@ -26,6 +26,9 @@ class AuditCheck:
     threshold is another check's (per_setting grades each defect with its own)."""
     live: ClassVar[bool] = True
     """The live gate may stop a run on it; server_outlier is answered by quarantine instead."""
+    reads_answers: ClassVar[bool] = True
+    """It judges what the answers say: a dress rehearsal's random text fails it by design, so
+    there it is measured and not judged (`regen.dress`)."""
 
     def limit(self, config: AuditConfig) -> Threshold:
         found = getattr(config, self.threshold or "")

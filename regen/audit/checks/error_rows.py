@@ -12,6 +12,7 @@ class ErrorRows(AuditCheck):
     name = "error_rows"
     title = "error rows"
     threshold = "error_rate"
+    reads_answers = False
 
     def grade(self, summary: Summary, settings: AuditSettings) -> Check:
         errors = summary.errors

@@ -64,6 +64,7 @@ class TemplateParity(AuditCheck):
     name = "template_parity"
     title = "template parity"
     threshold = "template_parity"
+    reads_answers = False  # the prompts the server was sent
 
     def grade(self, summary: Summary, settings: AuditSettings) -> Check:
         found, shards = summary.parity, len(summary.sources)

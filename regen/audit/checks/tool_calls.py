@@ -114,6 +114,8 @@ class ToolCalls(AuditCheck):
     name = "tool_calls"
     title = "tool calls"
     threshold = "tool_calls"
+    # A call's form (a name, JSON arguments) is the parser's and the template's, not the text's.
+    reads_answers = False
 
     def grade(self, summary: Summary, settings: AuditSettings) -> Check:
         return tool_calls_check(summary.tools, settings.config)
