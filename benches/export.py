@@ -150,7 +150,7 @@ def child(kind: str, root: Path, dest: Path) -> None:
         result = run_audit(LocalStorage(root), AuditConfig())
         out = {"rows": result.rows, "verdict": result.verdict}
     elif kind == "loss-mask":
-        # The id-based loss mask alone over every row, streamed: what check 10 computes.
+        # The id-based loss mask alone over every row, streamed: what the loss-mask check computes.
         from regen.lossmask import samples_from_ids
 
         rows = read_committed(LocalStorage(root)).scan().filter(pl.col("error").is_null())

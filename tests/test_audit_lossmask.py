@@ -1,5 +1,6 @@
-"""Checks 10 and 11 on datasets whose turns store the server's token ids (as a server with
-`return_token_ids` writes them), beside the template path for turns that store none."""
+"""The loss-mask and template-parity checks on datasets whose turns store the server's token
+ids (as a server with `return_token_ids` writes them), beside the template path for turns that
+store none."""
 
 from __future__ import annotations
 

@@ -239,7 +239,8 @@ def test_incident_dataset_fails_the_gate_and_keeps_data(tmp_path: Path, good_run
     for name in ("empty_answer", "empty_thinking", "answer_collapse"):
         assert checks[name]["status"] == "fail"
         assert checks[name]["figure"] == pytest.approx(0.87, abs=0.06), name
-    # Check 10 from the server's own ids: the incident's answer is 6 tokens to learn from.
+    # The loss-mask check from the server's own ids: the incident's answer is 6 tokens to learn
+    # from.
     loss = checks["loss_mask"]
     assert loss["status"] == "fail"
     assert loss["figure"] == pytest.approx(0.87, abs=0.06)

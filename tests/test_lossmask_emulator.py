@@ -97,7 +97,7 @@ def test_planted_template_mismatch_fails_parity(endpoint: Endpoint, tmp_path: Pa
         "stored end of prompt, template id "
     )
     assert mismatch.verdict == "fail"
-    # Check 10 does not need the template: every turn has the server's ids.
+    # The loss-mask check does not need the template: every turn has the server's ids.
     assert "from stored token ids: 18, from the chat template: 0" in (
         mismatch.check("loss_mask").detail
     )

@@ -1,5 +1,6 @@
-"""Check 9 on real emulator fleets: a clean 700-prompt rehearsal on 7 emulators (the README's
-node.yaml) passes it, and one sick server among them is still named (issue 38).
+"""The server_outlier check on real emulator fleets: a clean 700-prompt rehearsal on 7
+emulators (the README's node.yaml) passes it, and one sick server among them is still named
+(issue 38).
 
 tests/test_audit.py holds the same two directions as row tables (the issue's 4 truncations of
 100 against 3 of 600, healthy fleets drawn at every size, sick servers); here the counts are

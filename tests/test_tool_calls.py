@@ -330,9 +330,10 @@ def test_the_loss_mask_trains_the_calls_never_the_results(
 def test_the_audit_counts_bad_calls_and_stopped_conversations(
     endpoint: Endpoint, tmp_path: Path
 ) -> None:
-    """Check 12 over stored tool turns: the model's own calls pass; a call whose arguments are
-    no JSON object, one to an undeclared tool and a call block the parser dropped (its token in
-    the response, no call) are each counted; conversations the rule stopped are named."""
+    """The tool_calls check over stored tool turns: the model's own calls pass; a call whose
+    arguments are no JSON object, one to an undeclared tool and a call block the parser dropped
+    (its token in the response, no call) are each counted; conversations the rule stopped are
+    named."""
     other = {"name": "get_weather", "arguments": {"city": "nine"}}
     out = regenerate(endpoint, _prompts(tmp_path, _row("a", THE_CALL), _row("b", other)), "all")
     model = ModelTemplate(load_template(MODEL_DIR)[0], "", True)
