@@ -104,7 +104,9 @@ def test_the_incident_stops_at_the_canary(
     # The canary and the shard rows sent behind it while it was judged, none committed: two
     # waves of the fleet's slots at most, whatever the run's size.
     slots = len(config.engine.gpus) * config.concurrency
-    assert record["stage"] == "canary" and 256 <= record["prompts_sent"] <= served
+    # (Sent, not served: a request in flight when the gate stops is cancelled unanswered.)
+    assert record["stage"] == "canary" and record["prompts_sent"] >= 256, record
+    assert served >= 256, "the servers answered the whole canary"
     assert record["prompts_sent"] <= 256 + 2 * slots, record["prompts_sent"]
     assert {c["check"] for c in record["checks"]} >= {"empty_answer", "answer_collapse"}
     assert storage.exists(record["canary"]), "the canary's rows are kept for inspection"
