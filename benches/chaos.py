@@ -55,9 +55,9 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # regen, support
 
 from benches._common import results_path
-from regen.output_lease import read_lease
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage
+from regen.storage.output_lease import read_lease
 from support.chaos import (
     ChaosRun,
     ManifestMark,

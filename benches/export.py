@@ -162,7 +162,7 @@ def child(kind: str, root: Path, dest: Path) -> None:
         out = {"rows": figures["samples"].item(), "loss_tokens": figures["loss_tokens"].item()}
     else:
         from regen.config import ExportOptions
-        from regen.export.run import export_dataset
+        from regen.export.exporter import export_dataset
 
         options = ExportOptions.model_validate(VARIANTS.get(kind, {"format": kind}))
         summary = export_dataset(LocalStorage(root), LocalStorage(dest), options)

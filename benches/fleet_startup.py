@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benches._common import results_path
 from regen.config import parse_config
 from regen.fleet import build_server_commands, generate_api_key, launch_fleet
-from regen.ports import free_port_range, port_is_free
+from regen.machine.ports import free_port_range, port_is_free
 from regen.rehearsal import bundled
 
 

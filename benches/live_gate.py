@@ -73,7 +73,7 @@ from benches.scale import write_prompts
 from regen.canary.stop import read_stop_record
 from regen.config import RegenConfig
 from regen.dataset import read_committed
-from regen.figures import pct
+from regen.display.figures import pct
 from regen.rehearsal import rehearsal_config
 from regen.storage import LocalStorage
 

@@ -27,9 +27,9 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benches._common import results_path
-from regen.ports import quiet_port_range
-from regen.s3 import client_config
+from regen.machine.ports import quiet_port_range
 from regen.staging import stage_model
+from regen.storage.s3 import client_config
 
 _BLOCK = 16 << 20
 

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benches._common import results_path
 from regen.config import ExportOptions
-from regen.export.run import export_dataset
-from regen.figures import markdown_table
+from regen.display.figures import markdown_table
+from regen.export.exporter import export_dataset
 from regen.storage import LocalStorage, Storage
 from support.driver import required
 from support.emulator import MODEL_DIR

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from prefect_aws import S3Bucket
 
 from blocks import load_block
-from regen.s3 import RetryPolicy, S3Storage, client_config
+from regen.storage.s3 import RetryPolicy, S3Storage, client_config
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client  # boto3-stubs[s3], a dev dependency

@@ -9,7 +9,7 @@ from flows.failures import failed_with, quiet_failures
 from flows.labels import label_flow_run
 from regen.audit import AuditResult
 from regen.config import AuditConfig
-from regen.naming import dataset_name, dataset_slug
+from regen.display.naming import dataset_name, dataset_slug
 from regen.run import OpenedDataset
 from tasks.audit import audit
 

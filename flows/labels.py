@@ -15,7 +15,7 @@ from prefect.context import get_run_context
 from prefect.runtime import flow_run as runtime_flow_run
 
 from flows.params import config_parameter
-from regen.naming import run_name
+from regen.display.naming import run_name
 
 
 def regenerate_name() -> str:

@@ -18,6 +18,7 @@ from flows.labels import label_flow_run
 from flows.params import open_run
 from regen.audit import AuditResult
 from regen.config import RegenConfig
+from regen.display.naming import run_name, run_tags
 from regen.errors import UserError
 from regen.multinode.nodes import (
     NodeAssignment,
@@ -27,7 +28,6 @@ from regen.multinode.nodes import (
     split_ranges,
 )
 from regen.multinode.watch import NodeOutcome
-from regen.naming import run_name, run_tags
 from tasks.audit import audit
 from tasks.generate import plan_run
 from tasks.lease import hold_output

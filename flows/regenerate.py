@@ -14,11 +14,11 @@ from flows.labels import label_flow_run, regenerate_name
 from flows.params import open_run
 from regen.audit import AuditResult
 from regen.config import RegenConfig
+from regen.display.naming import run_name, run_tags
 from regen.fleet import generate_api_key
 from regen.generation.outcome import GenerationSummary
 from regen.multinode.loop import shard_source
 from regen.multinode.nodes import NodeAssignment
-from regen.naming import run_name, run_tags
 from regen.run import StagedModel
 from tasks.audit import audit
 from tasks.export import export

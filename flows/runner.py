@@ -1,5 +1,5 @@
 """Run the flow from the command line: one line on failure, signals stop the fleet and say
-how to resume (`regen.interrupt`)."""
+how to resume (`regen.machine.interrupt`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from regen.config import RegenConfig
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, key_url
+from regen.display.figures import sig
 from regen.errors import UserError
-from regen.figures import sig
 from regen.fleet import reap_orphans
-from regen.interrupt import Interrupts, argv, exit_code, resume_line, signal_of
-from regen.owned import reap_owned, tag_children
+from regen.machine.interrupt import Interrupts, argv, exit_code, resume_line, signal_of
+from regen.machine.owned import reap_owned, tag_children
 
 # What Prefect 3.9.1 sets in the environment of the temporary API server it starts in a
 # subprocess when no server is configured (prefect.server.api.server.SubprocessASGIServer).

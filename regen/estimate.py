@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import polars as pl
 
 from regen.config import RegenConfig
-from regen.diskfull import human_size
+from regen.display.figures import compact, count, duration, sig
 from regen.errors import UserError
-from regen.figures import compact, count, duration, sig
 from regen.preflight.space import OutputEstimate, bound_estimate
 from regen.storage import Storage
+from regen.storage.diskfull import human_size
 
 
 @dataclass(frozen=True)

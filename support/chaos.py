@@ -26,7 +26,7 @@ import yaml
 
 from regen.dataset import parse_manifest_key
 from regen.fleet.orphans import pid_files
-from regen.ports import port_is_free
+from regen.machine.ports import port_is_free
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from aiohttp.typedefs import Middleware
 from regen.emulator.args import parse_args
 from regen.emulator.cli import READY_LINE
 from regen.emulator.routes import EmulatorServer
-from regen.ports import quiet_port_range
+from regen.machine.ports import quiet_port_range
 from support import REPO
 
 MODEL_DIR = REPO / "regen" / "data" / "emulator-model"

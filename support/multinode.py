@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from regen.ports import quiet_port_range
+from regen.machine.ports import quiet_port_range
 from support import REPO
 from support.prefect import Server
 

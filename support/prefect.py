@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from regen.ports import quiet_port_range
+from regen.machine.ports import quiet_port_range
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient

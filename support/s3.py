@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from moto.server import ThreadedMotoServer
 
-from regen.s3 import RetryPolicy, S3Storage, client_config, new_session
+from regen.storage.s3 import RetryPolicy, S3Storage, client_config, new_session
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client  # boto3-stubs[s3], a dev dependency

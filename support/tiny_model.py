@@ -1,4 +1,4 @@
-"""The tiny model of tests/engine/: the twin (regen.twin) of the bundled emulator model, a
+"""The tiny model of tests/engine/: the twin (regen.rehearsal.twin) of the bundled emulator model, a
 2-layer random-weight Qwen3 over its tokenizer that the real `sglang.launch_server --device cpu`
 loads in seconds, whose planted path answers every prompt
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from regen.twin import build_twin
+from regen.rehearsal.twin import build_twin
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = REPO / "regen" / "data" / "emulator-model"

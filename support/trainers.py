@@ -22,7 +22,7 @@ from pydantic import SecretStr
 from regen.client import Dispatcher, DispatchTuning
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.dataset import commit_shard
-from regen.export.run import EXPORT_KEY
+from regen.export.exporter import EXPORT_KEY
 from regen.schema import MESSAGE
 from regen.sglang_api.endpoint import Endpoint
 from regen.storage import LocalStorage

@@ -17,7 +17,7 @@ from regen.audit import AuditResult, run_audit, write_report
 from regen.audit.report import plot_pngs
 from regen.canary import stopped_run
 from regen.config import AuditConfig
-from regen.naming import artifact, dataset_markdown
+from regen.display.naming import artifact, dataset_markdown
 from regen.run import OpenedDataset
 from tasks.cards import publish_markdown
 from tasks.pictures import embedded

@@ -15,7 +15,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.runtime import flow_run
 
-from regen.naming import artifact
+from regen.display.naming import artifact
 
 
 def publish_markdown(kind: str, output: str, markdown: str, description: str) -> None:

@@ -7,8 +7,8 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 
 from regen.config import ExportOptions
-from regen.export.run import ExportSummary, export_dataset
-from regen.naming import artifact
+from regen.display.naming import artifact
+from regen.export.exporter import ExportSummary, export_dataset
 from regen.run import OpenedDataset
 from regen.storage import open_storage
 

@@ -23,9 +23,10 @@ from prefect.states import Cancelled, State
 from prefect.utilities.annotations import quote
 from pydantic import SecretStr
 
-from regen.figures import compact, duration
+from regen.display.figures import compact, duration
+from regen.display.naming import artifact, dataset_markdown, described
+from regen.display.plots import live_plots
 from regen.fleet import Fleet
-from regen.fleet_live import LiveReport
 from regen.generation import run_plan
 from regen.generation import shard as shards
 from regen.generation.feed import Feed, feeding
@@ -34,9 +35,8 @@ from regen.generation.loop import ShardSource
 from regen.generation.outcome import GenerationSummary, ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.generation.shard import Fence, OnCommit, RowSource
-from regen.naming import artifact, dataset_markdown, described
-from regen.plots import live_plots
 from regen.progress import ProgressSnapshot
+from regen.progress.fleet_live import LiveReport
 from regen.run import OpenedRun
 from regen.storage import Storage
 from tasks.cards import publish_markdown
@@ -170,7 +170,7 @@ def _feeding(
     def live(report: LiveReport) -> None:
         logger.info(report.log_line())
         update = ArtifactUpdate(
-            # Throughput over the run drawn in: a small PNG, redrawn each scrape (regen.plots).
+            # Throughput over the run drawn in: a small PNG redrawn each scrape (regen.display).
             data=report.to_markdown() + "\n" + embedded(live_plots(report)),
             description=described(report.card(), run.output),
         )

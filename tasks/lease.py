@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from prefect import get_run_logger
 from prefect.context import get_run_context
 
-from regen.output_lease import Holder, OutputLease
 from regen.run import OpenedRun
+from regen.storage.output_lease import Holder, OutputLease
 
 
 @contextmanager

@@ -23,7 +23,8 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelled, Cancelling, Crashed, State
 
 from regen.config import RegenConfig
-from regen.figures import pct
+from regen.display.figures import pct
+from regen.display.naming import artifact, described
 from regen.generation.run_plan import RunPlan
 from regen.multinode.nodes import NodeAssignment, NodeConfig, NodeTally
 from regen.multinode.watch import (
@@ -34,7 +35,6 @@ from regen.multinode.watch import (
     outcome,
     watch,
 )
-from regen.naming import artifact, described
 from regen.run import OpenedRun
 
 _STOPS: dict[str, Callable[..., State[Any]]] = {

@@ -1,8 +1,8 @@
 """Plots in Prefect artifacts: a Markdown artifact shows a PNG carried in it as a data URI
 (Prefect 3.9.1's UI renders `![name](data:image/png;base64,...)`; it has no file to link).
 
-The bytes are drawn by `regen.plots` and `regen.audit.report`; this only carries them. Prefect
-keeps an artifact's data in its database, so only small plots come here (a few tens of KB).
+The bytes are drawn by `regen.display.plots` and `regen.audit.report`; this only carries them.
+Prefect keeps an artifact's data in its database, so only small plots come here (a few tens of KB).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 
-from regen.plots import plots_markdown
+from regen.display.plots import plots_markdown
 
 
 def data_uri(data: bytes) -> str:

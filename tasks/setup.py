@@ -14,10 +14,10 @@ from pydantic import SecretStr
 
 import regen.fleet
 import regen.staging
+from regen.display.naming import artifact
 from regen.fleet import Fleet, ServerCommand
 from regen.fleet.report import fleet_markdown
 from regen.fleet.up import bring_up_fleet
-from regen.naming import artifact
 from regen.preflight import PreflightReport, run_checks
 from regen.run import OpenedRun, StagedModel
 

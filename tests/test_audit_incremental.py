@@ -22,9 +22,9 @@ from regen.audit import (
     settings_for,
 )
 from regen.audit.dataset import open_dataset
+from regen.audit.final import row_checks
 from regen.audit.gate import shown_over
 from regen.audit.lengths import quantile
-from regen.audit.run import row_checks
 from regen.audit.settings import AuditSettings
 from regen.config import AuditConfig
 from regen.dataset import REJECTS_KEY, commit_shard, read_manifest, read_shard, replace_shard

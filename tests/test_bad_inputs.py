@@ -26,7 +26,7 @@ import pytest
 from flows.cli import main
 from regen.config import parse_config
 from regen.dataset import read_committed
-from regen.gpus import GpuInfo
+from regen.machine.gpus import GpuInfo
 from regen.preflight import CheckRow, check_prompts, run_checks
 from regen.prompts import load_prompts
 from regen.rehearsal import bundled

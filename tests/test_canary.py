@@ -16,9 +16,9 @@ from aiohttp.typedefs import Handler
 
 from regen.audit import gate_decision, settings_for
 from regen.audit.dataset import open_dataset
+from regen.audit.final import row_checks
 from regen.audit.gate import Finding
 from regen.audit.result import Example
-from regen.audit.run import row_checks
 from regen.audit.summary import audit_rows
 from regen.canary import (
     STOP_KEY,

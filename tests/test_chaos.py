@@ -32,7 +32,7 @@ import pytest
 
 from flows.runner import EPHEMERAL_SERVER_ENV
 from regen.dataset import manifested_shards, read_manifest
-from regen.owned import OWNER_ENV, orphans
+from regen.machine.owned import OWNER_ENV, orphans
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage, Storage
 from support.chaos import (

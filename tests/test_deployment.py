@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from regen.dataset import manifested_shards, read_committed
+from regen.display.naming import artifact_key
 from regen.fleet.orphans import pid_files
-from regen.naming import artifact_key
-from regen.owned import group_alive
-from regen.ports import port_is_free, quiet_port_range
+from regen.machine.owned import group_alive
+from regen.machine.ports import port_is_free, quiet_port_range
 from regen.storage import LocalStorage
 from support import REPO
 from support.prefect import Server, Worker, prefect_server, prefect_worker

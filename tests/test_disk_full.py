@@ -172,10 +172,10 @@ def _fill(path: Path) -> None:
 def test_a_full_disk_is_never_retried_and_starts_no_new_shard() -> None:
     from concurrent import futures
 
-    from regen.diskfull import DiskFull, disk_full, is_disk_full
     from regen.generation.loop import run_all
     from regen.generation.outcome import ShardOutcome
     from regen.generation.shard import worth_retrying
+    from regen.storage.diskfull import DiskFull, disk_full, is_disk_full
 
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/")
     assert is_disk_full(full) and not worth_retrying(full)

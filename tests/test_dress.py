@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from regen.dress import NOT_JUDGED, split_gpu_flags
 from regen.errors import ConfigError
 from regen.rehearsal import bundled, plan_rehearsal
-from regen.twin import build_twin
+from regen.rehearsal.dress import NOT_JUDGED, split_gpu_flags
+from regen.rehearsal.twin import build_twin
 
 
 def test_gpu_only_flags_go_with_their_values() -> None:

@@ -11,7 +11,6 @@ import polars as pl
 import pytest
 
 from flows.cli import main
-from regen.cli import FORMATS_CHOICES
 from regen.config import FORMATS, ExportOptions
 from regen.dataset import (
     PLAN_KEY,
@@ -23,8 +22,9 @@ from regen.dataset import (
     read_plan,
     replace_shard,
 )
-from regen.export.run import EXPORT_KEY, export_dataset
+from regen.export.exporter import EXPORT_KEY, export_dataset
 from regen.storage import LocalStorage, Storage
+from regen.verbs import FORMATS_CHOICES
 from support.s3 import MotoS3
 from tests.support.export import FINGERPRINT, make_export_dataset, synthetic_shard, user_text
 
@@ -351,8 +351,8 @@ def test_export_flow_writes_the_format_and_its_artifact(source: Storage, tmp_pat
 
 
 def test_hf_shard_file_is_what_save_to_disk_writes(source: Storage) -> None:
+    from regen.export.exporter import _arrow_bytes, _save_to_disk
     from regen.export.formats import shard_export
-    from regen.export.run import _arrow_bytes, _save_to_disk
 
     part = shard_export(read_committed(source).scan([0]), ExportOptions(format="hf-dataset"))
     assert part.frame.height > 0

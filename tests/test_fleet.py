@@ -35,7 +35,7 @@ from regen.fleet.commands import ServerCommand
 from regen.fleet.process import FLEET_ID_ENV, ServerProcess, stop_processes
 from regen.fleet.report import FLEET_KEY, FleetRow, flag_slow
 from regen.fleet.up import bring_up_fleet
-from regen.ports import port_is_free
+from regen.machine.ports import port_is_free
 from regen.preflight import check_ports
 from regen.sglang_api.probe import ProbeSettings
 from regen.storage import LocalStorage

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from regen.display.naming import artifact_key
 from regen.fleet.metrics import FleetScraper, ServerFigures
-from regen.fleet_live import Interval, LiveReport
-from regen.naming import artifact_key
 from regen.progress import ProgressSnapshot
+from regen.progress.fleet_live import Interval, LiveReport
 from regen.rehearsal import rehearsal_config
 from regen.sglang_api.endpoint import Endpoint
 from support.emulator import emulators as launch_emulators
@@ -163,7 +163,7 @@ def test_live_artifact_is_updated_while_a_slowed_rehearsal_runs(tmp_path: Path) 
         assert all(row[5].strip() == "2.50" for row in rows.values()), data
     running = [float(m[3]) for data in seen for m in ROW.finditer(data)]
     assert any(r > 0 for r in running), "no update saw a request running"
-    # Throughput over the run drawn in, small enough to rewrite at every scrape (regen.plots).
+    # Throughput over the run drawn in, small enough to redraw at every scrape (regen.display).
     chart = re.search(r"!\[throughput\]\(data:image/png;base64,([^)]+)\)", seen[-1])
     assert chart, seen[-1][-300:]
     png = base64.b64decode(chart[1])

@@ -16,8 +16,8 @@ import yaml
 
 from regen.config import RegenConfig
 from regen.dataset import read_committed
-from regen.export.run import EXPORT_KEY
-from regen.naming import dataset_slug, node_name
+from regen.display.naming import dataset_slug, node_name
+from regen.export.exporter import EXPORT_KEY
 from regen.rehearsal import bundled, rehearsal_config
 from regen.storage import LocalStorage, open_storage
 from support.s3 import MotoS3

@@ -18,11 +18,11 @@ import pytest
 from regen.audit.result import AuditResult, Quantiles
 from regen.client.stats import DispatchStats, ServerStats
 from regen.config import RegenConfig
-from regen.figures import clock, compact, count, eta, sig
+from regen.display.figures import clock, compact, count, eta, sig
+from regen.display.naming import artifact, dataset_markdown, run_name, run_tags
 from regen.fleet.metrics import ServerFigures, ServerMetrics
-from regen.fleet_live import LiveReport
-from regen.naming import artifact, dataset_markdown, run_name, run_tags
 from regen.progress import ProgressMeter, ProgressSnapshot
+from regen.progress.fleet_live import LiveReport
 from regen.rehearsal import rehearsal_config
 
 # 2026-12-07 00:54:36 UTC: 24 s before 00:55.
@@ -198,7 +198,7 @@ def test_an_ended_runs_figures_are_kept_not_diluted_by_the_clock(tmp_path: Path)
 
 def test_a_share_under_its_threshold_is_never_shown_at_it() -> None:
     from regen.audit.result import Check
-    from regen.figures import pct_within
+    from regen.display.figures import pct_within
 
     assert pct_within(0.049996, 0.05) == "4.9996 %" and pct_within(0.0499, 0.05) == "4.99 %"
     assert pct_within(0.06, 0.05) == "6.00 %" and pct_within(0.0, 0.01) == "0 %"

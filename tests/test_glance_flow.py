@@ -14,8 +14,8 @@ import yaml
 from prefect.client.schemas.objects import State
 
 from regen.config import RegenConfig
-from regen.figures import sig
-from regen.naming import artifact_key
+from regen.display.figures import sig
+from regen.display.naming import artifact_key
 from regen.rehearsal import rehearsal_config
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import yaml
 
 from flows.cli import main
 from regen.errors import ConfigError, UserError
-from regen.ports import quiet_port_range
+from regen.machine.ports import quiet_port_range
 from regen.prompts import ReadOptions, load_prompts, preview
 from regen.prompts.formats import Columns
 from regen.prompts.hub import HubFile, HubUri, _select

@@ -20,7 +20,7 @@ import yaml
 
 from regen.config import RegenConfig
 from regen.dataset import RUN_KEY, read_committed, read_plan
-from regen.export.run import EXPORT_KEY
+from regen.export.exporter import EXPORT_KEY
 from regen.rehearsal import rehearsal_config
 from regen.storage import LocalStorage
 from support.s3 import MotoS3

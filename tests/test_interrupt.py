@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.interrupt import Interrupts, exit_code, resume_line
+from regen.machine.interrupt import Interrupts, exit_code, resume_line
 from regen.rehearsal import bundled
 from support.chaos import (
     ChaosRun,
@@ -165,7 +165,7 @@ def test_ctrl_c_with_the_prefect_api_gone_still_stops_within_the_watchdog(
 # The watchdog alone, in a child process: a run whose unwinding hangs.
 _HANGING = """
 import signal, sys, time
-from regen.interrupt import Interrupts
+from regen.machine.interrupt import Interrupts
 stopped = []
 interrupts = Interrupts(
     line=lambda sig: f"resume after {sig.name}",

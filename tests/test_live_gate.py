@@ -17,8 +17,8 @@ import yaml
 
 from regen.config import RegenConfig
 from regen.dataset import read_committed
-from regen.naming import dataset_slug
-from regen.ports import port_is_free
+from regen.display.naming import dataset_slug
+from regen.machine.ports import port_is_free
 from regen.rehearsal import rehearsal_config
 from regen.storage import LocalStorage
 

@@ -1,8 +1,8 @@
-"""Every report's Markdown table goes through `regen.figures.markdown_table`."""
+"""Every report's Markdown table goes through `regen.display.figures.markdown_table`."""
 
 from __future__ import annotations
 
-from regen.figures import markdown_table
+from regen.display.figures import markdown_table
 
 
 def test_header_rule_and_rows_with_numeric_columns_right_aligned() -> None:

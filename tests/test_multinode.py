@@ -26,9 +26,9 @@ import psutil
 import pytest
 
 from regen.dataset import read_committed
+from regen.display.naming import artifact_key
 from regen.fleet import reap_orphans
 from regen.generation.loop import shards_in_flight
-from regen.naming import artifact_key
 from regen.storage import Storage
 from support import REPO
 from support.multinode import parent_params, start_parent, write_prompts

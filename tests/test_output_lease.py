@@ -21,7 +21,10 @@ import pytest
 from regen.config import parse_config
 from regen.dataset import ShardCommitted, commit_shard, supersede
 from regen.generation.shard import worth_retrying
-from regen.output_lease import (
+from regen.preflight import check_storage
+from regen.schema import row_schema
+from regen.storage import LocalStorage, Storage
+from regen.storage.output_lease import (
     LEASE_S,
     Holder,
     OutputHeld,
@@ -29,9 +32,6 @@ from regen.output_lease import (
     live_holder,
     read_lease,
 )
-from regen.preflight import check_storage
-from regen.schema import row_schema
-from regen.storage import LocalStorage, Storage
 from support.s3 import MotoS3
 
 

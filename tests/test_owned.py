@@ -1,4 +1,4 @@
-"""regen.owned: a tagged helper process is stopped once its owner is gone, and only then."""
+"""regen.machine.owned: a tagged helper process is stopped once its owner is gone, and only then."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from regen.owned import orphans, reap_owned
+from regen.machine.owned import orphans, reap_owned
 
 MATCH = {"PREFECT__SERVER_EPHEMERAL": "1"}
 
 # An owner that tags itself, then starts one matching helper and one that does not match.
 OWNER = """
 import os, subprocess, sys, time
-from regen.owned import tag_children
+from regen.machine.owned import tag_children
 tag_children()
 sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
 server = subprocess.Popen(sleep, env={**os.environ, "PREFECT__SERVER_EPHEMERAL": "1"})

@@ -14,10 +14,10 @@ import pytest
 from regen.audit import run_audit, write_report
 from regen.audit.report import plot_pngs
 from regen.config import AuditConfig
+from regen.display.plots import THROUGHPUT_POINTS, downsample, live_plots, throughput_png
 from regen.fleet.metrics import ServerFigures
-from regen.fleet_live import Interval, LiveReport
-from regen.plots import THROUGHPUT_POINTS, downsample, live_plots, throughput_png
 from regen.progress import ProgressSnapshot
+from regen.progress.fleet_live import Interval, LiveReport
 from regen.storage import LocalStorage
 from tasks.pictures import embedded
 from tests.support.audit import make_dataset

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from regen.ports import (
+from regen.machine.ports import (
     ephemeral_low,
     free_port_range,
     port_is_free,

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from regen.config import RegenConfig, parse_config
-from regen.gpus import GpuInfo
-from regen.ports import quiet_port_range
+from regen.machine.gpus import GpuInfo
+from regen.machine.ports import quiet_port_range
 from regen.preflight import (
     check_code,
     check_config,

@@ -14,7 +14,7 @@ import yaml
 
 from flows.cli import main
 from regen.errors import ConfigError
-from regen.ports import quiet_port_range
+from regen.machine.ports import quiet_port_range
 from regen.rehearsal import bundled, plan_rehearsal
 from support.s3 import MotoS3
 from tests.support.audit import make_dataset

@@ -19,7 +19,7 @@ from regen.config import RegenConfig
 from regen.fleet import Fleet, build_server_commands, generate_api_key, launch_fleet, reap_orphans
 from regen.fleet.commands import run_dir
 from regen.fleet.orphans import find_orphans
-from regen.ports import port_is_free
+from regen.machine.ports import port_is_free
 from regen.sglang_api.probe import ProbeSettings
 from tests.support.fleet import MODEL_DIR, fleet_config, start_owner
 

@@ -385,7 +385,7 @@ def test_a_dress_rehearsal_fetches_the_tokenizer_files_and_no_weight(
     hub: FakeHub, tmp_path: Path
 ) -> None:
     """The twin of a Hub model needs its tokenizer and template only: not one byte of weights."""
-    from regen.dress import fetch_tokenizer
+    from regen.rehearsal.dress import fetch_tokenizer
 
     target = fetch_tokenizer("hf://org/qwen", None, tmp_path / "tok", None)
     assert sorted(p.name for p in target.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]

@@ -15,10 +15,10 @@ import pytest
 
 from flows.cli import main
 from regen.dataset.keys import progress_key
-from regen.output_lease import Holder, OutputLease
 from regen.progress import ProgressSnapshot, ServerProgress
-from regen.run_status import read_status
+from regen.progress.glance import read_status
 from regen.storage import LocalStorage, Storage, open_storage
+from regen.storage.output_lease import Holder, OutputLease
 from support.s3 import MotoS3
 
 NOW = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC

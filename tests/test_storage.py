@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 
 from regen.errors import UserError
-from regen.s3 import RetryPolicy, S3Storage
 from regen.storage import LocalStorage, Storage, open_storage, probe
+from regen.storage.s3 import RetryPolicy, S3Storage
 from support.s3 import MotoS3
 
 

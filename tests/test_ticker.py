@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from regen.ticker import Ticker
+from regen.machine.ticker import Ticker
 
 
 def test_a_failing_tick_is_logged_and_the_ticker_goes_on(caplog: pytest.LogCaptureFixture) -> None:
@@ -20,7 +20,7 @@ def test_a_failing_tick_is_logged_and_the_ticker_goes_on(caplog: pytest.LogCaptu
             raise OSError("storage hiccup")
         recovered.set()
 
-    with caplog.at_level(logging.WARNING, logger="regen.ticker"), Ticker("t", 0.01, tick):
+    with caplog.at_level(logging.WARNING, logger="regen.machine.ticker"), Ticker("t", 0.01, tick):
         assert recovered.wait(10), "the ticker stopped after its first failing tick"
     assert len(calls) >= 2
     assert any(

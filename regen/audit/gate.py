@@ -15,9 +15,9 @@ from pydantic import BaseModel, Field
 
 from regen.audit.checks.server_outlier import server_outliers
 from regen.audit.evidence import EVIDENCE, upper_tail
+from regen.audit.final import row_checks
 from regen.audit.registry import CHECKS
 from regen.audit.result import Check, Example
-from regen.audit.run import row_checks
 from regen.audit.settings import AuditSettings
 from regen.audit.summary import merge, merge_answers
 from regen.audit.summary_model import Summary

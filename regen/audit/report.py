@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from regen.audit.result import AuditResult
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, AUDIT_REPORT_KEY, report_figure_key
-from regen.plots import plots_markdown, png
+from regen.display.plots import plots_markdown, png
 from regen.storage import Storage
 
 if TYPE_CHECKING:

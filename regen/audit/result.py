@@ -8,8 +8,8 @@ from pydantic import BaseModel, Field
 
 from regen.config import Threshold
 from regen.dataset.keys import AUDIT_MARKDOWN_KEY, CANARY_PREFIX, key_url
-from regen.figures import count, markdown_table, pct, pct_within, sig
-from regen.status import Status
+from regen.display.figures import count, markdown_table, pct, pct_within, sig
+from regen.display.words import Status
 
 Verdict = Literal["pass", "warn", "fail"]
 Gate = Literal["canary", "rolling", "final"]

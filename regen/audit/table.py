@@ -6,8 +6,8 @@ from rich.table import Table
 from rich.text import Text
 
 from regen.audit.result import AuditResult
-from regen.figures import pct
-from regen.status import STYLE
+from regen.display.figures import pct
+from regen.display.words import STYLE
 
 
 def audit_table(result: AuditResult) -> Table:

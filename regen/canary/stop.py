@@ -19,10 +19,10 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, Field
 
+from regen.audit.final import StoppedRun
 from regen.audit.gate import Finding
 from regen.audit.rejects import rejects_check
 from regen.audit.result import FailingFigure, figure_lines, short_figures
-from regen.audit.run import StoppedRun
 from regen.canary.store import read_canary
 from regen.config import AuditConfig
 from regen.dataset.keys import STOP_KEY, canary_key, set_aside_prefix
@@ -145,7 +145,7 @@ def judge_input(
 
 def stopped_run(storage: Storage) -> StoppedRun | None:
     """The stop of the last run on this root, with the canary rows it generated, for the
-    final audit to judge (`regen.audit.run.run_audit`); None when it was not stopped."""
+    final audit to judge (`regen.audit.final.run_audit`); None when it was not stopped."""
     record = read_stop_record(storage)
     if record is None:
         return None

@@ -4,7 +4,7 @@ A root holds `run.json` and `plan.parquet` (what the run is), `rejects/`, `progr
 `shards/shard-NNNNNN.json` (a shard's manifest, its commit mark) and its data
 `shards/shard-NNNNNN[.gG].parquet` (generation G >= 2 after a replace), `claims/` and
 `nodes/` (a multi-node run's leases and heartbeats), `lease/` (the one run that holds the
-root, `regen.output_lease`), `superseded/<fingerprint>/` (an older
+root, `regen.storage.output_lease`), `superseded/<fingerprint>/` (an older
 run moved aside), `audit/` (each shard's audit summary), `canary/` (the canary's rows) and
 `report/` (the audit report; `report/stopped.json` when the live gate stopped the run).
 Shard numbers are zero-padded to six digits and grow past them, so every pattern takes six

@@ -5,6 +5,6 @@ Only committed ok rows, read through the manifests; the token formats' loss mask
 export is asked for is the config's `export:` section (`regen.config.ExportOptions`).
 """
 
-from regen.export.run import export_dataset
+from regen.export.exporter import export_dataset
 
 __all__ = ["export_dataset"]

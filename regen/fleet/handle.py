@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from regen.fleet.process import ServerProcess, stop_processes
 from regen.fleet.report import FleetRow
-from regen.ports import port_is_free
+from regen.machine.ports import port_is_free
 from regen.sglang_api.endpoint import Endpoint
 from regen.sglang_api.probe import ProbeSettings, ProbeTarget, reprobe
 

@@ -23,7 +23,7 @@ from regen.fleet.commands import ServerCommand
 from regen.fleet.handle import Fleet, Member
 from regen.fleet.process import ServerProcess, stop_processes
 from regen.fleet.report import FleetRow
-from regen.ports import taken_ports
+from regen.machine.ports import taken_ports
 from regen.sglang_api.endpoint import Endpoint
 from regen.sglang_api.probe import ProbeSettings, ProbeTarget, probe_server
 

@@ -20,7 +20,7 @@ import psutil
 
 from regen.fleet.commands import RUNS_DIR
 from regen.fleet.process import FLEET_ID_ENV
-from regen.owned import alive, in_group, stop
+from regen.machine.owned import alive, in_group, stop
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import psutil
 import yaml
 
 from regen.fleet.commands import ServerCommand
-from regen.owned import group_alive, signal_group
+from regen.machine.owned import group_alive, signal_group
 
 FLEET_ID_ENV = "REGEN_FLEET_ID"
 

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from regen.dataset.keys import FLEET_KEY
-from regen.figures import NONE, markdown_table, sig
+from regen.display.figures import NONE, markdown_table, sig
 from regen.storage import Storage
 
 ServerStatus = Literal["healthy", "exited", "timed_out", "unhealthy"]

@@ -17,10 +17,10 @@ from regen.client import Dispatcher
 from regen.config import RegenConfig
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
-from regen.fleet_live import LiveReport, LiveWatch
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.progress import ProgressSnapshot, ProgressWriter
+from regen.progress.fleet_live import LiveReport, LiveWatch
 from regen.storage import Storage
 
 

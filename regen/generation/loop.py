@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from regen.dataset.keys import progress_key
-from regen.diskfull import DiskFull
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.generation.shard import Fence, Log
 from regen.storage import Storage
+from regen.storage.diskfull import DiskFull
 
 SubmitShard = Callable[[int, Fence | None], "futures.Future[ShardOutcome]"]
 """Start one shard (with the node's lease in a multi-node run); its future gives the outcome."""

@@ -25,11 +25,11 @@ from regen.dataset import (
     read_manifest,
     replace_shard,
 )
-from regen.diskfull import DiskFull, disk_full, is_disk_full
 from regen.errors import FleetError
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan, rows_to_redo
 from regen.storage import Storage
+from regen.storage.diskfull import DiskFull, disk_full, is_disk_full
 
 _log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from regen.dataset.keys import (
     heartbeat_key,
     parse_claim_key,
 )
+from regen.machine.ticker import Ticker
 from regen.storage import Storage
-from regen.ticker import Ticker
 
 
 class ClaimLost(RuntimeError):

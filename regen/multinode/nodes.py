@@ -85,7 +85,8 @@ class NodeAssignment(BaseModel):
     weights: dict[str, float]
     lease_s: float = Field(gt=0)
     lease_run: str | None = None
-    """The parent's run id, whose lease on the output (`regen.output_lease`) the node shares."""
+    """The parent's run id, whose lease on the output (`regen.storage.output_lease`) the node
+    shares."""
 
 
 def check_nodes(run: RegenConfig, nodes: list[NodeConfig]) -> dict[str, RegenConfig]:

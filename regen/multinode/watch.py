@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from regen.config import RegenConfig
-from regen.figures import markdown_table
+from regen.display.figures import markdown_table
 from regen.multinode.nodes import NodeAssignment, NodeConfig, NodeTally, heartbeat_age
 from regen.storage import Storage
 

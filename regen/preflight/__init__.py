@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from regen.config import RegenConfig
-from regen.gpus import GpuProbe, NvmlProbe
+from regen.machine.gpus import GpuProbe, NvmlProbe
 from regen.preflight.codecheck import check_code
 from regen.preflight.data import check_prompt_source, check_prompts, check_storage
 from regen.preflight.engine import check_config, check_engine, check_flags

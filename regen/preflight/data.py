@@ -21,8 +21,8 @@ def check_storage(
     """`open_output`: the run's own opening of its output, so the run opens it once;
     `lease_run`: the run whose lease on the output this one shares (a node of a multi-node
     run), not another run."""
-    from regen.output_lease import held_line, live_holder
     from regen.storage import open_storage, probe
+    from regen.storage.output_lease import held_line, live_holder
 
     storage = open_output() if open_output else open_storage(config.output)
     probe(storage)
@@ -66,9 +66,9 @@ def _space(config: RegenConfig, storage: Storage) -> tuple[str, str]:
     """(`, 12.3 GB free, the run still writes about ...`, status) for a local output: a full
     disk stops a run, so the row says what is left and what the rest of the run needs. S3
     has no free space to read: the row says so and judges nothing."""
-    from regen.diskfull import human_size
     from regen.preflight.space import estimate_output, free_bytes, judge_space
     from regen.storage import LocalStorage
+    from regen.storage.diskfull import human_size
 
     if not isinstance(storage, LocalStorage):
         return ", free space not checked (object storage has none to read)", "pass"

@@ -12,8 +12,8 @@ from pydantic import SecretStr
 
 from regen.config import RegenConfig
 from regen.errors import ConfigError
-from regen.filesystems import fs_type
 from regen.preflight.report import CheckRow
+from regen.storage.filesystems import fs_type
 
 # The sglang releases whose launch flags the command builder was written against.
 KNOWN_SGLANG = ("0.5.23",)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import psutil
 
 from regen.config import RegenConfig
-from regen.figures import gb
+from regen.display.figures import gb
 from regen.fleet.orphans import find_orphans
-from regen.gpus import GpuProbe
-from regen.ports import taken_ports
+from regen.machine.gpus import GpuProbe
+from regen.machine.ports import taken_ports
 from regen.preflight.report import CheckRow
 
 

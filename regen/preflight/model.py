@@ -6,10 +6,10 @@ import shutil
 from pathlib import Path
 
 from regen.config import RegenConfig
+from regen.display.figures import gb
 from regen.errors import UserError
-from regen.figures import gb
-from regen.filesystems import existing_parent
 from regen.preflight.report import CheckRow
+from regen.storage.filesystems import existing_parent
 
 
 def _dir_size(path: Path) -> int:

@@ -6,7 +6,7 @@ import shutil
 
 from pydantic import BaseModel
 
-from regen.status import STYLE, Status
+from regen.display.words import STYLE, Status
 
 _LOUD: dict[Status, int] = {"fail": 0, "warn": 1}
 

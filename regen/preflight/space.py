@@ -1,6 +1,6 @@
 """How much a run will still write to a local output, judged against the disk's free space.
 
-A full disk stops a run at once (regen.diskfull), so preflight says beforehand whether the
+A full disk stops a run at once (regen.storage.diskfull), so preflight says beforehand whether the
 rest of the run fits: bytes per row from the shards this config already committed there (what
 the run really writes), else a conservative default per output token, times the rows the
 input has beyond those committed. S3 reports no free space, so only local outputs are judged.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from regen.diskfull import human_size
+from regen.storage.diskfull import human_size
 
 if TYPE_CHECKING:
     from regen.config import RegenConfig

@@ -33,7 +33,7 @@ from typing import Any
 
 from regen.config.uris import PREFIX, HubUri
 from regen.errors import UserError
-from regen.hub import cache_dir, gated, has_token, hub_errors, offline
+from regen.hub_errors import cache_dir, gated, has_token, hub_errors, offline
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Protocol
 from boto3.s3.transfer import TransferConfig
 
 from regen.errors import UserError
-from regen.hub import hub_errors
-from regen.s3 import S3Storage, parse_s3_url
+from regen.hub_errors import hub_errors
 from regen.staging.layout import HUB_DOWNLOAD, SourceFile, hidden, part_path
+from regen.storage.s3 import S3Storage, parse_s3_url
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client  # boto3-stubs[s3], a dev dependency

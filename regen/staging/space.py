@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 
 from regen.errors import UserError
-from regen.filesystems import existing_parent, fs_type
+from regen.storage.filesystems import existing_parent, fs_type
 
 
 def check_space(target: Path, need_bytes: int, margin_bytes: int, reclaimable: int = 0) -> None:

@@ -29,8 +29,8 @@ import yaml
 from regen.dataset import manifested_shards, read_committed
 from regen.fleet.process import FLEET_ID_ENV
 from regen.lossmask import samples_from_ids
-from regen.owned import OWNER_ENV
-from regen.ports import quiet_port_range
+from regen.machine.owned import OWNER_ENV
+from regen.machine.ports import quiet_port_range
 from regen.storage import LocalStorage
 from support.dataset import dataset_ids, read_progress
 from support.engine import engine_config, write_prompts

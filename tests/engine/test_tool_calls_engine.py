@@ -17,7 +17,7 @@ import pytest
 
 from regen.config import RegenerationConfig, SamplingConfig
 from regen.lossmask import load_template
-from regen.ports import quiet_port_range
+from regen.machine.ports import quiet_port_range
 from regen.sglang_api.request import chat_request_body
 from regen.tools import normalize_call, sent_messages, template_tools
 from support.engine import engine_config

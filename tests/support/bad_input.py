@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from regen.ports import quiet_port_range
+from regen.machine.ports import quiet_port_range
 from regen.rehearsal import bundled
 
 # Long enough that the audit's tiny-prompt check passes on a rehearsal of a handful of rows.

@@ -14,7 +14,7 @@ import psutil
 
 from regen.config import RegenConfig, parse_config
 from regen.fleet.process import FLEET_ID_ENV
-from regen.ports import quiet_port_range
+from regen.machine.ports import quiet_port_range
 from support.emulator import MODEL_DIR
 
 SERVED = "qwen3-emu"

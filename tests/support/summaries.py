@@ -1,5 +1,5 @@
 """Every committed shard's audit summary at once, for tests that compare them or count which
-were computed; the audit itself streams them (`regen.audit.run.iter_shard_summaries`)."""
+were computed; the audit itself streams them (`regen.audit.final.iter_shard_summaries`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from regen.audit import AuditSettings, Summary
 from regen.audit.dataset import DatasetView
-from regen.audit.run import iter_shard_summaries
+from regen.audit.final import iter_shard_summaries
 from regen.storage import Storage
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from regen.config import ExportOptions
-from regen.export.run import EXPORT_KEY, export_dataset
+from regen.export.exporter import EXPORT_KEY, export_dataset
 from regen.storage import LocalStorage, Storage
 from support.trainers import (
     HAND_WRITTEN,

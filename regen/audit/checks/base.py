@@ -28,7 +28,7 @@ class AuditCheck:
     """The live gate may stop a run on it; server_outlier is answered by quarantine instead."""
     reads_answers: ClassVar[bool] = True
     """It judges what the answers say: a dress rehearsal's random text fails it by design, so
-    there it is measured and not judged (`regen.dress`)."""
+    there it is measured and not judged (`regen.rehearsal.dress`)."""
 
     def limit(self, config: AuditConfig) -> Threshold:
         found = getattr(config, self.threshold or "")

@@ -20,7 +20,7 @@ from regen.audit.result import Check, Example, grade, graded, skipped
 from regen.audit.settings import AuditSettings
 from regen.audit.summary_model import Summary
 from regen.config import AuditConfig, Threshold
-from regen.figures import pct
+from regen.display.figures import pct
 
 _SEVERITY = {"pass": 0, "warn": 1, "fail": 2}
 

@@ -16,7 +16,7 @@ from regen.audit.result import Check, graded, skipped
 from regen.audit.settings import AuditSettings
 from regen.audit.summary_model import Summary
 from regen.config import AuditConfig
-from regen.figures import count
+from regen.display.figures import count
 
 
 class TinyLength(AuditCheck):

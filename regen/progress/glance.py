@@ -2,7 +2,7 @@
 
 A plain `regen run` keeps its Prefect server to itself, so another shell (or a laptop reading
 the bucket) has only what the run writes into its root: `progress.json` (rewritten every few
-seconds: rows, rate, ETA, the rolling audit), the output's lease (`regen.output_lease`: who
+seconds: rows, rate, ETA, the rolling audit), the output's lease (`regen.storage.output_lease`: who
 holds the root, and whether that holder is alive), the shards' manifests (what is committed),
 and once it is over `report/stopped.json` and `report/audit.json`. No Prefect, no node access.
 """
@@ -23,11 +23,11 @@ from regen.dataset.keys import (
     parse_progress_key,
     progress_key,
 )
+from regen.display.figures import clock, compact, duration, pct, sig
 from regen.errors import UserError
-from regen.figures import clock, compact, duration, pct, sig
-from regen.output_lease import LeaseRecord, read_lease, why_dead
 from regen.progress import ProgressSnapshot, ServerProgress
 from regen.storage import Storage
+from regen.storage.output_lease import LeaseRecord, read_lease, why_dead
 
 
 class NoRun(UserError):

@@ -133,7 +133,9 @@ def build_twin(tokenizer_dir: Path, target: Path, *, context_length: int = 4096)
         "eos_token_id": eos,
         "pad_token_id": pad,
         "torch_dtype": "float32",
-        "comment": f"A tiny random-weight twin (regen.twin) of the tokenizer in {tokenizer_dir}.",
+        "comment": (
+            f"A tiny random-weight twin (regen.rehearsal.twin) of the tokenizer in {tokenizer_dir}."
+        ),
     }
     (target / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": pad, "eos_token_id": [eos] if eos is not None else [],

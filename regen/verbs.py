@@ -254,7 +254,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from regen.run_status import read_status
+    from regen.progress.glance import read_status
     from regen.storage import open_storage
 
     print("\n".join(read_status(open_storage(args.dataset)).lines()))
@@ -288,7 +288,7 @@ def _export(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from regen.config import ExportOptions
-    from regen.export.run import export_dataset
+    from regen.export.exporter import export_dataset
     from regen.storage import open_storage
 
     try:

@@ -396,7 +396,7 @@ def _datasets() -> Any:
     try:
         import datasets  # type: ignore[import-untyped]
     except ImportError:
-        from regen.extras import install_command
+        from regen.machine.extras import install_command
 
         raise UserError(
             "format hf-dataset needs Hugging Face datasets: "

@@ -154,7 +154,7 @@ class LocalStorage:
 def open_storage(uri: str) -> Storage:
     """A `Storage` for a directory path or an `s3://bucket/prefix` URL."""
     if uri.startswith("s3://"):
-        from regen.s3 import S3Storage
+        from regen.storage.s3 import S3Storage
 
         return S3Storage.from_url(uri)
     if "://" in uri:

@@ -33,9 +33,9 @@ import psutil
 
 from regen.dataset.keys import LEASE_PREFIX, key_url, lease_key, parse_lease_key
 from regen.errors import UserError
-from regen.owned import alive
+from regen.machine.owned import alive
+from regen.machine.ticker import Ticker
 from regen.storage import Storage
-from regen.ticker import Ticker
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import numpy as np
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from regen.fleet_live import Interval, LiveReport
+    from regen.progress.fleet_live import Interval, LiveReport
 
 THROUGHPUT_POINTS = 120
 """Points per line of the throughput chart at most: a three-day run's 8,640 intervals are

@@ -30,7 +30,7 @@ class NvmlProbe:
         try:
             import pynvml
         except ImportError as err:
-            from regen.extras import install_command
+            from regen.machine.extras import install_command
 
             command = install_command("nvidia", "nvidia-ml-py")
             hint = f"nvidia-ml-py is not installed: make nvidia in the checkout, or {command}"

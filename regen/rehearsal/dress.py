@@ -1,5 +1,5 @@
 """The dress rehearsal: the whole flow on the real SGLang server on this CPU, serving a tiny twin
-of the configured model (regen.twin), before a GPU node is rented.
+of the configured model (regen.rehearsal.twin), before a GPU node is rented.
 
 An emulator rehearsal proves the config, the storage and the flow; it cannot prove that the
 model's own chat template renders in SGLang's transformers, that the tokenizer's think tags
@@ -20,8 +20,8 @@ from typing import Any
 from regen.audit.registry import CHECKS
 from regen.config import RegenConfig
 from regen.errors import UserError
-from regen.ports import free_port_range, quiet_port_range
-from regen.twin import TOKENIZER_FILES, build_twin
+from regen.machine.ports import free_port_range, quiet_port_range
+from regen.rehearsal.twin import TOKENIZER_FILES, build_twin
 
 # Launch flags that only mean something on a GPU (or would override the CPU path regen sets):
 # each is dropped with its values, and listed. A prefix matches the flag and its longer forms.

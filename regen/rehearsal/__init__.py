@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from regen.config import RegenConfig, parse_config, read_config_data
-from regen.dress import DressPlan, dress, rehearsal_ports
+from regen.display.naming import dataset_slug, slugify
 from regen.errors import ConfigError
-from regen.naming import dataset_slug, slugify
+from regen.rehearsal.dress import DressPlan, dress, rehearsal_ports
 
 # Where a rehearsal without a config writes; one with a config writes under its work_dir.
 DEFAULT_OUTPUT = "out/rehearsal"
@@ -59,10 +59,10 @@ def plan_rehearsal(
 ) -> Rehearsal:
     """A user's config validated as is, then turned into a rehearsal; or a default one.
 
-    `engine_kind="sglang"` is a dress rehearsal (regen.dress): the real SGLang server on this CPU
-    (`engine_python`'s, default the config's engine.python) serving a tiny twin of the model,
-    over the first `sample` prompts; its dataset gets a `-sglang` suffix, so it never resumes
-    an emulator rehearsal's.
+    `engine_kind="sglang"` is a dress rehearsal (regen.rehearsal.dress): the real SGLang server
+    on this CPU (`engine_python`'s, default the config's engine.python) serving a tiny twin of
+    the model, over the first `sample` prompts; its dataset gets a `-sglang` suffix, so it never
+    resumes an emulator rehearsal's.
 
     A user's own file keeps its prompts, sampling and audit settings; the engine becomes the
     emulator and the model the bundled emulated one (same served name), so the rehearsal

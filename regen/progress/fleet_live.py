@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from regen.figures import NONE, markdown_table, pct, sig
+from regen.display.figures import NONE, markdown_table, pct, sig
 from regen.fleet.metrics import FleetScraper, ServerFigures
+from regen.machine.ticker import Ticker
 from regen.progress import ProgressSnapshot, ProgressWriter
-from regen.ticker import Ticker
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from rich.progress import Progress, TaskID
 
 from regen.client.stats import DispatchStats
 from regen.dataset.keys import progress_key
-from regen.figures import NONE, compact, duration, eta, markdown_table, pct, sig
+from regen.display.figures import NONE, compact, duration, eta, markdown_table, pct, sig
+from regen.machine.ticker import Ticker
 from regen.storage import Storage
-from regen.ticker import Ticker
 
 log = logging.getLogger(__name__)
 

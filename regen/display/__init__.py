@@ -1,0 +1,1 @@
+"""How a run shows itself to people: numbers, tables, pictures, names, a verdict's words."""
