@@ -89,6 +89,20 @@ def test_config_is_the_bottom_layer() -> None:
     assert "polars" not in _loaded("regen.config")
 
 
+# The modules at regen's top level: each is one idea every room uses (an error, the row
+# schema, the fingerprint, the opened run...) or a command's own; anything else has a room.
+TOP_LEVEL = {
+    "__init__", "conversations", "errors", "estimate", "fingerprint", "hub_errors", "run",
+    "schema", "tools", "verbs",
+}  # fmt: skip
+
+
+def test_regen_top_level_holds_rooms_not_loose_modules() -> None:
+    """A new module goes into the room of its idea (storage, machine, display, progress...),
+    not beside 15 packages at the top, where 26 loose modules had gathered."""
+    assert {p.stem for p in REGEN.glob("*.py")} <= TOP_LEVEL
+
+
 def _module_name(path: Path) -> str:
     parts = ["regen", *path.relative_to(REGEN).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
