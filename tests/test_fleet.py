@@ -35,6 +35,7 @@ from regen.fleet.commands import ServerCommand
 from regen.fleet.process import FLEET_ID_ENV, ServerProcess, stop_processes
 from regen.fleet.report import FLEET_KEY, FleetRow, flag_slow
 from regen.fleet.up import bring_up_fleet
+from regen.machine.owned import group_alive
 from regen.machine.ports import port_is_free
 from regen.preflight import check_ports
 from regen.sglang_api.probe import ProbeSettings
@@ -404,3 +405,26 @@ def test_teardown_lets_the_launcher_stop_its_children_first(tmp_path: Path) -> N
         "launcher: SIGTERM",
         "child: asked by its launcher",
     ]
+
+
+def test_a_ctrl_c_as_a_server_starts_leaves_no_server_behind(tmp_path: Path) -> None:
+    """A KeyboardInterrupt between the spawn and the fleet's list learning of it (CI once
+    caught a Ctrl-C there: a server in a session of its own outlived the run): its group is
+    killed and its PID file removed on the way out."""
+    out = tmp_path / "notes.txt"
+    command = ServerCommand(
+        index=0, gpu=None, host="127.0.0.1", port=1,
+        argv=[sys.executable, "-c", LAUNCHER, str(out), CHILD],
+        env={}, log_path=tmp_path / "server-0.log", pid_path=tmp_path / "server-0.json",
+        key_file=tmp_path / "server-0.yaml", api_key=SecretStr("k"),
+    )  # fmt: skip
+    spawned: list[int] = []
+
+    def interrupted(process: ServerProcess) -> None:
+        spawned.append(process.pid)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ServerProcess.start(command, "fleet", on_started=interrupted)
+    assert spawned and not psutil.pid_exists(spawned[0])
+    assert not group_alive(spawned[0]) and not command.pid_path.exists()

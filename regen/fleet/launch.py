@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
+from functools import partial
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -199,12 +200,13 @@ def launch_fleet(
         for command in commands:
             endpoint = Endpoint(command.index, command.url, command.gpu)
             try:
-                process = ServerProcess.start(command, fleet_id)
+                process = ServerProcess.start(
+                    command, fleet_id, on_started=partial(_enlist, members, endpoint)
+                )
             except OSError as err:  # the interpreter or `sglang` script is not there
                 raise ConfigError(
                     f"engine.python: cannot start {command.argv[0]}: {err.strerror}"
                 ) from None
-            members.append(Member(endpoint, _row(endpoint, status="unhealthy"), process))
             log.info("%s started: pid %d, log %s", command.name, process.pid, command.log_path)
         run_coroutine(_await_all(members, target, settings, timeout_s, needed))
         _apply_policy(members, needed, grace_s, "became ready")
@@ -217,6 +219,11 @@ def launch_fleet(
             member.process.command.key_file.unlink(missing_ok=True)
             member.process.record_cmdline()
     return Fleet(members, target, settings)
+
+
+def _enlist(members: list[Member], endpoint: Endpoint, process: ServerProcess) -> None:
+    """A started server joins the fleet's members, the list that teardown stops."""
+    members.append(Member(endpoint, _row(endpoint, status="unhealthy"), process))
 
 
 def attach_fleet(

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,16 @@ class ServerProcess:
     log_offset: int = 0  # where this start's lines begin in the (appended) log
 
     @classmethod
-    def start(cls, command: ServerCommand, fleet_id: str) -> ServerProcess:
-        """Write the key file, start the server in a new session, record its PID file."""
+    def start(
+        cls,
+        command: ServerCommand,
+        fleet_id: str,
+        on_started: Callable[[ServerProcess], None] = lambda _: None,
+    ) -> ServerProcess:
+        """Write the key file, start the server in a new session, record its PID file and hand
+        it to `on_started` (the fleet's list, which teardown stops). A Ctrl-C between the spawn
+        and that hand-over would leave a server in a session of its own that no one knows to
+        stop: the group is killed on the way out instead."""
         write_private(
             command.key_file,
             yaml.safe_dump({"api-key": command.api_key.get_secret_value()}).encode(),
@@ -80,6 +89,24 @@ class ServerProcess:
                 start_new_session=True,  # its own group: teardown signals every child it forks
                 close_fds=True,
             )
+        try:
+            return cls._recorded(command, fleet_id, popen, offset, on_started)
+        except BaseException:
+            signal_group(popen.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(timeout=5)
+            command.pid_path.unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def _recorded(
+        cls,
+        command: ServerCommand,
+        fleet_id: str,
+        popen: subprocess.Popen[bytes],
+        offset: int,
+        on_started: Callable[[ServerProcess], None],
+    ) -> ServerProcess:
         started = time.time()
         owner = psutil.Process()
         record: dict[str, Any] = {
@@ -94,7 +121,9 @@ class ServerProcess:
             "owner_started_at": owner.create_time(),
         }
         write_private(command.pid_path, json.dumps(record, indent=2).encode())
-        return cls(command, popen, started_mono=time.monotonic(), log_offset=offset)
+        process = cls(command, popen, started_mono=time.monotonic(), log_offset=offset)
+        on_started(process)
+        return process
 
     def record_cmdline(self) -> None:
         """Add the server's own command line to its PID file, read once it is up: engine.python
