@@ -92,8 +92,27 @@ class Server:
                 time.sleep(poll_s)
 
 
+class PortTaken(Exception):
+    """Another server answered on the port this one was started on (two test workers once drew
+    the same port: the second's client then talked to the first's API)."""
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether `pid` or one of its children listens on `port`."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return False
+    for proc in procs:
+        with suppress(psutil.Error):
+            for conn in proc.net_connections(kind="tcp"):
+                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                    return True
+    return False
+
+
 def _wait_healthy(
-    process: subprocess.Popen[bytes], api_url: str, log: Path, timeout: float
+    process: subprocess.Popen[bytes], api_url: str, log: Path, timeout: float, port: int = 0
 ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -102,6 +121,8 @@ def _wait_healthy(
         try:
             with urllib.request.urlopen(f"{api_url}/health", timeout=2) as resp:
                 if resp.status == 200:
+                    if port and not _listens(process.pid, port):
+                        raise PortTaken(api_url)
                     return
         except (urllib.error.URLError, OSError):
             pass
@@ -138,23 +159,35 @@ def _tree(pid: int) -> list[int]:
 @contextmanager
 def prefect_server(home: Path, startup_timeout: float = 90) -> Iterator[Server]:
     """`prefect server start` on a free loopback port, its own PREFECT_HOME; SIGTERM stops it."""
-    port = quiet_port_range(1)
-    api_url = f"http://127.0.0.1:{port}/api"
     log = home / "server.log"
     home.mkdir(parents=True, exist_ok=True)
-    # The UI asks port 4200 for its API unless told otherwise: its pages would load but stay
-    # empty on any other port (tools/ui_screenshots.py looks at them).
-    env = {**prefect_env(home), "PREFECT_UI_API_URL": api_url}
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    for attempt in range(3):
+        port = quiet_port_range(1)
+        api_url = f"http://127.0.0.1:{port}/api"
+        # The UI asks port 4200 for its API unless told otherwise: its pages would load but
+        # stay empty on any other port (tools/ui_screenshots.py looks at them).
+        env = {**prefect_env(home), "PREFECT_UI_API_URL": api_url}
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            _wait_healthy(process, api_url, log, startup_timeout, port)
+            break
+        except PortTaken:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+            if attempt == 2:
+                raise
+        except BaseException:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+            raise
     try:
-        _wait_healthy(process, api_url, log, startup_timeout)
         yield Server(process, api_url, prefect_env(home, api_url), log)
     finally:
         pids = _tree(process.pid)
