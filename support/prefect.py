@@ -117,7 +117,10 @@ def _wait_healthy(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(f"prefect server exited {process.returncode}:\n{log.read_text()}")
+            said = log.read_text(errors="replace")
+            if port and "already in use" in said.lower():  # prefect's words, or the bind's
+                raise PortTaken(api_url)
+            raise AssertionError(f"prefect server exited {process.returncode}:\n{said}")
         try:
             with urllib.request.urlopen(f"{api_url}/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -178,15 +181,12 @@ def prefect_server(home: Path, startup_timeout: float = 90) -> Iterator[Server]:
         try:
             _wait_healthy(process, api_url, log, startup_timeout, port)
             break
-        except PortTaken:
-            os.killpg(process.pid, signal.SIGKILL)
+        except BaseException as err:
+            with suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
-            if attempt == 2:
+            if not isinstance(err, PortTaken) or attempt == 2:
                 raise
-        except BaseException:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-            raise
     try:
         yield Server(process, api_url, prefect_env(home, api_url), log)
     finally:
