@@ -260,7 +260,8 @@ def test_a_twice_slower_node_gets_fewer_shards_and_the_wall_stays_near_ideal(
 
 def test_the_parent_audits_an_s3_model_with_its_tokenizer(cluster: Cluster) -> None:
     # The parent stages no model: it once audited an s3:// or hf:// model without its chat
-    # template, so checks 10-11 were skipped there. It now fetches the tokenizer files alone.
+    # template, so the loss-mask and template-parity checks were skipped there. It now
+    # fetches the tokenizer files alone.
     params, bucket = _params(cluster, "s3-model", rows=20, shard_size=10)
     client = cluster.s3.client()
     for path in (REPO / "regen" / "data" / "emulator-model").iterdir():
