@@ -25,6 +25,7 @@ from regen.client import Dispatcher, DispatchTuning
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.schema import row_schema
 from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.request import turn_request_id
 from support.emulator import InProcessEmulator, in_process
 
 MODEL = "emu-model"
@@ -96,6 +97,11 @@ def _chat(emu: InProcessEmulator, body: dict[str, Any]) -> dict[str, Any]:
     with urllib.request.urlopen(request, timeout=30) as resp:
         answer: dict[str, Any] = json.loads(resp.read())
     return answer
+
+
+def _rid(row: str, turn: int = 1, *, hedge: bool = False) -> str:
+    """The rid the dispatcher gives a row's first try of `turn`."""
+    return turn_request_id(row, turn, 1, hedge=hedge)
 
 
 def _server_turns(out: pl.DataFrame) -> list[list[str]]:
@@ -229,7 +235,7 @@ def test_a_turn_leaves_a_home_busier_than_the_bound() -> None:
     # Rows c (2 turns), x, b on 2 servers: c and b on server-0, x on server-1, all held.
     # x ends, then c's first turn: server-0 still runs b, server-1 nothing; with a slack of
     # 0 (home may be no busier than the least loaded) c's next turn goes to server-1.
-    gate = Gate({"c", "x", "b"})
+    gate = Gate({_rid("c"), _rid("x"), _rid("b")})
     with in_process(
         flags(2), served_name=MODEL, api_key=KEY, middlewares=[gate.middleware]
     ) as fleet:
@@ -250,15 +256,17 @@ def test_a_turn_leaves_a_home_busier_than_the_bound() -> None:
             future = d.submit_shard(0, rows)
             _wait("3 requests held", lambda: len(gate.held) == 3)
             ports = dict(gate.seen)
-            assert ports == {"c": fleet[0].port, "x": fleet[1].port, "b": fleet[0].port}
-            gate.release("x")
+            assert ports == {
+                _rid("c"): fleet[0].port, _rid("x"): fleet[1].port, _rid("b"): fleet[0].port
+            }  # fmt: skip
+            gate.release(_rid("x"))
             _wait("x answered", lambda: d.stats().servers[1].in_flight == 0)
-            gate.release("c")
-            _wait("c's next turn sent", lambda: "c:t2" in dict(gate.seen))
-            gate.release("b")
+            gate.release(_rid("c"))
+            _wait("c's next turn sent", lambda: _rid("c", 2) in dict(gate.seen))
+            gate.release(_rid("b"))
             out = future.result(timeout=60)
             stats = d.stats()
-    assert dict(gate.seen)["c:t2"] == fleet[1].port
+    assert dict(gate.seen)[_rid("c", 2)] == fleet[1].port
     servers = dict(zip(out["id"].to_list(), _server_turns(out), strict=True))
     assert servers["c"] == ["server-0", "server-1"]
     assert (stats.home_turns, stats.moved_turns) == (0, 1)
@@ -313,20 +321,21 @@ def test_a_straggler_on_a_slow_server_is_hedged_and_stored_once() -> None:
     assert stats.hedged >= 1 and stats.hedge_wins >= 1
     assert stats.ok == rows.height and stats.in_flight == 0
     # Every copy went to the fast server under its own rid.
-    copies = [rid for rid in watch.answers(fast.port) if rid.endswith(":hedge")]
+    copy_of = {_rid(i, hedge=True): i for i in rows["id"]}
+    copies = [rid for rid in watch.answers(fast.port) if rid in copy_of]
     assert len(copies) == stats.hedged
     # Each hedged row kept one answer: the copy's (server-1) or the straggler's (server-0),
     # and the other one's server was asked to abort it by its rid.
     kept = dict(zip(out["id"].to_list(), out["server"].to_list(), strict=True))
-    hedged = {rid.removesuffix(":hedge") for rid in copies}
+    hedged = {copy_of[rid] for rid in copies}
     won = {rid for rid in hedged if kept[rid] == "server-1"}
     assert len(won) == stats.hedge_wins
 
     def aborts(port: int) -> list[str]:
         return [rid for kind, p, rid, _ in watch.events if kind == "abort" and p == port]
 
-    assert sorted(aborts(slow.port)) == sorted(won)
-    assert sorted(aborts(fast.port)) == sorted(f"{rid}:hedge" for rid in hedged - won)
+    assert sorted(aborts(slow.port)) == sorted(_rid(i) for i in won)
+    assert sorted(aborts(fast.port)) == sorted(_rid(i, hedge=True) for i in hedged - won)
     # A straggler still running when its abort came ended as an abort, freeing its slot.
     for rid in aborts(slow.port):
         at = watch.events.index(("abort", slow.port, rid, ""))

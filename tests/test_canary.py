@@ -45,6 +45,7 @@ from regen.dataset import commit_shard, prompts_for_shard, read_manifest
 from regen.errors import UserError
 from regen.generation.live_gate import one_sample
 from regen.prompts import REJECTS_SCHEMA
+from regen.sglang_api.request import turn_request_id
 from regen.storage import LocalStorage
 from support.emulator import in_process
 from tests.support.audit import make_dataset, tiny_tokenizer
@@ -301,7 +302,7 @@ def test_the_slots_the_canary_frees_stay_busy_until_two_waves(tmp_path: Path) ->
     cache = _cache(tmp_path / "prompts.parquet", 40, 10)
     sample = canary_sample(cache, [0, 1, 2, 3], 8)
     shards = {k: prompts_for_shard(cache, k) for k in range(4)}
-    ids = sample["id"].to_list()
+    ids = [turn_request_id(i, 1, 1) for i in sample["id"]]  # as the servers see them
     gate = _Arrivals()
     with in_process(
         flags(2, time_scale=0.01), served_name=MODEL, api_key=KEY, middlewares=[gate.middleware]
@@ -354,7 +355,7 @@ def test_at_a_go_the_rows_held_back_are_queued_at_once(tmp_path: Path) -> None:
     cache = _cache(tmp_path / "prompts.parquet", 80, 20)  # shard 0: 8 rows ahead, 10 held
     sample = canary_sample(cache, [0, 1, 2, 3], 8)
     shards = {k: prompts_for_shard(cache, k) for k in range(4)}
-    ids = sample["id"].to_list()
+    ids = [turn_request_id(i, 1, 1) for i in sample["id"]]  # as the servers see them
     gate = Gate()
     with in_process(
         flags(2, time_scale=0.01), served_name=MODEL, api_key=KEY, middlewares=[gate.middleware]

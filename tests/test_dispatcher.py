@@ -31,6 +31,7 @@ from regen.errors import FleetError, FleetUnauthorized
 from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.schema import row_schema
 from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.request import turn_request_id
 from regen.storage import LocalStorage
 from support.emulator import Emulator, InProcessEmulator, in_process
 from support.emulator import emulators as launch_emulators
@@ -249,13 +250,19 @@ def test_a_freed_slot_takes_the_next_shards_row_at_once() -> None:
             shards = [prompts(10, "a"), prompts(10, "b")]
             futures = [d.submit_shard(k, rows) for k, rows in enumerate(shards)]
             _wait("8 requests held", lambda: len(gate.held) == 8)
-            assert sorted(gate.held) == [f"a-{i:05d}" for i in range(8)]
-            gate.release("a-00000")
-            gate.release("a-00001")
-            _wait("shard 0's last rows held", lambda: {"a-00008", "a-00009"} <= set(gate.held))
-            gate.release("a-00002")
+
+            def rids(prefix: str, rows: range) -> list[str]:
+                return [turn_request_id(f"{prefix}-{i:05d}", 1, 1) for i in rows]
+
+            assert sorted(gate.held) == rids("a", range(8))
+            gate.release(rids("a", range(1))[0])
+            gate.release(rids("a", range(1, 2))[0])
+            _wait(
+                "shard 0's last rows held", lambda: set(rids("a", range(8, 10))) <= set(gate.held)
+            )
+            gate.release(rids("a", range(2, 3))[0])
             _wait("a freed slot refilled", lambda: len(gate.held) == 8)
-            assert sorted(gate.held) == [*(f"a-{i:05d}" for i in range(3, 10)), "b-00000"]
+            assert sorted(gate.held) == [*rids("a", range(3, 10)), *rids("b", range(1))]
             gate.release_all()
             for k, future in enumerate(futures):
                 out = future.result(timeout=30)

@@ -34,7 +34,7 @@ from regen.errors import ConfigError
 from regen.fingerprint import changed_components
 from regen.schema import row_schema
 from regen.sglang_api.endpoint import Endpoint
-from regen.sglang_api.request import chat_request_body
+from regen.sglang_api.request import chat_request_body, turn_request_id
 from regen.storage import LocalStorage
 from support.emulator import in_process
 from tests.test_dispatcher import prompts
@@ -205,7 +205,7 @@ def test_rows_are_sent_and_stored_with_their_setting() -> None:
     for row in stored.iter_rows(named=True):
         setting = draw(row["id"]).record()
         assert {k: row[k] for k in setting} == setting
-        sent = bodies.seen[row["id"]]
+        sent = bodies.seen[turn_request_id(row["id"], 1, 1)]
         assert (sent["temperature"], sent["top_p"]) == (setting["temperature"], setting["top_p"])
         assert sent["chat_template_kwargs"]["enable_thinking"] is setting["enable_thinking"]
         assert (row["reasoning_tokens"] > 0) is setting["enable_thinking"]

@@ -37,20 +37,21 @@ Why this shape:
   stays out for the run, with its reason in `stats()`.
 - Conversations (`regeneration.turns: all`). A row's next turn is sent the moment its
   previous answer arrives, ahead of fresh rows, so a conversation never waits on other rows
-  and slots stay full. Each turn has its own attempts and rid (`<id>:t<turn>`).
+  and slots stay full. Each turn has its own attempts and rid (`turn_request_id`).
 - Affinity. That next turn goes to the server that answered the last one, whose radix cache
   holds the conversation (SGLang prefills only the uncached part), while it is healthy and at
   most `affinity_slack` of its slots busier than the least loaded healthy server; else to the
   front of the retry queue, for the least loaded. Least-loaded alone keeps a turn home only
   while the fleet is saturated (the freed slot is the only one); as conversations thin out it
   sends turns round the fleet (benches/affinity.py counts both).
-- Hedging the tail. Once nothing is queued, a free slot takes a second copy (rid `:hedge`)
+- Hedging the tail. Once nothing is queued, a free slot takes a second copy (its own rid)
   of a straggler: a request that has run `hedge_after` times its server's mean request time,
   on a server measured at most `hedge_slow_ratio` as fast as the free one (per-request
   tokens/s of its answers). The first answer settles the turn, exactly once; the other copy
   is aborted by rid on its server (POST /abort_request; SGLang cuts every rid the given one
-  prefixes, so none is sent that would cut another row) and its slot counts as busy until the
-  abort's answer comes back. A copy that fails while the other runs is dropped, not retried.
+  prefixes, and regen's rids are prefix-free, so an abort cuts that copy alone) and its slot
+  counts as busy until the abort's answer comes back. A copy that fails while the other runs
+  is dropped, not retried.
 """
 
 from __future__ import annotations
@@ -641,11 +642,10 @@ class Dispatcher:
             for task, other in server.running.items():
                 if other is not work:
                     continue
-                rid = task.get_name()
                 # SGLang's scheduler aborts every request whose rid starts with this one
-                # (scheduler.py abort_request): never send one that would cut another row.
-                if any(t is not task and t.get_name().startswith(rid) for t in server.running):
-                    continue
+                # (scheduler.py abort_request); no rid of regen's is a prefix of another
+                # (turn_request_id), so this cuts this copy and nothing else.
+                rid = task.get_name()
                 side = self._loop.create_task(self._send_abort(server.endpoint, rid))
                 self._side_tasks.add(side)
                 side.add_done_callback(self._side_tasks.discard)

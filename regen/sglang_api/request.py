@@ -37,12 +37,17 @@ def request_id(purpose: str) -> str:
 
 
 def turn_request_id(sample_id: str, turn: int, attempt: int, *, hedge: bool = False) -> str:
-    """A row's rid: the sample id, `:t<turn>` after the first turn, `:retry<n>` on a retry
-    (the first try may still be running on some server, and sglang refuses a rid in flight),
-    `:hedge` on a hedge's second copy (the first runs on another server)."""
-    rid = sample_id if turn == 1 else f"{sample_id}:t{turn}"
-    rid = rid if attempt <= 1 else f"{rid}:retry{attempt - 1}"
-    return f"{rid}:hedge" if hedge else rid
+    """A row's rid, e.g. `7:p-00042/t2/a1;`: the sample id after its length, the turn, the
+    attempt (the first try may still run on some server, and sglang refuses a rid in flight),
+    `/hedge` on a hedge's second copy (the first runs on another server), and `;`.
+
+    No rid is a prefix of another, whatever the ids hold ("1" and "12", colons, digits): a
+    hedge's POST /abort_request cuts every request whose rid *starts with* the one named
+    (scheduler.py abort_request). Two rids that agree up to the first one's end agree on
+    the length before the first `:` (digits hold none), so on the id, and then on the rest,
+    which holds its one `;` at its end. The id is the row's, never prompt text."""
+    hedged = "/hedge" if hedge else ""
+    return f"{len(sample_id)}:{sample_id}/t{turn}/a{attempt}{hedged};"
 
 
 def chat_request_body(
