@@ -21,8 +21,10 @@ Why this shape:
   fleet costs nothing and a busy one well under 1 ms of client CPU per request, most of
   it aiohttp's (benches/dispatch.py measures it).
 - Failures by class (SGLANG_API.md): 400-like answers become error rows at once; 401 stops
-  the run (`FleetUnauthorized`); 5xx, timeouts and broken connections are retried with
-  jittered backoff, preferably on another server, up to `generation.max_attempts`.
+  the run (`FleetUnauthorized`); 5xx, timeouts, broken connections and answers the server
+  cut short (`finish_reason` abort, regen.sglang_api.abort: never a row) are retried with
+  jittered backoff up to `generation.max_attempts`, on another server than the one that
+  failed the row while another is healthy (a retry waits for its slot rather than return).
 - Quarantine. `quarantine_after` consecutive transport failures take a server out; its
   other in-flight requests are cancelled and requeued at once *without* counting an
   attempt (they did not fail, their server did). The failures themselves do count, so a
@@ -79,10 +81,11 @@ from regen.client.timeouts import RequestTimeout
 from regen.client.tuning import DispatchTuning
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
 from regen.errors import FleetError, FleetUnauthorized
+from regen.sglang_api.answer import Answer, read_answer
 from regen.sglang_api.endpoint import Endpoint
 from regen.sglang_api.probe import ProbeSettings, ProbeTarget, reprobe
 from regen.sglang_api.request import auth_headers, chat_request_body, turn_request_id
-from regen.sglang_api.response import ResponseKind, error_message, parse_completion, response_kind
+from regen.sglang_api.response import ResponseKind
 
 log = logging.getLogger(__name__)
 
@@ -406,18 +409,23 @@ class Dispatcher:
         self._pump()
 
     def _pump(self) -> None:
-        """Fill every free slot of every healthy server while there is work."""
+        """Fill every free slot of every healthy server while there is work; a server left
+        only retries it failed itself is passed over for the others."""
+        passed: set[int] = set()
         while True:
-            server = self._pick()
+            server = self._pick(passed)
             if server is None:
                 return
             work = self._take(server)
             if work is None:
+                if self._retry:
+                    passed.add(server.endpoint.index)
+                    continue
                 self._hedge()
                 return
             self._launch(work, server)
 
-    def _pick(self) -> _Server | None:
+    def _pick(self, passed: set[int]) -> _Server | None:
         servers = self._servers
         n = len(servers)
         best: _Server | None = None
@@ -427,6 +435,7 @@ class Dispatcher:
             s = servers[at]
             if (
                 s.healthy
+                and s.endpoint.index not in passed
                 and len(s.running) < s.slots
                 and (best is None or len(s.running) < len(best.running))
             ):
@@ -436,7 +445,10 @@ class Dispatcher:
         return best
 
     def _take(self, server: _Server) -> _Work | None:
-        """Retries first, each on another server than the one that failed it when possible."""
+        """Retries first, each on another server than the one that failed it while another is
+        healthy: a server that cuts, drops or fails every answer would otherwise spend a row's
+        attempts at the tail, where it is the one with free slots. The retry waits for a slot
+        of another server (one request's time at most) rather than return there."""
         retry = self._retry
         if retry:
             alone = sum(s.healthy for s in self._servers) == 1
@@ -444,10 +456,7 @@ class Dispatcher:
                 if alone or queued.avoid != server.endpoint.index:
                     del retry[i]
                     return queued
-        fresh = self._take_fresh()
-        if fresh is None and retry:
-            return retry.popleft()
-        return fresh
+        return self._take_fresh()
 
     def _take_fresh(self) -> _Work | None:
         job = self._current
@@ -522,7 +531,9 @@ class Dispatcher:
             return  # quarantine or shutdown took this row back while we waited
         server.since.pop(task, None)  # type: ignore[arg-type]
         self._drop_copy(work)
-        if work.settled or (work.copies and (failure or unexpected or status != 200)):
+        answer = None if failure or unexpected or work.settled else read_answer(status, raw)
+        good = answer is not None and answer.kind is ResponseKind.OK
+        if work.settled or (work.copies and not good):
             # A hedge's other copy: the row has its answer (this one's is dropped, be it the
             # abort's), or the copy still running decides it. A broken connection still counts
             # against the server.
@@ -534,23 +545,18 @@ class Dispatcher:
             return
         if failure:
             self._transport_failure(work, server, failure, latency)
-        elif unexpected:
+        elif unexpected or answer is None:
             self._retry_or_fail(work, server, unexpected, latency)
         else:
             server.consecutive_failures = 0
-            self._answer(work, server, status, raw, latency)
+            self._answer(work, server, answer, latency)
         self._pump()
 
-    def _answer(
-        self, work: _Work, server: _Server, status: int, raw: bytes, latency: float
-    ) -> None:
-        kind = response_kind(status)
+    def _answer(self, work: _Work, server: _Server, answer: Answer, latency: float) -> None:
+        kind = answer.kind
         if kind is ResponseKind.OK:
-            try:
-                completion = parse_completion(raw)
-            except ValueError as err:
-                self._retry_or_fail(work, server, str(err), latency)
-                return
+            completion = answer.completion
+            assert completion is not None
             tokens = completion.completion_tokens or 0
             self._timeout.observe(tokens, latency)
             self._observe(server, tokens, latency)
@@ -581,7 +587,7 @@ class Dispatcher:
                     self._retry.appendleft(turn)
             self._forget_if_done(work.job)
         elif kind is ResponseKind.REJECTED:
-            self._fail_row(work, error_message(status, raw), server, latency)
+            self._fail_row(work, answer.reason, server, latency)
         elif kind is ResponseKind.UNAUTHORIZED:
             self._die(
                 FleetUnauthorized(
@@ -590,9 +596,11 @@ class Dispatcher:
                 )
             )
         else:
+            # 5xx, an unreadable 200, an answer the server cut short: the server answered, so
+            # it is not quarantined for it, but the row tries again, elsewhere if it can.
             with self._lock:
                 server.failed_attempts += 1
-            self._retry_or_fail(work, server, error_message(status, raw), latency)
+            self._retry_or_fail(work, server, answer.reason, latency)
 
     def _transport_failure(self, work: _Work, server: _Server, reason: str, latency: float) -> None:
         self._retry_or_fail(work, server, reason, latency)

@@ -1,0 +1,44 @@
+"""One HTTP answer to a chat request, read once: a completion to store, or why it is not one.
+
+The dispatcher acts on `kind` alone: OK is stored, REJECTED is an error row at once,
+UNAUTHORIZED stops the run, RETRY costs an attempt and is tried again, preferably elsewhere.
+An answer the server cut short (regen.sglang_api.abort) is a RETRY, whatever its status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from regen.sglang_api.abort import cut_reason, is_abort_refusal
+from regen.sglang_api.response import (
+    Completion,
+    ResponseKind,
+    error_message,
+    parse_completion,
+    response_kind,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    kind: ResponseKind
+    completion: Completion | None = None
+    """Set for OK only."""
+    reason: str = ""
+    """Why it is not OK, in the words stored in an error row: the server's message."""
+
+
+def read_answer(status: int, raw: bytes) -> Answer:
+    kind = response_kind(status)
+    if kind is ResponseKind.OK:
+        try:
+            completion = parse_completion(raw)
+        except ValueError as err:
+            return Answer(ResponseKind.RETRY, reason=str(err))
+        cut = cut_reason(completion)
+        if cut is not None:
+            return Answer(ResponseKind.RETRY, reason=cut)
+        return Answer(ResponseKind.OK, completion)
+    if kind is ResponseKind.REJECTED and is_abort_refusal(status, raw):
+        kind = ResponseKind.RETRY
+    return Answer(kind, reason=error_message(status, raw))
