@@ -1,7 +1,8 @@
 """Injected faults (`--emu-fault NAME[=VALUE]`): the failures a rehearsal must survive.
 
 Each one reproduces something seen on real servers: the empty-answer incident, runaway
-thinking, leaked think tags, repetition loops, transient 500s, a crash, a scheduler that
+thinking, leaked think tags, repetition loops, transient 500s, answers cut short (`abort`:
+SGLang's 200 with finish_reason abort, part-way through the decode), a crash, a scheduler that
 hangs while `/health` still answers 200 (sglang#6624), a slow GPU, a failed or stuck load.
 """
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 
 # Output faults, in the order they are tried for a prompt: the first one drawn wins.
 OUTPUT_FAULTS = ("empty-answer", "truncate", "think-leak", "repeat-loop")
-_FRACTIONS = (*OUTPUT_FAULTS, "http500")
+_FRACTIONS = (*OUTPUT_FAULTS, "http500", "abort")
 _COUNTS = ("crash-after", "hang-after", "faults-after")
 _FLAGS = ("fail-startup", "no-ready")
 NAMES = (*_FRACTIONS, *_COUNTS, "slow", *_FLAGS)

@@ -24,7 +24,7 @@ from regen.emulator import tool_calls, wire
 from regen.emulator.args import DEFAULT_CONTEXT_LENGTH, EmuArgs
 from regen.emulator.metrics import Counters, render
 from regen.emulator.model import EmulatedModel, Generation, message_text, parse_reasoning
-from regen.emulator.runtime import FaultRuntime, Scheduler
+from regen.emulator.runtime import FaultRuntime, QueuedAbort, Scheduler
 from regen.emulator.tokenizer import BUNDLED, ChatTokenizer
 from regen.emulator.wire import INVALID, VALUE_ERROR, RequestError, error_response
 from regen.errors import UserError
@@ -253,12 +253,18 @@ class EmulatorServer:
             assert tools is not None
             call = tool_calls.call_for(tools, plan.digest, self.model.seed)
             plan = dataclasses.replace(plan, call=tool_calls.call_text(call))
+        queued = False
         try:
-            out, cached = await self.scheduler.run(rid, plan, budget, prompt_ids, thinking)
+            out, cached = await self.scheduler.run(
+                rid, plan, budget, prompt_ids, thinking, cut_at=self.faults.abort_at()
+            )
         except RequestError as err:
             return error_response(err.status, str(err), err.kind)
+        except QueuedAbort:  # cut before it ran: nothing decoded, answered at once
+            queued, out, cached = True, Generation("", [], "abort", 0), 0
         latency = time.monotonic() - started
-        self.counters.record(prompt, out.completion_tokens, latency, cached)
+        if not queued:
+            self.counters.record(prompt, out.completion_tokens, latency, cached)
         parsed: wire.Parsed
         if not self.args.reasoning_parser or not separate or plan.fault == "think-leak":
             parsed = (None, out.text)  # think-leak: as if the parser had missed the tags
@@ -281,7 +287,10 @@ class EmulatorServer:
             await stream.write_eof()
             self.faults.after_answer()
             return stream
-        meta = self._meta_info(rid, out, prompt, latency, cached)
+        if queued:
+            meta = wire.queued_meta_info(rid, latency)
+        else:
+            meta = self._meta_info(rid, out, prompt, latency, cached)
         report = self.cache_report
         answer = wire.completion(
             rid, out, parsed, prompt_ids, meta, model, eos, body, report, tool_calls=calls
@@ -342,6 +351,10 @@ class EmulatorServer:
             out, cached = await self.scheduler.run(rid, plan, budget, prompt_ids, thinking=False)
         except RequestError as err:
             return web.json_response({"error": {"message": str(err)}}, status=err.status)
+        except QueuedAbort:
+            latency = time.monotonic() - started
+            meta = wire.queued_meta_info(rid, latency)
+            return web.json_response({"text": "", "output_ids": [], "meta_info": meta})
         latency = time.monotonic() - started
         self.counters.record(prompt, out.completion_tokens, latency, cached)
         return web.json_response(

@@ -1,5 +1,5 @@
 """The emulated engine at run time: the scheduler that paces decoding, and the faults that
-fire over a server's life (a hang, a crash, transient 500s).
+fire over a server's life (a hang, a crash, transient 500s, answers cut short).
 
 The output faults (empty answers, leaked think tags...) belong to the model's plan; these
 are the ones that depend on what the server has served so far.
@@ -8,6 +8,7 @@ are the ones that depend on what the server has served so far.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -21,6 +22,11 @@ from regen.emulator.prefix_cache import PrefixCache
 from regen.emulator.wire import RequestError
 
 log = logging.getLogger("regen.emulator")
+
+
+class QueuedAbort(Exception):
+    """The request was aborted before it got a slot: 0.5.23 answers it at once, with nothing
+    decoded (tokenizer_manager `_handle_abort_req`, wire.queued_abort)."""
 
 
 class Scheduler:
@@ -77,10 +83,18 @@ class Scheduler:
         return cut
 
     async def run(
-        self, rid: str, plan: Plan, budget: int, prompt_ids: list[int], thinking: bool
+        self,
+        rid: str,
+        plan: Plan,
+        budget: int,
+        prompt_ids: list[int],
+        thinking: bool,
+        cut_at: float | None = None,
     ) -> tuple[Generation, int]:
         """Queue for a slot, prefill what the cache lacks, then sleep the decode time once; an
-        abort cuts it short. Returns the output and the prompt's cached tokens."""
+        abort cuts it short (finish_reason abort), and `cut_at` is the share of the decode after
+        which the server aborts it itself (the abort fault). Returns the output and the
+        prompt's cached tokens; raises QueuedAbort for an abort before it had a slot."""
         out = self.model.generate(plan, budget=budget, thinking=thinking)
         prompt = len(prompt_ids)
         full = self.slots.running >= self.slots.limit
@@ -91,32 +105,54 @@ class Scheduler:
         self._aborts[rid] = aborted
         cached = 0
         try:
-            await self.slots.acquire()
+            await self._acquire(aborted)
             self.activity = True
-            self.tokens_in_use += prompt + out.completion_tokens
+            held = prompt + out.completion_tokens  # out is replaced when cut: give back this
+            self.tokens_in_use += held
             self._note_throughput()
             try:
                 if not aborted.done():
                     cached = await self._prefill_once(prompt_ids, aborted)
                 started = loop.time()
                 seconds = out.completion_tokens * self.wall_per_token
-                timer = loop.call_later(seconds, _settle, aborted, False)
+                timers = [loop.call_later(seconds, _settle, aborted, False)]
+                if cut_at is not None:
+                    timers.append(loop.call_later(seconds * cut_at, _settle, aborted, True))
                 try:
                     if await aborted:
                         done = int((loop.time() - started) / self.wall_per_token)
                         cut = self.model.generate(plan, budget=min(done, budget), thinking=thinking)
                         out = dataclasses.replace(cut, finish_reason="abort")
                 finally:
-                    timer.cancel()
+                    for timer in timers:
+                        timer.cancel()
                 if self.cache is not None:
                     self.cache.insert(prompt_ids + out.token_ids)
             finally:
-                self.tokens_in_use -= prompt + out.completion_tokens
+                self.tokens_in_use -= held
                 self.slots.release()
                 self._note_throughput()
         finally:
             self._aborts.pop(rid, None)
         return out, cached
+
+    async def _acquire(self, aborted: asyncio.Future[bool]) -> None:
+        """A slot, unless an abort comes first: the scheduler drops a queued request from its
+        waiting queue at once (scheduler.py abort_request) and it never runs."""
+        acquire: asyncio.Future[None] = asyncio.ensure_future(self.slots.acquire())
+        try:
+            await asyncio.wait((acquire, aborted), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the handler's own cancel: no slot may stay taken
+            if acquire.done():
+                self.slots.release()
+            acquire.cancel()
+            raise
+        if acquire.done():
+            return
+        acquire.cancel()  # Slots.acquire gives back a slot handed over as it is cancelled
+        with contextlib.suppress(asyncio.CancelledError):
+            await acquire
+        raise QueuedAbort
 
     async def _prefill_once(self, prompt_ids: list[int], aborted: asyncio.Future[bool]) -> int:
         """Match the cache, then compute the rest, one prefill at a time per server; the
@@ -162,6 +198,7 @@ class FaultRuntime:
     def __init__(self, faults: Faults, seed: int) -> None:
         self.faults = faults
         self._http500 = random.Random(f"http500:{seed}")
+        self._abort = random.Random(f"abort:{seed}")
         self._arrivals = 0
         self._completed = 0
         self._crashing = False
@@ -189,6 +226,14 @@ class FaultRuntime:
         """Whether this request draws the transient 500 (`http500=FRACTION`)."""
         fraction = self.faults.fractions.get("http500", 0.0)
         return bool(fraction) and self._http500.random() < fraction
+
+    def abort_at(self) -> float | None:
+        """`abort=FRACTION`: whether this request is cut short by the server, and after what
+        share of its decode (None: it runs to its end)."""
+        fraction = self.faults.fractions.get("abort", 0.0)
+        if not fraction or self._abort.random() >= fraction:
+            return None
+        return self._abort.random()
 
     async def before_answer(self) -> None:
         """crash-after=N: the (N+1)th answer is never sent; the process is going down."""

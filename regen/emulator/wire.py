@@ -26,6 +26,11 @@ REFUSED = "BadRequestError"
 EFFORT_TIERS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
 # The reasoning and the answer, as the reasoning parser split them (no parser: no reasoning).
 Parsed = tuple[str | None, str]
+# finish_reason of a request cut while running: FINISH_ABORT().to_json() (schedule_batch.py),
+# what /abort_request, abort_all and the abort fault give; and of one cut while still queued
+# (tokenizer_manager.py _handle_abort_req). Neither has a status code: the answer is a 200.
+RUNNING_ABORT = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+QUEUED_ABORT = {"type": "abort", "message": "Abort in waiting queue"}
 
 
 class RequestError(Exception):
@@ -247,6 +252,8 @@ def meta_info(
         finish["matched"] = eos_id
     elif out.finish_reason == "length":
         finish["length"] = out.completion_tokens
+    elif out.finish_reason == "abort":
+        finish = dict(RUNNING_ABORT)
     meta: dict[str, Any] = {
         "id": rid,
         "finish_reason": finish,
@@ -262,6 +269,19 @@ def meta_info(
     if cached:
         meta["cached_tokens_details"] = {"device": cached, "host": 0}
     return meta
+
+
+def queued_meta_info(rid: str, latency: float) -> dict[str, Any]:
+    """The meta_info of a request aborted before it ran: no prompt or cached tokens counted,
+    so its usage says 0 prompt tokens (usage_processor.py reads them from here)."""
+    return {
+        "id": rid,
+        "finish_reason": dict(QUEUED_ABORT),
+        "weight_version": WEIGHT_VERSION,
+        "e2e_latency": latency,
+        "weight_versions": weight_versions(0),
+        "completion_tokens": 0,
+    }
 
 
 def weight_versions(completion_tokens: int) -> list[dict[str, Any]]:
@@ -285,6 +305,7 @@ def completion(
     """A chat.completion; `meta` goes in only when the request asked for it; `tool_calls`
     those the tool-call parser found (regen.emulator.tool_calls)."""
     reasoning, content = parsed
+    cached = meta.get("cached_tokens", 0) if cache_report else None
     message: dict[str, Any] = {
         "role": "assistant",
         "content": content,
@@ -312,7 +333,8 @@ def completion(
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": usage(len(prompt_ids), out, meta["cached_tokens"] if cache_report else None),
+        # usage_processor.py: the counts meta_info has (a queued abort's has no prompt tokens).
+        "usage": usage(meta.get("prompt_tokens", 0), out, cached),
         # build_endpoint_weight_version_metadata: the version and its spans.
         "metadata": {
             "weight_version": WEIGHT_VERSION,

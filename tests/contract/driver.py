@@ -13,6 +13,10 @@ sglang costs are paid once per test session. Ops:
   (UsageProcessor.calculate_response_usage, with or without --enable-cache-report);
 - tools_dump {tools}: each tool's `Tool.model_dump()`, what serving_chat gives the template;
 - tool_parse {parser, text, tools}: FunctionCallParser's non-stream parse of a raw answer;
+- running_abort: the finish_reason a request cut while running carries, FINISH_ABORT().to_json()
+  (what /abort_request, abort_all and a session's end give it);
+- queued_abort {rid, prompt_token_ids}: the output tokenizer_manager's own `_handle_abort_req`
+  builds for a request the scheduler dropped from its waiting queue (its state stood in for);
 - http {body}: POST /v1/chat/completions to an app of sglang's route signature and its own
   RequestValidationError handler (http_server.py's source: the module itself needs uvicorn
   and the whole server), so an invalid body gets the status and text the server answers.
@@ -126,6 +130,40 @@ def _chat_app() -> Any:
     return TestClient(app, raise_server_exceptions=False)
 
 
+def _queued_abort(rid: str, prompt_token_ids: list[int]) -> dict[str, Any]:
+    """Run `TokenizerManager._handle_abort_req` on the AbortReq the scheduler sends for a
+    queued request (`_make_abort_req`: nothing decoded, no weight update): the manager and the
+    request's state are stood in for with what the method reads, the rest is sglang's code."""
+    from types import SimpleNamespace
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        from sglang.srt.managers.io_struct import AbortReq
+        from sglang.srt.managers.tokenizer_manager import TokenizerManager
+        from sglang.srt.utils.weight_versions import compute_weight_version_spans
+
+    out: list[dict[str, Any]] = []
+    state = SimpleNamespace(
+        finished=False,
+        time_stats=SimpleNamespace(set_finished_time=lambda: None, get_e2e_latency=lambda: 0.0),
+        obj=SimpleNamespace(stream=False, return_logprob=False),
+        output_ids=[],
+        get_text=lambda: "",
+        prompt_token_ids=prompt_token_ids,
+        out_list=out,
+        event=SimpleNamespace(set=lambda: None),
+    )
+    manager = SimpleNamespace(
+        rid_to_state={rid: state},
+        config_value=lambda key: "default",  # --weight-version's default
+        _release_lora_once=lambda state: None,
+        incremental_streaming_output=False,
+    )
+    spans = compute_weight_version_spans([], "default", 0)
+    TokenizerManager._handle_abort_req(manager, AbortReq(rid=rid, weight_versions=spans))
+    assert state.finished and rid not in manager.rid_to_state
+    return out[0]
+
+
 def handle(req: dict[str, Any]) -> Any:
     op = req["op"]
     if op == "argv":
@@ -169,6 +207,12 @@ def handle(req: dict[str, Any]) -> Any:
             "normal": normal,
             "calls": [{"name": c.name, "arguments": c.parameters} for c in calls],
         }
+    if op == "running_abort":
+        with contextlib.redirect_stdout(io.StringIO()):
+            from sglang.srt.managers.schedule_batch import FINISH_ABORT
+        return FINISH_ABORT().to_json()
+    if op == "queued_abort":
+        return _queued_abort(req["rid"], req["prompt_token_ids"])
     if op == "http":
         resp = _chat_app().post(
             "/v1/chat/completions",
