@@ -10,6 +10,7 @@ here: they read ids across shards and the input's rejects, not a summary.
 from __future__ import annotations
 
 from regen.audit.checks import (
+    aborted,
     answer_collapse,
     empty_answer,
     empty_thinking,
@@ -34,6 +35,7 @@ FLAGS: tuple[FlagCheck, ...] = (
     think_leak.CHECK,
     truncation.CHECK,
     truncated_in_thinking.CHECK,
+    aborted.CHECK,
     repetition.CHECK,
     language_switch.CHECK,
 )

@@ -27,8 +27,8 @@ class Threshold(BaseModel):
 # not among them: every input id once is the dataset's one promise, whatever its text.
 RowCheck = Literal[
     "error_rows", "empty_answer", "empty_thinking", "think_leak", "truncation",
-    "truncated_in_thinking", "repetition", "language_switch", "answer_collapse", "tiny_length",
-    "server_outlier", "per_setting", "loss_mask", "template_parity", "tool_calls",
+    "truncated_in_thinking", "aborted", "repetition", "language_switch", "answer_collapse",
+    "tiny_length", "server_outlier", "per_setting", "loss_mask", "template_parity", "tool_calls",
 ]  # fmt: skip
 
 
@@ -45,6 +45,8 @@ class AuditConfig(BaseModel):
     think_leak: Threshold = Threshold(warn=0.005, fail=0.02)
     truncated: Threshold = Threshold(warn=0.05, fail=0.2)
     truncated_in_thinking: Threshold = Threshold(warn=0.01, fail=0.05)
+    # An answer the server cut short (finish_reason abort) is never stored: any one fails.
+    aborted: Threshold = Threshold(warn=0.0, fail=0.0)
     repetition: Threshold = Threshold(warn=0.01, fail=0.05)
     # Answers in CJK to Latin-script prompts (Qwen drifting into Chinese): rare in a healthy run.
     language_switch: Threshold = Threshold(warn=0.02, fail=0.1)

@@ -44,6 +44,7 @@ DEFECTS = (
     "tiny_reasoning",
     "incident",
     "language_switch",
+    "aborted",
 )
 
 
@@ -133,6 +134,8 @@ def _plant(row: dict[str, Any], defect: str) -> None:
         row.update(content="OK.", reasoning_content="", reasoning_tokens=3, completion_tokens=6)
     elif defect == "language_switch":
         row.update(content=SWITCHED)
+    elif defect == "aborted":  # cut mid-answer, stored as if it were one
+        row.update(finish_reason="abort", content=" ".join(row["content"].split()[:3]))
     else:
         raise ValueError(defect)
 
