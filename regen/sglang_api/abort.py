@@ -13,7 +13,7 @@ serving_chat.py `_build_chat_response`; serving_base.py `handle_request`):
   unless `return_meta_info` was asked (`choices[0].meta_info.finish_reason.message`).
 - HTTP 400 `{"object": "error", "message": "Aborted by AbortReq.", ...}`: an abort of a request
   still in the grammar queue (`set_finish_with_abort`'s default status is 400).
-- HTTP 5xx with the scheduler's message (`"type"` is the status as a string): "Request waiting
+- HTTP 5xx with the scheduler's message (its `type` the status code): "Request waiting
   timeout reached." or "Request running timeout reached." (503), "The request queue is
   full." (503), "Retracted under decode memory pressure without a KV backup. Retry later."
   (503), "Out of memory even after retracting all other requests ..." (500), a grammar or

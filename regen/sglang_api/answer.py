@@ -21,6 +21,8 @@ from regen.sglang_api.response import (
 
 @dataclass(frozen=True, slots=True)
 class Answer:
+    """What the server answered, as the dispatcher acts on it."""
+
     kind: ResponseKind
     completion: Completion | None = None
     """Set for OK only."""
@@ -29,6 +31,7 @@ class Answer:
 
 
 def read_answer(status: int, raw: bytes) -> Answer:
+    """The body is parsed here once: a completion carries thousands of token ids."""
     kind = response_kind(status)
     if kind is ResponseKind.OK:
         try:
