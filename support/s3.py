@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import functools
+import http.client
 import logging
 import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import boto3
 from moto.server import ThreadedMotoServer
@@ -139,3 +142,62 @@ def moto_server(ip_address: str = "127.0.0.1") -> Iterator[MotoS3]:
         yield server
     finally:
         server.stop()
+
+
+class _ForgetfulHandler(BaseHTTPRequestHandler):
+    """Forwards each request to the server behind, less its `If-None-Match` header."""
+
+    server: _ForgetfulServer
+    protocol_version = "HTTP/1.1"
+
+    def _forward(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "if-none-match"}
+        upstream = http.client.HTTPConnection(self.server.behind, timeout=30)
+        try:
+            upstream.request(self.command, self.path, body=body, headers=headers)
+            answer = upstream.getresponse()
+            data = answer.read()
+            self.send_response(answer.status, answer.reason)
+            for key, value in answer.getheaders():
+                if key.lower() not in {"transfer-encoding", "connection", "content-length"}:
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        finally:
+            upstream.close()
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _ForgetfulServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, behind: str) -> None:
+        super().__init__(("127.0.0.1", 0), _ForgetfulHandler)
+        self.behind = behind
+
+
+@contextmanager
+def ignoring_if_none_match(moto: MotoS3) -> Iterator[MotoS3]:
+    """An S3 endpoint on loopback that ignores `If-None-Match` as some S3 stand-ins do (an old
+    MinIO or Ceph, a caching gateway): real HTTP in front of `moto`, dropping that header, so a
+    conditional PUT of an existing key overwrites it. The same buckets as `moto`; stopped on
+    exit."""
+    server = _ForgetfulServer(urlsplit(moto.endpoint_url).netloc)
+    thread = threading.Thread(target=server.serve_forever, name="forgetful-s3", daemon=True)
+    thread.start()
+    front = MotoS3(moto.ip_address)
+    front.port = server.server_address[1]
+    try:
+        yield front
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

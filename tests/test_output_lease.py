@@ -6,9 +6,13 @@ that ended, so the same-host liveness check is judged on real pids and start tim
 
 from __future__ import annotations
 
+import json
+import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -20,7 +24,9 @@ import pytest
 
 from regen.config import parse_config
 from regen.dataset import ShardCommitted, commit_shard, supersede
+from regen.dataset.keys import lease_key
 from regen.generation.shard import worth_retrying
+from regen.machine.owned import alive, this_machine
 from regen.preflight import check_storage
 from regen.schema import row_schema
 from regen.storage import LocalStorage, Storage
@@ -32,7 +38,7 @@ from regen.storage.output_lease import (
     live_holder,
     read_lease,
 )
-from support.s3 import MotoS3
+from support.s3 import MotoS3, ignoring_if_none_match
 
 
 class FakeClock:
@@ -94,7 +100,9 @@ def test_a_dead_holder_on_this_host_is_taken_over_at_once(storage: Storage) -> N
 
 def test_another_hosts_holder_is_live_until_its_heartbeat_expires(storage: Storage) -> None:
     clock = FakeClock()
-    elsewhere = replace(Holder.this_process(run_id="run-a"), host="gpu-node-7", pid=1)
+    elsewhere = replace(
+        Holder.this_process(run_id="run-a"), host="gpu-node-7", pid=1, machine="b00t pid:[1]"
+    )
     OutputLease(storage, elsewhere, clock=clock).take()
     mine = OutputLease(storage, Holder.this_process(run_id="run-b"), clock=clock)
     clock.now += LEASE_S - 1
@@ -103,6 +111,85 @@ def test_another_hosts_holder_is_live_until_its_heartbeat_expires(storage: Stora
     clock.now += 2
     taken = mine.take()
     assert taken is not None and "no heartbeat for 121 s" in taken
+
+
+def _in_own_pid_namespace(storage_root: Path) -> subprocess.Popen[str] | None:
+    """A run in a PID namespace of its own on this host (a container of a host-network pod:
+    same hostname, its own PIDs), holding the output's lease; None where this machine cannot
+    make one (no root, no user namespaces)."""
+    take = (
+        "import sys, time; from pathlib import Path; from regen.storage import LocalStorage; "
+        "from regen.storage.output_lease import Holder, OutputLease; "
+        "OutputLease(LocalStorage(Path(sys.argv[1])), Holder.this_process(run_id='pod-run'))"
+        ".take(); print('held', flush=True); time.sleep(300)"
+    )
+    for isolate in (["--pid"], ["--user", "--map-root-user", "--pid"]):
+        argv = ["unshare", *isolate, "--fork", "--mount-proc", sys.executable, "-c", take]
+        proc = subprocess.Popen(
+            [*argv, str(storage_root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() == "held":
+            return proc
+        proc.wait()
+    return None
+
+
+def test_a_holder_in_another_pid_namespace_of_this_host_is_judged_by_its_heartbeat(
+    tmp_path: Path,
+) -> None:
+    """Its PID means another process here (pid 1 of its namespace is this host's init): judged
+    by PID, a live run was taken over at once. Judged by boot id and PID namespace, it holds the
+    output until its heartbeat is older than the lease."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    storage = LocalStorage(tmp_path / "out")
+    pod = _in_own_pid_namespace(tmp_path / "out")
+    if pod is None:
+        pytest.skip("this machine cannot make a PID namespace")
+    try:
+        holder = read_lease(storage).holder  # type: ignore[union-attr]
+        assert holder is not None and holder.host == socket.gethostname()
+        assert holder.machine is not None and holder.machine != this_machine()
+        assert holder.pid != pod.pid and not alive(holder.pid, holder.pid_started), (
+            "its PID names another process here, or none: the case a hostname check got wrong"
+        )
+        clock = FakeClock(time.time())
+        mine = OutputLease(storage, Holder.this_process(run_id="run-b"), clock=clock)
+        with pytest.raises(OutputHeld, match=r"pid \d+ on "):
+            mine.take()
+        assert live_holder(storage) == holder
+        clock.now += LEASE_S + 1
+        taken = mine.take()
+        assert taken is not None and "no heartbeat for" in taken
+    finally:
+        pod.kill()
+        pod.wait()
+
+
+def test_a_record_written_before_the_machine_was_kept_reads_and_waits_for_its_heartbeat(
+    storage: Storage,
+) -> None:
+    """A lease left by an older regen: no `machine` in its holder. It still reads, and its
+    holder, whose PID cannot be placed, is judged by its heartbeat alone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(gone.pid).create_time()
+    gone.wait()
+    beat = time.time()
+    holder = {"run_id": "old-run", "host": socket.gethostname(), "pid": gone.pid,
+              "pid_started": started, "since": beat, "flow_run_id": None}  # fmt: skip
+    record = {"generation": 4, "holder": holder, "heartbeat_at": beat}
+    storage.create_exclusive(lease_key(4), json.dumps(record).encode())
+    read = read_lease(storage)
+    assert read is not None and read.holder is not None and read.holder.machine is None
+    clock = FakeClock(beat + 1)
+    mine = OutputLease(storage, Holder.this_process(run_id="run-b"), clock=clock)
+    with pytest.raises(OutputHeld, match=f"pid {gone.pid} on "):
+        mine.take()
+    clock.now = beat + LEASE_S + 1
+    taken = mine.take()
+    assert taken is not None and "no heartbeat for" in taken
+    assert read_lease(storage).generation == 5  # type: ignore[union-attr]
 
 
 def test_renewal_keeps_it_release_frees_it_and_a_taken_over_lease_is_lost(
@@ -200,3 +287,24 @@ def test_a_commit_conflict_names_the_other_run_and_is_not_retried(tmp_path: Path
     assert "shard 3 is already committed (by node node-2, at " in str(conflict.value)
     assert "replace_shard" not in str(conflict.value)
     assert not worth_retrying(conflict.value)
+
+
+def test_regen_check_refuses_a_store_that_ignores_if_none_match(
+    moto: MotoS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto honours `If-None-Match: *` as S3 does; the same buckets behind an HTTP front that
+    drops the header (as some S3 stand-ins do) let a second conditional PUT overwrite the first:
+    two runs would both hold the lease. The storage row probes it once and says so."""
+    bucket = moto.create_bucket()
+    config = parse_config({"model": {"source": "m", "served_name": "m"}, "prompts": "p.jsonl",
+                           "output": f"s3://{bucket}/out"})  # fmt: skip
+    row = check_storage(config)
+    assert row.status == "pass", row
+    with ignoring_if_none_match(moto) as forgetful:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", forgetful.endpoint_url)
+        refused = check_storage(config)
+    assert refused.status == "fail", refused
+    assert refused.figure.startswith(f"s3://{bucket}/out: the store ignores conditional writes")
+    assert "\n" not in refused.figure and "If-None-Match: *" in refused.hint
+    listed = moto.client().list_objects_v2(Bucket=bucket).get("Contents", [])
+    assert [o["Key"] for o in listed if "probe" in o["Key"]] == [], "a probe key was left"

@@ -22,6 +22,7 @@ from regen.generation.run_plan import RunPlan
 from regen.generation.shard import Fence, Log
 from regen.storage import Storage
 from regen.storage.diskfull import DiskFull
+from regen.storage.output_lease import LeaseLost
 
 SubmitShard = Callable[[int, Fence | None], "futures.Future[ShardOutcome]"]
 """Start one shard (with the node's lease in a multi-node run); its future gives the outcome."""
@@ -43,15 +44,16 @@ class NodeResult:
 
     outcomes: list[ShardOutcome] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    fatal: DiskFull | None = None
-    """A failure no other shard can get past (a full disk): no new shard starts after it."""
+    fatal: DiskFull | LeaseLost | None = None
+    """A failure no other shard can get past (a full disk, the output's lease lost to another
+    run): no new shard starts after it."""
 
     def settle(self, shard: int, future: futures.Future[ShardOutcome]) -> ShardOutcome | None:
         """The outcome, or None with the failure recorded: a shard that failed after its
         retries does not stop the others from committing."""
         try:
             return future.result()
-        except DiskFull as err:
+        except (DiskFull, LeaseLost) as err:
             self.fatal = self.fatal or err
             return None
         except Exception as err:

@@ -36,6 +36,7 @@ from regen.dataset._encode import parquet_bytes
 from regen.dataset.rejects import write_rejects
 from regen.prompts import load_prompts, read_options
 from regen.storage import Storage
+from regen.storage.output_lease import read_lease
 
 
 class RunPlan(BaseModel):
@@ -62,6 +63,10 @@ class RunPlan(BaseModel):
     """The prompts as read: a Hub dataset's spec pinned to the commit this plan was made from."""
     stopped: str | None = None
     """The live gate stopped the run on its input's rejects before anything was sent."""
+    lease_run: str | None = None
+    """The run holding the output's lease as the plan was made (the flow takes or joins it
+    just before): each commit checks it still does (`output_lease.check_held`). None when no
+    run held it (a plan made outside a run, in a test or a bench): nothing to fence."""
 
     def headline(self) -> str:
         revised = f"input revision {self.revision}: {self.changes}; " if self.changes else ""
@@ -113,6 +118,7 @@ def plan_run(config: RegenConfig, storage: Storage, hf_token: str | None = None)
     pending = sorted(k for k in sent | retried if k in selection)
     # Judged before any GPU work: the rejects are known now.
     stop = judge_input(storage, run.fingerprint, prompts.rejects, prompts.num_valid, config.audit)
+    lease = read_lease(storage)
     return RunPlan(
         fingerprint=run.fingerprint,
         num_rows=plan.num_rows,
@@ -129,6 +135,7 @@ def plan_run(config: RegenConfig, storage: Storage, hf_token: str | None = None)
         removed_policy=run.removed,
         input_path=prompts.path,
         stopped=stop.gate_line() if stop else None,
+        lease_run=lease.holder.run_id if lease is not None and lease.holder else None,
     )
 
 

@@ -30,6 +30,7 @@ from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan, rows_to_redo
 from regen.storage import Storage
 from regen.storage.diskfull import DiskFull, disk_full, is_disk_full
+from regen.storage.output_lease import LeaseLost, check_held
 
 _log = logging.getLogger(__name__)
 
@@ -69,9 +70,10 @@ storage hiccup to pass, short beside a shard's minutes of generation."""
 
 def worth_retrying(err: BaseException) -> bool:
     """Whether a shard that failed with `err` is tried again: a dead, unauthorised or closed
-    fleet fails every retry alike, as does a full disk; a storage hiccup may not; a shard
-    another run committed stays committed."""
-    return not isinstance(err, (FleetError, ShardCommitted, DiskFull)) and not is_disk_full(err)
+    fleet fails every retry alike, as does a full disk or a lost output lease; a storage
+    hiccup may not; a shard another run committed stays committed."""
+    fatal = (FleetError, ShardCommitted, DiskFull, LeaseLost)
+    return not isinstance(err, fatal) and not is_disk_full(err)
 
 
 def _bytes_per_row(storage: Storage, shard: int) -> float | None:
@@ -134,6 +136,13 @@ def generate_shard(
         )
 
 
+def _fence(storage: Storage, plan: RunPlan, shard: int) -> None:
+    """Commit only while the run that made the plan holds the output's lease: a run whose
+    lease another took over raises `LeaseLost` here, before it writes a byte of the shard."""
+    if plan.lease_run is not None:
+        check_held(storage, plan.lease_run, f"shard {shard:06d} not committed")
+
+
 def _generate_shard(
     shard: int,
     plan: RunPlan,
@@ -153,6 +162,7 @@ def _generate_shard(
     if redo is not None:
         out = generate_rows(dispatcher, shard, redo)
         timings = {"generate_s": round(time.monotonic() - start, 3)}
+        _fence(storage, plan, shard)
         manifest = replace_shard(
             storage, shard, out, fingerprint=plan.fingerprint, timings=timings,
             revision=plan.revision,
@@ -164,6 +174,7 @@ def _generate_shard(
             lost = "not committed here: its lease was lost to another node"
             log.warning("shard %06d: %s", shard, lost)
             return ShardOutcome.lost(shard, time.monotonic() - start, lost)
+        _fence(storage, plan, shard)
         manifest = commit_shard(
             storage,
             shard,

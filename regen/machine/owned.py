@@ -8,8 +8,9 @@ gone, just as `regen.fleet.orphans` does for servers. A process is stopped only 
 environment carries the tag of a dead owner and every `env_match` item: an untagged process,
 or one whose owner still lives (a parallel run), is left alone.
 
-This module is the one owner of "is that process still the one we recorded" (`alive`) and
-of stopping what a dead owner left (`stop`), for helpers and servers alike.
+This module is the one owner of "is that process still the one we recorded" (`alive`, and
+`ended_here` for a record another process table may have written) and of stopping what a dead
+owner left (`stop`), for helpers and servers alike.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import signal
 import time
 from collections.abc import Collection, Mapping
+from pathlib import Path
 
 import psutil
 
@@ -54,6 +56,32 @@ def alive(pid: int, started_at: float) -> bool:
         return False
     except psutil.Error:
         return True
+
+
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def this_machine() -> str | None:
+    """The process table a PID of this process is read in: the kernel's boot id (another
+    machine or another boot has another) and this process's PID namespace (containers that
+    share a hostname, as host-network pods do, need not share one). None where either cannot
+    be read (not Linux): a PID recorded there is never judged from anywhere.
+
+    A hostname is not this: two containers with one hostname and their own PID namespaces see
+    each other's PIDs as unrelated processes, and a live owner would be judged gone."""
+    try:
+        return f"{_BOOT_ID.read_text().strip()} {os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def ended_here(machine: str | None, pid: int, started_at: float) -> bool:
+    """Whether process `pid`, started at `started_at` and recorded in `machine`'s process
+    table (`this_machine()` where it ran), has ended, as this process can tell: only when that
+    table is this one. Elsewhere, or for a record that did not say (None), it cannot tell and
+    answers False, so the owner is judged by what it wrote (a heartbeat), never by a PID that
+    means another process here."""
+    return machine is not None and machine == this_machine() and not alive(pid, started_at)
 
 
 def _owner_alive(tag: str) -> bool:

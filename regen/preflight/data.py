@@ -21,11 +21,18 @@ def check_storage(
     """`open_output`: the run's own opening of its output, so the run opens it once;
     `lease_run`: the run whose lease on the output this one shares (a node of a multi-node
     run), not another run."""
-    from regen.storage import open_storage, probe
+    from regen.storage import honours_exclusive, open_storage, probe
     from regen.storage.output_lease import held_line, live_holder
 
     storage = open_output() if open_output else open_storage(config.output)
     probe(storage)
+    if not honours_exclusive(storage):
+        return CheckRow(
+            name="storage",
+            status="fail",
+            figure=f"{storage.uri}: {IGNORES_IF_NONE_MATCH}",
+            hint="use a store that honours If-None-Match: * on PUT (AWS S3 does), or a local disk",
+        )
     holder = live_holder(storage)
     if holder is not None and holder.run_id != lease_run:
         # Another run is writing there now: this one would be refused at its plan.
@@ -58,6 +65,11 @@ def check_storage(
         return CheckRow(name="storage", status="warn", figure=figure, hint=_SPACE_HINT)
     return CheckRow(name="storage", status="pass", figure=figure)
 
+
+IGNORES_IF_NONE_MATCH = (
+    "the store ignores conditional writes (a second PUT of one key with If-None-Match: * "
+    "overwrote the first), so two runs could both take the output's lease and two nodes one shard"
+)
 
 _SPACE_HINT = "free space under the output, or write it to a bigger disk: a full disk stops the run"
 

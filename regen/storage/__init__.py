@@ -176,3 +176,21 @@ def probe(storage: Storage) -> None:
     except OSError as err:
         # S3 failures are UserErrors already; this names a local root that cannot be written.
         raise UserError(f"{storage.uri}: not writable ({err.strerror or err})") from err
+
+
+def honours_exclusive(storage: Storage) -> bool:
+    """Whether the store's conditional create works: a second `create_exclusive` of one key
+    must be refused. The output's lease and the multi-node shard claims rest on it, and an S3
+    stand-in that ignores `If-None-Match: *` says nothing: both racers "win" in silence. One
+    probe key, deleted after."""
+    key = f".regen-probe-exclusive-{uuid.uuid4().hex}"
+    try:
+        if not storage.create_exclusive(key, b"first"):
+            raise UserError(f"{storage.uri}: a conditional create of the new key {key} failed")
+        return not storage.create_exclusive(key, b"second")
+    except OSError as err:  # a local file system without hard links (some FUSE mounts)
+        raise UserError(
+            f"{storage.uri}: no conditional create here ({err.strerror or err})"
+        ) from err
+    finally:
+        storage.delete(key)

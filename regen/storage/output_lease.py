@@ -11,10 +11,19 @@ The lease is a sequence of generation files `lease/run.<n>.json` (keys of
 `regen.multinode.claims` are: of two runs racing for generation `n + 1`, exactly one creates
 it. Taking, renewing and releasing each create the next generation; older ones are pruned.
 
-A holder is dead, and its lease taken over with a log line, when it released it, when it is on
-this host and its process (pid and start time) is gone (a kill -9, a reboot: no need to wait),
-or when its heartbeat is older than `lease_s` (another host, which this one cannot look into).
+A holder is dead, and its lease taken over with a log line, when it released it, when it ran
+in this process table (same boot and PID namespace, `regen.machine.owned.this_machine`: a
+hostname is not enough, containers share one) and its process (pid and start time) is gone (a
+kill -9: no need to wait), or when its heartbeat is older than `lease_s` (another host, another
+container, a reboot, or a record too old to say where it ran).
 The nodes of a multi-node run share the parent's lease: they `join` it by its run id.
+
+The lease fences every commit: a plan records the run that held the lease as it was made
+(`RunPlan.lease_run`), and each shard reads the live record before it commits
+(`check_held`); a run whose lease another took over stops there with `LeaseLost`, one line
+naming the new holder. The renewal's `lost` alone would not do: it looks every `lease_s / 3`,
+and a run that stalled past `lease_s` (a suspended VM, a SIGSTOP) wakes with shards ready to
+commit before its next renewal; one listing and one small read per shard cost nothing beside it.
 """
 
 from __future__ import annotations
@@ -27,13 +36,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import psutil
 
 from regen.dataset.keys import LEASE_PREFIX, key_url, lease_key, parse_lease_key
 from regen.errors import UserError
-from regen.machine.owned import alive
+from regen.machine.owned import ended_here, this_machine
 from regen.machine.ticker import Ticker
 from regen.storage import Storage
 
@@ -47,8 +57,9 @@ class OutputHeld(UserError):
     """Another run, alive, holds the output."""
 
 
-class LeaseLost(RuntimeError):
-    """This run's lease was taken over (it stalled past `lease_s`, another host took it)."""
+class LeaseLost(UserError):
+    """This run's lease was taken over (it stalled past `lease_s`, another host took it): the
+    run stops before its next commit. Never worth a retry: every commit would meet it."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,9 @@ class Holder:
     pid_started: float
     since: float
     flow_run_id: str | None = None
+    machine: str | None = None
+    """The process table `pid` is read in (`this_machine`); None in a record written before it
+    was kept, whose holder is then judged by its heartbeat alone."""
 
     @classmethod
     def this_process(cls, run_id: str | None = None, flow_run_id: str | None = None) -> Holder:
@@ -72,6 +86,7 @@ class Holder:
             pid_started=me.create_time(),
             since=time.time(),
             flow_run_id=flow_run_id,
+            machine=this_machine(),
         )
 
     def describe(self) -> str:
@@ -80,8 +95,23 @@ class Holder:
         return f"pid {self.pid} on {self.host} since {since}{run}"
 
     def process_gone(self) -> bool:
-        """On this host only: whether the holder's process (pid and start time) has ended."""
-        return not alive(self.pid, self.pid_started)
+        """Whether the holder's process (pid and start time) is known to have ended: only
+        where it ran (same boot and PID namespace) can that be seen."""
+        return ended_here(self.machine, self.pid, self.pid_started)
+
+    def is_this_process(self) -> bool:
+        return (
+            self.pid == os.getpid()
+            and self.machine == this_machine()
+            and self.host == socket.gethostname()
+        )
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Holder:
+        """A holder as stored; fields this version does not know (a newer writer's) are
+        dropped, fields an older writer did not write take their defaults."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -101,7 +131,7 @@ class LeaseRecord:
         holder = raw.get("holder")
         return cls(
             generation=int(raw["generation"]),
-            holder=Holder(**holder) if isinstance(holder, dict) else None,
+            holder=Holder.from_dict(holder) if isinstance(holder, dict) else None,
             heartbeat_at=float(raw["heartbeat_at"]),
         )
 
@@ -124,7 +154,7 @@ def why_dead(record: LeaseRecord, now: float, lease_s: float = LEASE_S) -> str |
     holder = record.holder
     if holder is None:
         return "released"
-    if holder.host == socket.gethostname() and holder.process_gone():
+    if holder.process_gone():
         return f"its process (pid {holder.pid} on {holder.host}) is gone"
     age = now - record.heartbeat_at
     if age > lease_s:
@@ -137,8 +167,26 @@ def held_line(storage: Storage, holder: Holder, lease_s: float = LEASE_S) -> str
     return (
         f"{storage.uri}: output held by another run: {holder.describe()}; "
         f"wait for it to end or stop it: a dead holder's lease is taken over by the next run "
-        f"(at once on {holder.host}, {lease_s:g} s after its last heartbeat from elsewhere)"
+        f"(at once where it ran, on {holder.host} in its container; {lease_s:g} s after its "
+        "last heartbeat from elsewhere)"
     )
+
+
+def check_held(storage: Storage, run_id: str, what: str = "not committed") -> None:
+    """The fence before a commit: raise `LeaseLost`, one line naming the new holder, unless
+    run `run_id` still holds the output's lease (its live record names it). `what` says what
+    the caller did not do (`shard 000042 not committed`)."""
+    record = read_lease(storage)
+    holder = record.holder if record is not None else None
+    if holder is not None and holder.run_id == run_id:
+        return
+    if holder is not None:
+        lost = f"output lease lost to {holder.describe()}"
+    elif record is not None:
+        lost = "output lease released by another run"
+    else:
+        lost = "output lease gone (its records were removed)"
+    raise LeaseLost(f"{storage.uri}: {what}: {lost}; this run stops here, what it committed stays")
 
 
 class OutputLease:
@@ -252,6 +300,6 @@ def live_holder(storage: Storage, lease_s: float = LEASE_S) -> Holder | None:
     record = read_lease(storage)
     if record is None or record.holder is None or why_dead(record, time.time(), lease_s):
         return None
-    if record.holder.pid == os.getpid() and record.holder.host == socket.gethostname():
+    if record.holder.is_this_process():
         return None
     return record.holder
