@@ -8,6 +8,14 @@ and the given assistant messages that call tools, kept only so that the model's 
 be compared with them (regen.tools: a result is kept while the model makes the same call);
 they are never sent. The dispatcher rebuilds the assistant turns one by one. Ids are computed
 before this, on the conversation as given.
+
+A conversation that ends on an assistant call with no tool result after it (xLAM's rows,
+Glaive's in LLaMA-Factory's layout: a query and the call that answers it) is regenerated at
+that turn, never sent as it is (a request ending on an unanswered call asks the model to go on
+from a call nothing answered): `last` cuts the call as any answer after the last input and
+answers the user message before it; `all` generates the model's turn there, and when the model
+makes the same call, nothing answers it, so the conversation ends on the model's call
+(`regen.client.shard_job`); another call or an answer stops it there, as anywhere else.
 """
 
 from __future__ import annotations

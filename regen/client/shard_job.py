@@ -265,7 +265,10 @@ class ShardJob:
         Where the model called tools or the given conversation did, the rule of regen.tools
         decides: the same calls keep the given results (paired with the model's call ids)
         and the model goes on from them; other calls stop the conversation here, the turn
-        recording why. Otherwise the next user turn follows, if there is one."""
+        recording why. Otherwise the next user turn follows, if there is one. A given call
+        that no result follows (the xLAM/Glaive shape, a conversation ending on its call)
+        answers nothing: the model's same call ends the tool loop there, and the next user
+        turn follows if there is one, so no request ends on an unanswered call."""
         inputs, at = self.messages[pos], self._next[pos]
         given = inputs[at] if at < len(inputs) and inputs[at]["role"] == "assistant" else None
         if not calls and given is None:
@@ -278,6 +281,9 @@ class ShardJob:
         while end < len(inputs) and inputs[end]["role"] == "tool":
             end += 1
         results = inputs[at + 1 : end]
+        if not results:
+            self._next[pos] = end
+            return self._advance(pos)
         ids = result_ids(results, given["tool_calls"], calls)
         self._history[pos].extend(
             {**_as_history(m), "tool_call_id": call_id}
