@@ -16,10 +16,14 @@ from typing import Any
 
 import pytest
 
+from flows.cli import main
+from regen.config import load_config
 from regen.conversations import Turns
+from regen.preflight import check_prompts
 from regen.sglang_api.endpoint import Endpoint
 from regen.tools import sent_messages, template_tools
 from tests.support.ids import rendered
+from tests.test_rehearsal_guards import _node
 from tests.test_tool_calls import THE_CALL, WEATHER, _prompts, endpoint, regenerate
 
 __all__ = ["endpoint"]  # the emulator fixture of test_tool_calls, shared
@@ -109,3 +113,31 @@ def test_an_unanswered_call_inside_a_conversation_goes_on_at_the_next_user_turn(
     for turn, history in zip(done["turns"], histories, strict=True):
         sent = sent_messages(history)
         assert turn["prompt_token_ids"] == rendered(sent, True, tools=tools, enable_thinking=True)
+
+
+def test_rows_with_tools_and_no_parser_fail_check_and_rehearse_alike(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without `--tool-call-parser` SGLang leaves a call as text in the answer: the prompts
+    row fails naming the setting, in `regen check` and in `regen rehearse` (same words, before
+    the rehearsal starts anything)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "400")  # each row on one line
+    rows = [_xlam("a", THE_CALL), _glaive("b", THE_CALL)]
+    rows.append({"id": "c", "messages": [{"role": "user", "content": "no tools here"}]})
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = _node(tmp_path / "node.yaml", "out/node")
+
+    def prompts_row(verb: str) -> str:
+        assert main([verb, "--config", str(config)]) == 1
+        (row,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("│ prompts ")]
+        return " ".join(row.split())
+
+    checked = prompts_row("check")
+    assert "fail" in checked and "2 have tools and engine.tool_call_parser is not set" in checked
+    assert "SGLang's --tool-call-parser" in checked
+    assert prompts_row("rehearse") == checked
+    assert not (tmp_path / ".regen").exists(), "the rehearsal started"
+    parsed = _node(tmp_path / "parsed.yaml", "out/node", **{"engine.tool_call_parser": "qwen25"})
+    row = check_prompts(load_config(parsed))
+    assert row.status == "pass" and "3 of 3 rows valid" in row.figure, row

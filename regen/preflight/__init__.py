@@ -97,10 +97,11 @@ def _isolated(checks: list[tuple[str, Callable[[], CheckRow]]]) -> list[CheckRow
 def rehearsal_checks(source: RegenConfig, rehearsal_output: str) -> PreflightReport:
     """What a rehearsal can judge of the GPU run's own config, before it swaps in emulators.
 
-    The config and the servers' launch flags are facts of the file, checked here as
-    `regen check` checks them (same rows, same words). The node's facts (the model, the sglang
-    venv, the GPUs, the ports, the stage dir, the output) cannot be seen from this machine:
-    each is a `skipped` row saying `not checked here`, never dropped and never a failure.
+    The config, the servers' launch flags and the prompts (which the rehearsal reads too: rows
+    with tools need a tool-call parser) are checked here as `regen check` checks them (same
+    rows, same words). The node's facts (the model, the sglang venv, the GPUs, the ports, the
+    stage dir, the output) cannot be seen from this machine: each is a `skipped` row saying
+    `not checked here`, never dropped and never a failure.
     """
     engine = source.engine
     if engine.kind == "external":
@@ -124,7 +125,11 @@ def rehearsal_checks(source: RegenConfig, rehearsal_output: str) -> PreflightRep
         "storage": f"output {source.output}: the rehearsal writes {rehearsal_output}",
     }
     rows = _isolated(
-        [("config", lambda: check_config(source)), ("flags", lambda: check_flags(source))]
+        [
+            ("config", lambda: check_config(source)),
+            ("flags", lambda: check_flags(source)),
+            ("prompts", lambda: check_prompts(source)),
+        ]
     )
     rows += [
         CheckRow(

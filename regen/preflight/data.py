@@ -71,6 +71,11 @@ IGNORES_IF_NONE_MATCH = (
     "overwrote the first), so two runs could both take the output's lease and two nodes one shard"
 )
 
+TOOL_PARSER_HINT = (
+    "set engine.tool_call_parser, SGLang's --tool-call-parser (qwen25 for Qwen3, hermes, "
+    "qwen3_coder, ...; with engine.kind external, the one its servers were started with)"
+)
+
 _SPACE_HINT = "free space under the output, or write it to a bigger disk: a full disk stops the run"
 
 
@@ -163,6 +168,16 @@ def check_prompts(
     if found.valid == 0:
         reason = f"{config.prompts}: {found.first_reason}"
         return CheckRow(name="prompts", status="fail", figure=reason, hint="fix the prompts file")
+    if found.with_tools and not config.engine.tool_call_parser:
+        # Without a parser SGLang leaves every call as text in the answer: no tool_calls, no
+        # finish_reason tool_calls, and a tool conversation's later turns never run.
+        return CheckRow(
+            name="prompts",
+            status="fail",
+            figure=f"{figure}; {found.with_tools} have tools and engine.tool_call_parser is "
+            "not set: the servers would leave every call as text in the answer",
+            hint=TOOL_PARSER_HINT,
+        )
     if found.rejected:
         figure = f"{figure}; first: {found.first_reason}"
         share, limit = found.rejected / found.rows_checked, config.audit.rejects.fail

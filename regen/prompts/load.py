@@ -101,6 +101,8 @@ class PromptPreview:
     first_reason: str | None
     sampled: str = ""
     """How the rows were taken: `whole file`, or the windows of head, middle and tail."""
+    with_tools: int = 0
+    """Valid rows that carry `tools`: the servers need a tool-call parser for them."""
 
     @property
     def format(self) -> str:
@@ -217,6 +219,7 @@ def _preview(
         rejects.height,
         f"{unit[:-1]} {first['line']}: {first['reason']}" if first else None,
         sampled,
+        int(valid.get_column("tools").is_not_null().sum()),
     )
 
 
