@@ -73,7 +73,8 @@ def test_a_conversation_ending_on_an_unanswered_call_regenerates_that_turn(
 ) -> None:
     """The model makes the given call (the emulator's THE_CALL): nothing answers it, so the
     row ends on the model's call, generated once, and no request ended on a call."""
-    valid = _prompts(tmp_path, shape("same", THE_CALL), shape("other", {"name": "get_weather", "arguments": {"city": "nine"}}))
+    other = {"name": "get_weather", "arguments": {"city": "nine"}}
+    valid = _prompts(tmp_path, shape("same", THE_CALL), shape("other", other))
     out = regenerate(endpoint, valid, turns)
     tools = template_tools([WEATHER])
     for row in out.iter_rows(named=True):
