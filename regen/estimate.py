@@ -8,7 +8,8 @@ fleet's micro-benchmark (`engine.bench`, each server's `probe tok/s` in a datase
 `report/fleet.json`). Every answer at `max_tokens` is an upper bound: few answers reach it, so
 `--mean-tokens` (a typical answer's length, e.g. an earlier audit's completion p50) gives the
 likely figure beside it. The size is the provisioning check's estimate
-(`regen.preflight.space`), one owner for both.
+(`regen.preflight.space`), one owner for both, here over every prompt: an estimate, not a bound
+(a bound on the bytes of text is too loose to plan a disk by; that module says why).
 """
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ import math
 import statistics
 from dataclasses import dataclass
 
-import polars as pl
-
 from regen.config import RegenConfig
 from regen.display.figures import compact, count, duration, sig
 from regen.errors import UserError
-from regen.preflight.space import OutputEstimate, bound_estimate
+from regen.preflight.space import OutputEstimate, PromptFigures, first_estimate
 from regen.storage import Storage
 from regen.storage.diskfull import human_size
 
@@ -71,7 +70,7 @@ class Estimate:
         ]  # fmt: skip
         for n in self.gpus:
             rows.append((f"{n} GPU{'s' if n > 1 else ''}", self._time(n)))
-        rows.append(("size", f"at most {human_size(self.size.size)} ({self.size.basis})"))
+        rows.append(("size", f"about {human_size(self.size.size)} ({self.size.basis})"))
         width = max(len(label) for label, _ in rows) + 1
         return [f"{label + ':':<{width}} {text}" for label, text in rows]
 
@@ -103,15 +102,6 @@ def _at_most(seconds: float) -> str:
     return f"{sig(up)} {unit}"
 
 
-def answers_per_row(valid: pl.DataFrame, turns: str) -> int:
-    """How many answers the valid rows ask for: one a row for `turns: last`, one a user turn
-    for `turns: all` (every assistant turn regenerated, `regen.conversations`)."""
-    if turns != "all" or not valid.height:
-        return valid.height
-    users = pl.col("messages").list.eval(pl.element().struct.field("role") == "user").list.sum()
-    return int(valid.select(users.sum()).item())
-
-
 def measured_rate(storage: Storage) -> Rate:
     """The fleet benchmark's per-GPU rate on the node that made a dataset: the median of its
     healthy servers' `probe tok/s` in `report/fleet.json`."""
@@ -139,15 +129,15 @@ def estimate(
 
     prompts = load_prompts(config.prompts, options=read_options(config.input))
     turns = config.regeneration.turns
-    answers = answers_per_row(prompts.valid, turns)
+    figures = PromptFigures.of(prompts.valid, turns)
     return Estimate(
         prompts=prompts.num_valid,
         rejected=prompts.num_rejected,
-        answers=answers,
+        answers=figures.answers,
         turns=turns,
         max_tokens=config.sampling.max_tokens,
         mean_tokens=mean_tokens,
         rate=rate,
         gpus=gpus or [config.engine.num_servers],
-        size=bound_estimate(config, prompts.num_valid, answers),
+        size=first_estimate(config, figures),
     )

@@ -7,13 +7,15 @@ import json
 import re
 from pathlib import Path
 
+import polars as pl
 import pytest
 import yaml
 
 from flows.cli import main
 from regen.config import load_config
 from regen.fleet.report import FleetRow, write_fleet_report
-from regen.preflight.space import BYTES_PER_TOKEN, bound_estimate
+from regen.preflight.space import BYTES_PER_TOKEN, PromptFigures, first_estimate
+from regen.prompts import load_prompts
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage
 
@@ -54,10 +56,14 @@ def test_hours_on_n_gpus_from_the_plan_and_a_given_rate(
     assert lines["rate"] == "2,000 output tok/s per GPU (given)"
     assert lines["1 GPU"] == "about 2.00 min, at most 6.00 min"  # 720,000 / 2,000 = 360 s
     assert lines["8 GPUs"] == "about 15.0 s, at most 45.0 s"
-    # The size is regen check's estimate, one owner: max_tokens x 8 B a row.
-    size = bound_estimate(load_config(config), 240)
-    assert size.bytes_per_row == 3000 * BYTES_PER_TOKEN
-    assert lines["size"] == f"at most 5.8 MB ({size.basis})"
+    # The size is regen check's estimate, one owner: max_tokens x 8 B a row, and the prompts'
+    # text stored once as text and once as token ids (4 B per 3 B of text). An estimate.
+    valid = load_prompts(str(bundled("sample_prompts.jsonl"))).valid
+    figures = PromptFigures.of(valid, "last")
+    size = first_estimate(load_config(config), figures)
+    text = figures.text_bytes
+    assert size.size == int(240 * 3000 * BYTES_PER_TOKEN + text * (1 + 4 / 3))
+    assert lines["size"] == f"about 5.8 MB ({size.basis})"
     # Without --gpus: the config's servers (8 GPUs).
     code, lines, _ = _run(["-c", str(config), "--tok-s-per-gpu", "2000"], capsys)
     assert code == 0 and lines["8 GPUs"] == "at most 45.0 s"
@@ -86,11 +92,16 @@ def test_turns_all_counts_an_answer_per_user_turn(
         == "3 prompts (0 rejected), 6 answers (regeneration.turns all), max_tokens 1,000"
     )
     assert lines["1 GPU"] == "at most 60.0 s"  # 6 x 1,000 / 100
-    assert (
-        lines["size"].startswith("at most 48.0 kB")
-        or "16,000 B a row: 2 answers a row" in lines["size"]
+    # 6 answers x 1,000 x 8 B; each turn's prompt stored as ids: the given conversation up to
+    # its user message (its answers are the model's now: a: 1 then 2 B of text, b: 1, c: 1, 2,
+    # 3), and the earlier answers in it (a: 1, c: 1 + 2) at max_tokens x 4 B; the given text
+    # itself once (1 B a user message).
+    ids = (1 + 2 + 1 + 1 + 2 + 3) * 4 / 3 + 4 * 1000 * 4
+    per_row = (6 * 1000 * 8 + ids + 6) / 3
+    assert lines["size"] == (
+        f"about 64.0 KB ({per_row:,.0f} B a row: 2 answers at max_tokens 1,000 x 8 B, and "
+        f"{(ids + 6) / 3:,.0f} B of prompt text and its token ids)"
     )
-    assert "16,000 B a row: 2 answers a row x max_tokens 1,000 x 8 B" in lines["size"]
     code, lines, _ = _run(
         ["-c", str(config), "--tok-s-per-gpu", "100", "--gpus", "1"],
         capsys,
@@ -145,3 +156,26 @@ def test_a_bound_is_rounded_up() -> None:
     # 1M answers of 4,096 tokens at 2,000 tok/s on 8 GPUs: 71.11 h, shown 71.2 h, not 71.1 h.
     assert _at_most(1_000_000 * 4096 / 16_000) == "71.2 h"
     assert _at_most(360.0) == "6.00 min" and _at_most(60.01) == "60.1 s"
+
+
+def test_the_prompts_weigh_their_tools_and_calls_as_the_run_sends_them(tmp_path: Path) -> None:
+    """A row's tools go with each of its prompts; a call the run sends is part of the prompt,
+    the trailing unanswered one (the xLAM shape, regenerated: regen.conversations) is not."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}
+    result = {"role": "tool", "content": "ok"}
+    rows = [
+        {"id": "xlam", "tools": tools, "messages": [{"role": "user", "content": "hi"}, call]},
+        {"id": "loop", "tools": tools,
+         "messages": [{"role": "user", "content": "hi"}, call, result]},
+    ]  # fmt: skip
+    path = tmp_path / "tools.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    valid = load_prompts(str(path)).valid
+    tools_bytes = len(valid["tools"][0].encode())
+    xlam, loop = (
+        PromptFigures.of(valid.filter(pl.col("id") == i), "last") for i in ("xlam", "loop")
+    )
+    assert xlam.text_bytes == xlam.sent_bytes == 2 + tools_bytes  # "hi" and the tools
+    assert loop.text_bytes > 2 + 2 + tools_bytes  # the call sent (its JSON), and "ok"
+    assert xlam.answers == loop.answers == 1

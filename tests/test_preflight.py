@@ -277,14 +277,18 @@ def test_storage_row_estimates_the_output_from_max_tokens_when_nothing_is_commit
     tmp_path: Path,
 ) -> None:
     """Before, the row said only the free space: whether the run fits was left to the disk-full
-    stop, GPU hours later. 3 prompts x 4,096 max_tokens x 8 B a token is 98.3 KB."""
+    stop, GPU hours later. 3 prompts x 4,096 max_tokens x 8 B a token is 98.3 KB, and each
+    prompt's 2 B of text is stored once as text and once as token ids (4 B per 3 B of text)."""
     from regen.preflight.space import BYTES_PER_TOKEN
 
     row = check_storage(_estimate_config(tmp_path, rows=3, max_tokens=4096))
     assert row.status == "pass", row
-    per_row = 4096 * BYTES_PER_TOKEN
+    per_row = 4096 * BYTES_PER_TOKEN + 2 + 2 * 4 / 3
     assert f"the run still writes about {3 * per_row / 1000:.1f} KB" in row.figure, row.figure
-    assert f"(3 rows x {per_row:,} B a row: max_tokens 4,096 x {BYTES_PER_TOKEN} B)" in row.figure
+    assert (
+        f"(3 rows x {per_row:,.0f} B a row: 1 answer at max_tokens 4,096 x {BYTES_PER_TOKEN} B, "
+        "and 5 B of prompt text and its token ids)"
+    ) in row.figure
 
 
 @pytest.mark.parametrize(("share", "status"), [(0.8, "warn"), (2.0, "fail")])

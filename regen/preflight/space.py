@@ -2,8 +2,17 @@
 
 A full disk stops a run at once (regen.storage.diskfull), so preflight says beforehand whether the
 rest of the run fits: bytes per row from the shards this config already committed there (what
-the run really writes), else a conservative default per output token, times the rows the
-input has beyond those committed. S3 reports no free space, so only local outputs are judged.
+the run really writes), else an estimate from the prompts and `sampling.max_tokens`, times the
+rows the input has beyond those committed. S3 reports no free space, so only local outputs are
+judged.
+
+An estimate, said as one (`about`), never a bound: a true upper bound would take every token at
+the most bytes any token of the vocabulary decodes to (dozens: a run of spaces or `=` is one
+token), ten times and more the 3-4 bytes text takes, and a figure that large says nothing about
+whether a disk fits.
+What a row stores is counted part by part (`PromptFigures`): each answer at `max_tokens`, its
+text and ids; the conversation's text; and each answer's prompt again as its token ids, which
+with `regeneration.turns: all` hold the conversation up to that turn, earlier answers included.
 """
 
 from __future__ import annotations
@@ -13,6 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import polars as pl
+
+from regen.conversations import Turns, conversation_for
+from regen.errors import UserError
 from regen.storage.diskfull import human_size
 
 if TYPE_CHECKING:
@@ -20,18 +33,101 @@ if TYPE_CHECKING:
     from regen.storage import Storage
 
 BYTES_PER_TOKEN = 8
-"""Stored bytes per output token when nothing is committed yet, as an upper bound: a token's
-text and its id uncompressed. Measured on a rehearsal dataset (2 shards of 20 rows, 1,600
-completion tokens a row, max_tokens 4096): content and reasoning take 4.7 bytes of text a
-token and each token's id is stored as int32 (4 B), 8.7 B raw; committed, Parquet made it
-0.93 B a token, every column included, but the emulator's 86-word vocabulary compresses far
-better than a real model's text, so the default keeps the raw size. Times
-`sampling.max_tokens`, which few rows reach, the estimate errs on the large side; once a shard
-is committed its real bytes per row replace it."""
+"""Stored bytes per output token when nothing is committed yet: a token's text and its id,
+uncompressed. Measured on a rehearsal dataset (2 shards of 20 rows, 1,600 completion tokens a
+row, max_tokens 4096): content and reasoning take 4.7 bytes of text a token and each token's id
+is stored as int32 (4 B), 8.7 B raw; committed, Parquet made it 0.93 B a token, every column
+included, but the emulator's 86-word vocabulary compresses far better than a real model's text,
+so the default keeps the raw size. Times `sampling.max_tokens`, which few answers reach, the
+estimate errs on the large side; once a shard is committed its real bytes per row replace it."""
+
+PROMPT_BYTES_PER_TOKEN = 3
+"""Bytes of prompt text one prompt token stands for, on the low side (English takes about 4,
+code and CJK about 3): each answer's prompt is stored again as its token ids (int32, 4 B a
+token), so a byte of prompt text costs about 4/3 B of ids for each answer it is sent with."""
+
+ID_BYTES = 4
+"""A stored token id (int32)."""
 
 WARN_FACTOR = 1.5
 """Free space below the estimate x this warns: shards in flight, temp files, the audit report
 and export land on the same disk."""
+
+SAMPLE_ROWS = 1000
+"""Rows of a local prompt file read for its figures per row (head, middle and tail, as the
+prompts row reads them): the whole file is counted, never parsed, before the run."""
+
+
+@dataclass(frozen=True)
+class PromptFigures:
+    """What the rows' conversations weigh in the stored rows, summed over `rows` rows."""
+
+    rows: int
+    answers: int
+    """Answers the rows ask for: one a row with `turns: last`, one a user turn with `all`."""
+    text_bytes: int
+    """The conversations' text as stored (messages, the calls in them, the tools)."""
+    sent_bytes: int
+    """The input text behind every answer's prompt, summed over the answers: with `turns: all`
+    a turn's prompt holds the conversation up to its user message; the tools go with each."""
+    earlier_answers: int
+    """Answers already in the history of a later turn (`turns: all`), each sent again."""
+
+    @classmethod
+    def of(cls, valid: pl.DataFrame, turns: Turns) -> PromptFigures:
+        """The figures of the valid rows (`messages`, `tools`) as the run will send them."""
+        if not valid.height:
+            return cls(0, 0, 0, 0, 0)
+        message = pl.col("m").struct
+        calls = message.field("tool_calls")
+        size = message.field("content").str.len_bytes().fill_null(0) + pl.when(
+            calls.is_not_null()
+        ).then(pl.struct(calls).struct.json_encode().str.len_bytes()).otherwise(0)
+        long = (
+            valid.select(
+                pl.int_range(pl.len()).alias("row"),
+                conversation_for(turns).alias("m"),
+                pl.col("tools").str.len_bytes().fill_null(0).alias("tools"),
+            )
+            .explode("m")
+            .select(
+                "row",
+                "tools",
+                size.alias("size"),
+                (message.field("role") == "user").alias("user"),
+            )
+        )
+        per_row = long.group_by("row").agg(
+            text=pl.col("size").sum() + pl.col("tools").first(),
+            users=pl.col("user").sum(),
+            # Each user turn's prompt: the conversation up to and with its user message.
+            upto_users=pl.col("size").cum_sum().filter(pl.col("user")).sum(),
+            tools=pl.col("tools").first(),
+        )
+        if turns == "all":
+            answers = pl.col("users").clip(lower_bound=1)
+            sent = pl.col("upto_users") + answers * pl.col("tools")
+            earlier = answers * (answers - 1) // 2
+        else:  # one answer a row, on the whole conversation as given up to its last input
+            answers, sent, earlier = pl.col("users") * 0 + 1, pl.col("text"), pl.col("users") * 0
+        text, a, s, e = per_row.select(
+            pl.col("text").sum(), answers.sum().alias("a"), sent.sum().alias("s"),
+            earlier.sum().alias("e"),
+        ).row(0)  # fmt: skip
+        return cls(valid.height, int(a), int(text), int(s), int(e))
+
+    def scaled(self, rows: int) -> PromptFigures:
+        """A sample's figures for `rows` rows like it."""
+        if not self.rows:
+            return PromptFigures(rows, rows, 0, 0, 0)
+        k = rows / self.rows
+        return PromptFigures(
+            rows,
+            round(self.answers * k),
+            round(self.text_bytes * k),
+            round(self.sent_bytes * k),
+            round(self.earlier_answers * k),
+        )
 
 
 @dataclass(frozen=True)
@@ -72,22 +168,37 @@ def estimate_output(config: RegenConfig, storage: Storage) -> OutputEstimate | N
         return OutputEstimate(
             left, size / done, f"{size / done:,.0f} B a row in {len(committed)} committed shards"
         )
-    return bound_estimate(config, left)
+    return first_estimate(config, _sampled_figures(config).scaled(left))
 
 
-def bound_estimate(config: RegenConfig, rows: int, answers: int | None = None) -> OutputEstimate:
-    """`rows` rows before anything is committed: each answer at most `sampling.max_tokens` of
-    `BYTES_PER_TOKEN`, one answer a row unless `answers` says how many the rows hold in all
-    (`regeneration.turns: all` answers every user turn)."""
-    max_tokens = config.sampling.max_tokens
-    per_answer = max_tokens * BYTES_PER_TOKEN
-    if answers is None or answers == rows or rows == 0:
-        basis = f"{per_answer:,} B a row: max_tokens {max_tokens:,} x {BYTES_PER_TOKEN} B"
-        return OutputEstimate(rows, per_answer, basis)
-    per_row = per_answer * answers / rows
+def _sampled_figures(config: RegenConfig) -> PromptFigures:
+    """The figures of a sample of the prompt file (none where it cannot be read: the prompts
+    row says why)."""
+    from regen.prompts import preview, read_options
+
+    try:
+        found = preview(config.prompts, SAMPLE_ROWS, options=read_options(config.input))
+    except UserError:
+        return PromptFigures(0, 0, 0, 0, 0)
+    return PromptFigures.of(found.sample, config.regeneration.turns)
+
+
+def first_estimate(config: RegenConfig, figures: PromptFigures) -> OutputEstimate:
+    """`figures.rows` rows before anything is committed: each answer at `sampling.max_tokens`
+    of `BYTES_PER_TOKEN`, the conversations' text, and every answer's prompt as its ids."""
+    max_tokens, rows = config.sampling.max_tokens, figures.rows
+    answers = figures.answers * max_tokens * BYTES_PER_TOKEN
+    prompts = (
+        figures.text_bytes
+        + figures.sent_bytes * ID_BYTES / PROMPT_BYTES_PER_TOKEN
+        + figures.earlier_answers * max_tokens * ID_BYTES
+    )
+    per_row = (answers + prompts) / rows if rows else 0.0
+    a_row = figures.answers / rows if rows else 1.0
+    shown = "1 answer" if a_row == 1 else f"{a_row:.3g} answers"
     basis = (
-        f"{per_row:,.0f} B a row: {answers / rows:.3g} answers a row x max_tokens "
-        f"{max_tokens:,} x {BYTES_PER_TOKEN} B"
+        f"{per_row:,.0f} B a row: {shown} at max_tokens {max_tokens:,} x {BYTES_PER_TOKEN} B, "
+        f"and {prompts / rows if rows else 0:,.0f} B of prompt text and its token ids"
     )
     return OutputEstimate(rows, per_row, basis)
 

@@ -101,12 +101,17 @@ class PromptPreview:
     first_reason: str | None
     sampled: str = ""
     """How the rows were taken: `whole file`, or the windows of head, middle and tail."""
-    with_tools: int = 0
-    """Valid rows that carry `tools`: the servers need a tool-call parser for them."""
+    sample: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False, compare=False)
+    """The valid rows checked (`id`, `line`, `messages`, `tools`), for figures per row."""
 
     @property
     def format(self) -> str:
         return format_name(self.formats)
+
+    @property
+    def with_tools(self) -> int:
+        """Valid rows that carry `tools`: the servers need a tool-call parser for them."""
+        return int(self.sample.get_column("tools").is_not_null().sum()) if self.valid else 0
 
 
 def load_prompts(
@@ -219,7 +224,7 @@ def _preview(
         rejects.height,
         f"{unit[:-1]} {first['line']}: {first['reason']}" if first else None,
         sampled,
-        int(valid.get_column("tools").is_not_null().sum()),
+        valid,
     )
 
 
