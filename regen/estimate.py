@@ -70,7 +70,7 @@ class Estimate:
         ]  # fmt: skip
         for n in self.gpus:
             rows.append((f"{n} GPU{'s' if n > 1 else ''}", self._time(n)))
-        rows.append(("size", f"about {human_size(self.size.size)} ({self.size.basis})"))
+        rows.append(("size", f"about {human_size(self.size.size)} (estimated: {self.size.basis})"))
         width = max(len(label) for label, _ in rows) + 1
         return [f"{label + ':':<{width}} {text}" for label, text in rows]
 

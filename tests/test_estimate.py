@@ -63,7 +63,7 @@ def test_hours_on_n_gpus_from_the_plan_and_a_given_rate(
     size = first_estimate(load_config(config), figures)
     text = figures.text_bytes
     assert size.size == int(240 * 3000 * BYTES_PER_TOKEN + text * (1 + 4 / 3))
-    assert lines["size"] == f"about 5.8 MB ({size.basis})"
+    assert lines["size"] == f"about 5.8 MB (estimated: {size.basis})"
     # Without --gpus: the config's servers (8 GPUs).
     code, lines, _ = _run(["-c", str(config), "--tok-s-per-gpu", "2000"], capsys)
     assert code == 0 and lines["8 GPUs"] == "at most 45.0 s"
@@ -99,8 +99,8 @@ def test_turns_all_counts_an_answer_per_user_turn(
     ids = (1 + 2 + 1 + 1 + 2 + 3) * 4 / 3 + 4 * 1000 * 4
     per_row = (6 * 1000 * 8 + ids + 6) / 3
     assert lines["size"] == (
-        f"about 64.0 KB ({per_row:,.0f} B a row: 2 answers at max_tokens 1,000 x 8 B, and "
-        f"{(ids + 6) / 3:,.0f} B of prompt text and its token ids)"
+        f"about 64.0 KB (estimated: {per_row:,.0f} B a row: 2 answers at max_tokens 1,000 x 8 B, "
+        f"and {(ids + 6) / 3:,.0f} B of prompt text and its token ids)"
     )
     code, lines, _ = _run(
         ["-c", str(config), "--tok-s-per-gpu", "100", "--gpus", "1"],

@@ -286,8 +286,8 @@ def test_storage_row_estimates_the_output_from_max_tokens_when_nothing_is_commit
     per_row = 4096 * BYTES_PER_TOKEN + 2 + 2 * 4 / 3
     assert f"the run still writes about {3 * per_row / 1000:.1f} KB" in row.figure, row.figure
     assert (
-        f"(3 rows x {per_row:,.0f} B a row: 1 answer at max_tokens 4,096 x {BYTES_PER_TOKEN} B, "
-        "and 5 B of prompt text and its token ids)"
+        f"(estimated: 3 rows x {per_row:,.0f} B a row: 1 answer at max_tokens 4,096 x "
+        f"{BYTES_PER_TOKEN} B, and 5 B of prompt text and its token ids)"
     ) in row.figure
 
 
@@ -347,7 +347,9 @@ def test_storage_row_takes_bytes_per_row_from_the_committed_shards(tmp_path: Pat
     size = sum(p.stat().st_size for p in (tmp_path / "out" / "shards").glob("*.parquet"))
     row = check_storage(cfg)
     assert row.status == "pass", row
-    assert f"(8 rows x {size / 2:,.0f} B a row in 1 committed shards)" in row.figure, row.figure
+    assert f"(estimated: 8 rows x {size / 2:,.0f} B a row in 1 committed shards)" in row.figure, (
+        row.figure
+    )
 
 
 def test_storage_row_on_s3_says_free_space_is_not_checked(tmp_path: Path) -> None:

@@ -145,7 +145,7 @@ class OutputEstimate:
 
     def describe(self) -> str:
         size = human_size(self.size)
-        return f"the run still writes about {size} ({self.rows:,} rows x {self.basis})"
+        return f"the run still writes about {size} (estimated: {self.rows:,} rows x {self.basis})"
 
 
 def estimate_output(config: RegenConfig, storage: Storage) -> OutputEstimate | None:
