@@ -106,14 +106,13 @@ class PromptFigures:
         )
         if turns == "all":
             answers = pl.col("users").clip(lower_bound=1)
-            sent = pl.col("upto_users") + answers * pl.col("tools")
-            earlier = answers * (answers - 1) // 2
+            sent = (pl.col("upto_users") + answers * pl.col("tools")).sum()
+            totals = (answers.sum(), sent, (answers * (answers - 1) // 2).sum())
         else:  # one answer a row, on the whole conversation as given up to its last input
-            answers, sent, earlier = pl.col("users") * 0 + 1, pl.col("text"), pl.col("users") * 0
+            totals = (pl.len(), pl.col("text").sum(), pl.lit(0))
         text, a, s, e = per_row.select(
-            pl.col("text").sum(), answers.sum().alias("a"), sent.sum().alias("s"),
-            earlier.sum().alias("e"),
-        ).row(0)  # fmt: skip
+            pl.col("text").sum(), *(t.alias(f"t{i}") for i, t in enumerate(totals))
+        ).row(0)
         return cls(valid.height, int(a), int(text), int(s), int(e))
 
     def scaled(self, rows: int) -> PromptFigures:
