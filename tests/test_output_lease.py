@@ -121,10 +121,19 @@ def _in_own_pid_namespace(storage_root: Path) -> subprocess.Popen[str] | None:
         "import sys, time; from pathlib import Path; from regen.storage import LocalStorage; "
         "from regen.storage.output_lease import Holder, OutputLease; "
         "OutputLease(LocalStorage(Path(sys.argv[1])), Holder.this_process(run_id='pod-run'))"
-        ".take(); print('held', flush=True); time.sleep(300)"
+        ".take(); print('held', flush=True); time.sleep(120)"
     )
     for isolate in (["--pid"], ["--user", "--map-root-user", "--pid"]):
-        argv = ["unshare", *isolate, "--fork", "--mount-proc", sys.executable, "-c", take]
+        argv = [
+            "unshare",
+            *isolate,
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            sys.executable,
+            "-c",
+            take,
+        ]
         proc = subprocess.Popen(
             [*argv, str(storage_root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
