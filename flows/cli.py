@@ -103,6 +103,18 @@ def _parser() -> argparse.ArgumentParser:
     add_config(p, required=True)
     p.set_defaults(func=_check)
 
+    p = verbs.add_parser(
+        "features",
+        help="Capture the target's hidden states over a dataset regen wrote (stage 7).",
+        description="For every committed shard of the config's output without features yet: "
+        "launch the fleet with the capture flags (the features: section's convention and "
+        "layers, regen's capture module), send a prefill over each sample's stored token ids "
+        "and commit one feature shard per dataset shard (manifest last) under features/ (or "
+        "features.dest). Rerun to resume. Exit 1 when a shard could not be captured.",
+    )
+    add_config(p, required=True)
+    p.set_defaults(func=_features)
+
     add_library_verbs(verbs)
 
     p = verbs.add_parser(
@@ -169,6 +181,18 @@ def _run(args: argparse.Namespace) -> int:
     from regen.config import load_config
 
     return _run_flow(load_config(args.config))
+
+
+def _features(args: argparse.Namespace) -> int:
+    from regen.config import load_config
+
+    config = load_config(args.config)
+    if config.features is None:
+        raise ConfigError(f"{args.config}: regen features needs a features: section")
+    prefect_env()
+    from flows.runner import run_features
+
+    return run_features(config)
 
 
 def _check(args: argparse.Namespace) -> int:

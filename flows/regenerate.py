@@ -22,6 +22,7 @@ from regen.multinode.nodes import NodeAssignment
 from regen.run import StagedModel
 from tasks.audit import audit
 from tasks.export import export
+from tasks.features import FeaturesSummary, features
 from tasks.generate import generate, plan_run
 from tasks.lease import hold_output
 from tasks.setup import provision, reap_orphans, stage_model, start_fleet
@@ -41,6 +42,8 @@ class RunSummary(BaseModel):
     """Rows this run generated; 0 when an earlier run had committed every one."""
     exports: list[str] = []
     """Where the `export:` section's formats were written (after a passing audit)."""
+    features: FeaturesSummary | None = None
+    """The `features:` section's hidden states (stage 7, after a passing audit)."""
 
 
 # Threads only wait on the dispatcher: 32 shards in flight keep up to 32 x shard_size
@@ -133,6 +136,11 @@ def regenerate_completions(
         targets = config.export.targets() if config.export else []
         for dest, options in targets:
             export(run.dataset, dest, options, tokenizer)
+        # Stage 7 on the same node, the fleet launched again with the capture flags (they
+        # turn speculative decoding off, so generation never ran under them).
+        captured = None
+        if config.features is not None:
+            captured = features(run, model or stage_model(run), api_key)
         return RunSummary(
             output=config.output,
             rows_ok=report.rows - report.failed_rows,
@@ -142,4 +150,5 @@ def regenerate_completions(
             verdict=report.verdict,
             rows_generated=generation.rows,
             exports=[dest for dest, _ in targets],
+            features=captured,
         )

@@ -96,6 +96,41 @@ def run_regenerate(config: RegenConfig) -> int:
     return _outcome(state, config)
 
 
+def run_features(config: RegenConfig) -> int:
+    """Run `capture_features` in this process (`regen features`); exit 0 when every pending
+    shard was captured."""
+    from flows.ephemeral import detach_ephemeral_server, stop_ephemeral_server
+    from flows.features import capture_features
+
+    interrupts = Interrupts(
+        line=lambda sig: resume_line(sig, config.output, argv()),
+        stop_fleet=lambda: reap_orphans(config.work_dir),
+        on_force=stop_ephemeral_server,
+    )
+    _reap_ephemeral_servers()
+    _quiet_tracebacks(interrupts)
+    detach_ephemeral_server()
+    try:
+        with interrupts.installed():
+            state = capture_features(config, return_state=True)
+    except KeyboardInterrupt as err:
+        return _interrupted(interrupts, config, signal_of(err))
+    if interrupts.received is not None:
+        return _interrupted(interrupts, config, interrupts.received)
+    if not state.is_completed():
+        ended = (state.name or state.type.value).lower()
+        print(f"regen: features {ended}: {failure_reason(state)}", file=sys.stderr)
+        print("features: committed shards are kept; run it again to resume", file=sys.stderr)
+        return 1
+    summary = state.result()
+    print(
+        f"features: {summary.samples:,} samples in {summary.shards:,} shards at "
+        f"{summary.dest} ({summary.captured_shards:,} captured by this run, "
+        f"{summary.failed:,} refused by the server)"
+    )
+    return 0
+
+
 def _interrupted(interrupts: Interrupts, config: RegenConfig, raised: signal.Signals) -> int:
     sig = interrupts.received or raised
     print(resume_line(sig, config.output, argv()), file=sys.stderr)

@@ -23,6 +23,7 @@ from regen.config.export import (
     ExportOptions,
     Turns,
 )
+from regen.config.features import Convention, FeatureDtype, FeaturesConfig
 from regen.config.generation import GenerationConfig
 from regen.config.input import InputConfig
 from regen.config.load import (
@@ -48,11 +49,14 @@ __all__ = [
     "TOKEN_FORMATS",
     "AuditConfig",
     "BenchConfig",
+    "Convention",
     "EmulatorConfig",
     "EngineConfig",
     "ExportConfig",
     "ExportFormat",
     "ExportOptions",
+    "FeatureDtype",
+    "FeaturesConfig",
     "GenerationConfig",
     "InputConfig",
     "ModelConfig",

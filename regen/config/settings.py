@@ -13,6 +13,7 @@ from pydantic import (
 from regen.config.audit import AuditConfig
 from regen.config.engine import EngineConfig
 from regen.config.export import ExportConfig
+from regen.config.features import FeaturesConfig
 from regen.config.generation import GenerationConfig
 from regen.config.input import InputConfig
 from regen.config.model import ModelConfig
@@ -44,6 +45,11 @@ class RegenConfig(Section):
     audit: AuditConfig = AuditConfig()
     export: ExportConfig | None = Field(
         default=None, description="Trainer formats written after a passing audit (stage 6)."
+    )
+    features: FeaturesConfig | None = Field(
+        default=None,
+        description="The target's hidden states over the stored token ids, captured after a "
+        "passing audit (stage 7, `regen features`).",
     )
 
     @field_validator("prompts", "output")

@@ -6,7 +6,10 @@ A root holds `run.json` and `plan.parquet` (what the run is), `rejects/`, `progr
 `nodes/` (a multi-node run's leases and heartbeats), `lease/` (the one run that holds the
 root, `regen.storage.output_lease`), `superseded/<fingerprint>/` (an older
 run moved aside), `audit/` (each shard's audit summary), `canary/` (the canary's rows) and
-`report/` (the audit report; `report/stopped.json` when the live gate stopped the run).
+`report/` (the audit report; `report/stopped.json` when the live gate stopped the run) and
+`features/` (the target's hidden states: `features.json` what they are, a manifest
+`shards/shard-NNNNNN.json` per dataset shard, written last, and its samples' files under
+`samples/shard-NNNNNN/`, apart so that finding the manifests lists no sample).
 Shard numbers are zero-padded to six digits and grow past them, so every pattern takes six
 or more; one regex per kind of key keeps writers and readers agreeing.
 """
@@ -35,12 +38,18 @@ FLEET_KEY = f"{REPORT_PREFIX}fleet.json"
 # Beside report/audit.json: the first file a person opens after a run stopped.
 STOP_KEY = f"{REPORT_PREFIX}stopped.json"
 _PROGRESS = "progress.json"
+FEATURES_PREFIX = "features/"
+FEATURES_RECORD_KEY = f"{FEATURES_PREFIX}features.json"
+"""What the feature shards under the same root hold: layers, dtype, samples, model."""
+FEATURES_PROGRESS_KEY = f"{FEATURES_PREFIX}progress.json"
+FEATURE_MANIFESTS_PREFIX = f"{FEATURES_PREFIX}shards/"
 
 _MANIFEST = re.compile(r"^shards/shard-(\d{6,})\.json$")
 _DATA = re.compile(r"^shards/shard-(\d{6,})(?:\.g(\d+))?\.parquet$")
 _CLAIM = re.compile(r"^claims/shard-(\d{6,})\.(\d{9,})\.json$")
 _LEASE = re.compile(r"^lease/run\.(\d{9,})\.json$")
 _NODE_PROGRESS = re.compile(r"^nodes/(.+)\.progress\.json$")
+_FEATURE_MANIFEST = re.compile(r"^features/shards/shard-(\d{6,})\.json$")
 
 
 def key_url(root: str, key: str) -> str:
@@ -138,3 +147,19 @@ def canary_key(fingerprint: str) -> str:
 def set_aside_prefix(fingerprint: str, stamp: str) -> str:
     """Where a stop record and its canary go when a rerun overrides them: kept, not deleted."""
     return f"{SUPERSEDED_PREFIX}stopped-{fingerprint[:12]}-{stamp}/"
+
+
+def feature_manifest_key(shard: int) -> str:
+    """A feature shard's commit mark, written after every sample file it names."""
+    return f"{FEATURE_MANIFESTS_PREFIX}shard-{shard:06d}.json"
+
+
+def feature_sample_key(shard: int, index: int) -> str:
+    """The file of the shard's `index`-th sample (in the dataset shard's sample order)."""
+    return f"{FEATURES_PREFIX}samples/shard-{shard:06d}/{index:06d}.safetensors"
+
+
+def parse_feature_manifest_key(key: str) -> int | None:
+    """The shard of a feature manifest key, or None for any other key."""
+    match = _FEATURE_MANIFEST.match(key)
+    return int(match.group(1)) if match else None

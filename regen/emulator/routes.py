@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -20,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from regen.emulator import tool_calls, wire
+from regen.emulator import features, tool_calls, wire
 from regen.emulator.args import DEFAULT_CONTEXT_LENGTH, EmuArgs
 from regen.emulator.metrics import Counters, render
 from regen.emulator.model import EmulatedModel, Generation, message_text, parse_reasoning
@@ -336,6 +337,8 @@ class EmulatorServer:
         started = time.monotonic()
         try:
             body = wire.json_object(await request.read())
+            if body.get("return_hidden_states"):
+                return await self._capture(body, started)
             text = body.get("text")
             if not isinstance(text, str):
                 raise RequestError("text must be a string (batches are not emulated)")
@@ -364,6 +367,39 @@ class EmulatorServer:
                 "meta_info": self._meta_info(rid, out, prompt, latency, cached),
             }
         )
+
+
+    async def _capture(self, body: dict[str, Any], started: float) -> web.Response:
+        """A capture request (regen.emulator.features): the prefill's time, then its states."""
+        if not self.args.server_args.get("enable_return_aux_hidden_states"):
+            raise RequestError(
+                "return_hidden_states needs a server launched with "
+                "--enable-return-aux-hidden-states (or --enable-return-hidden-states)"
+            )
+        ids = body.get("input_ids")
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+            raise RequestError("input_ids must be a non-empty list of token ids")
+        if len(ids) >= self.context_length:
+            raise RequestError(
+                f"The input ({len(ids)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)."
+            )
+        rid = str(body.get("rid") or uuid.uuid4().hex)
+        await asyncio.sleep(len(ids) / self.args.prefill_tokens_per_s * self.args.time_scale)
+        states = features.hidden_states_answer(ids, self.capture_indices, self.hidden_size, rid)
+        out = Generation(text="", token_ids=[0], reasoning_tokens=0, finish_reason="length")
+        meta = self._meta_info(rid, out, len(ids), time.monotonic() - started, 0)
+        meta["hidden_states"] = states
+        self.counters.record(len(ids), 1, time.monotonic() - started, 0)
+        return web.json_response({"text": "", "output_ids": [0], "meta_info": meta})
+
+    @functools.cached_property
+    def capture_indices(self) -> tuple[int, ...]:
+        return features.capture_indices(self.args.server_args, self.config)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.get("hidden_size") or features.DEFAULT_HIDDEN)
 
 
 SERVER = web.AppKey("emulator", EmulatorServer)

@@ -26,7 +26,7 @@ def _chain() -> None:
 
 
 if os.environ.get("REGEN_CAPTURE_DIR"):
-    import regen_sglang_capture
+    import regen_sglang_capture  # type: ignore[import-not-found]
 
     regen_sglang_capture.arm()
 _chain()
