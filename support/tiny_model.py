@@ -22,9 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = REPO / "regen" / "data" / "emulator-model"
 
 
-def build(target: Path, tokenizer_dir: Path | None = None) -> Path:
-    """Write the tiny model into `target` (created; files in it are overwritten) and return it."""
-    twin = build_twin(Path(tokenizer_dir or TOKENIZER_DIR), Path(target))
+def build(target: Path, tokenizer_dir: Path | None = None, *, layers: int = 2) -> Path:
+    """Write the tiny model into `target` (created; files in it are overwritten) and return it;
+    `layers` 8 for the features (EAGLE-3's default layers 2, 4, 5 of 8)."""
+    twin = build_twin(Path(tokenizer_dir or TOKENIZER_DIR), Path(target), layers=layers)
     if not twin.planted:
         raise ValueError(f"{tokenizer_dir or TOKENIZER_DIR}: the tokenizer makes no planted path")
     return twin.path

@@ -95,9 +95,12 @@ def _eos(tokenizer_dir: Path, vocab: dict[str, int]) -> int | None:
     return vocab.get(eos) if isinstance(eos, str) else None
 
 
-def build_twin(tokenizer_dir: Path, target: Path, *, context_length: int = 4096) -> Twin:
+def build_twin(
+    tokenizer_dir: Path, target: Path, *, context_length: int = 4096, layers: int = LAYERS
+) -> Twin:
     """Write the twin of the model whose tokenizer files are in `tokenizer_dir` into `target`
-    (created; its files are overwritten). UserError when there is no tokenizer.json."""
+    (created; its files are overwritten). UserError when there is no tokenizer.json. `layers`:
+    8 for the features' tests, deep enough for EAGLE-3's default layers (2, n/2, n-3)."""
     tokenizer_dir, target = Path(tokenizer_dir), Path(target)
     if not (tokenizer_dir / "tokenizer.json").is_file():
         raise UserError(f"{tokenizer_dir}: no tokenizer.json to build a twin of the model with")
@@ -116,7 +119,7 @@ def build_twin(tokenizer_dir: Path, target: Path, *, context_length: int = 4096)
         "vocab_size": vocab_size,
         "hidden_size": HIDDEN,
         "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": LAYERS,
+        "num_hidden_layers": layers,
         "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS,
         "head_dim": HEAD_DIM,
@@ -141,7 +144,7 @@ def build_twin(tokenizer_dir: Path, target: Path, *, context_length: int = 4096)
     generation = {"bos_token_id": pad, "eos_token_id": [eos] if eos is not None else [],
                   "pad_token_id": pad}  # fmt: skip
     (target / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    _write_safetensors(target / "model.safetensors", _weights(vocab_size, list(planted)))
+    _write_safetensors(target / "model.safetensors", _weights(vocab_size, list(planted), layers))
     return Twin(target, vocab_size, planted)
 
 
@@ -164,7 +167,9 @@ def _unit(rng: random.Random, others: list[list[float]]) -> list[float]:
     return [a / n for a in v]
 
 
-def _weights(vocab_size: int, ids: list[int]) -> dict[str, tuple[list[int], array.array]]:
+def _weights(
+    vocab_size: int, ids: list[int], layers: int = LAYERS
+) -> dict[str, tuple[list[int], array.array]]:
     rng = random.Random(SEED)
 
     def rand(*shape: int, std: float = 0.02) -> tuple[list[int], array.array]:
@@ -192,7 +197,7 @@ def _weights(vocab_size: int, ids: list[int]) -> dict[str, tuple[list[int], arra
         "model.norm.weight": ones(HIDDEN),
         "lm_head.weight": ([vocab_size, HIDDEN], lm_head),
     }
-    for i in range(LAYERS):
+    for i in range(layers):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = ones(HIDDEN)
         w[p + "post_attention_layernorm.weight"] = ones(HIDDEN)
