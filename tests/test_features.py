@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import numpy as np
 import polars as pl
 import pytest
@@ -93,9 +94,8 @@ def test_a_capture_module_server_answers_with_a_key_and_a_stock_one_with_rows(
     ids = [5, 9, 9, 17, 3]
     aux, last = pseudo_states(ids, EIGHT, 64)
     with in_process([CAPTURE_FLAGS]) as (emu,):
-        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
+        body: dict[str, object] = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
         body["return_hidden_states"] = True
-        import httpx
 
         stock = httpx.post(f"{emu.url}/generate", json=body).json()
         assert np.array_equal(parse_json(stock, len(ids)).aux, aux.astype(np.float32))
