@@ -115,6 +115,20 @@ def _parser() -> argparse.ArgumentParser:
     add_config(p, required=True)
     p.set_defaults(func=_features)
 
+    p = verbs.add_parser(
+        "features-export",
+        help="Write a dataset's feature shards in a trainer's offline layout.",
+        description="specforge: one .ckpt per sample (input_ids, loss_mask, hidden_state, "
+        "aux_hidden_state), the directory SpecForge's offline reader takes; speculators: an "
+        "Arrow dataset plus hidden_states/hs_<i>.safetensors, the directory its --data takes "
+        "(--model: the model directory, for the final norm's weight).",
+    )
+    p.add_argument("features", help="The root holding features/ (the dataset or features.dest).")
+    p.add_argument("--layout", choices=["specforge", "speculators"], required=True)
+    p.add_argument("--out", required=True, help="A local directory to write.")
+    p.add_argument("--model", help="The model directory (speculators: the final norm weight).")
+    p.set_defaults(func=_features_export)
+
     add_library_verbs(verbs)
 
     p = verbs.add_parser(
@@ -193,6 +207,19 @@ def _features(args: argparse.Namespace) -> int:
     from flows.runner import run_features
 
     return run_features(config)
+
+
+def _features_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from regen.features.layouts import write_layout
+    from regen.storage import open_storage
+
+    model = Path(args.model) if args.model else None
+    counts = write_layout(open_storage(args.features), Path(args.out), args.layout, model)
+    print(f"features-export: {counts.samples:,} samples of {counts.shards:,} shards as "
+          f"{counts.layout} in {counts.dest}")  # fmt: skip
+    return 0
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
 FP8_RELATIVE = 2.0**-4
 FP8_FLOOR = 2.0**-10
 """|x - fp8(x)| <= max(FP8_RELATIVE * |x|, FP8_FLOOR * scale), scale = the token's amax / 448."""
-_DTYPES = {
+DTYPES = {
     "BF16": BF16, "F8_E4M3": FP8, "F16": np.dtype(np.float16), "F32": np.dtype(np.float32),
     "I32": np.dtype(np.int32), "I64": np.dtype(np.int64), "U8": np.dtype(np.uint8),
 }  # fmt: skip
@@ -109,7 +109,7 @@ def read_tensors(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Every tensor of a safetensors file's bytes as numpy (bf16 and fp8 through ml_dtypes,
     which safetensors' own numpy loader lacks) and its metadata."""
     tensors = {
-        name: np.frombuffer(view["data"], dtype=_DTYPES[view["dtype"]]).reshape(view["shape"])
+        name: np.frombuffer(view["data"], dtype=DTYPES[view["dtype"]]).reshape(view["shape"])
         for name, view in deserialize(data)
     }
     return tensors, metadata_of(data)
