@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from regen.config import RegenConfig
 from regen.display.figures import compact, count, duration, sig
 from regen.errors import UserError
+from regen.features.sizes import PlannedFeatures, planned_features
 from regen.preflight.space import OutputEstimate, PromptFigures, first_estimate
 from regen.storage import Storage
 from regen.storage.diskfull import human_size
@@ -47,6 +48,9 @@ class Estimate:
     rate: Rate
     gpus: list[int]
     size: OutputEstimate
+    features: PlannedFeatures | str | None = None
+    """The `features:` section's size (or why there is none); None without the section."""
+    prefill_tok_s: float | None = None
 
     @property
     def max_output_tokens(self) -> int:
@@ -71,8 +75,25 @@ class Estimate:
         for n in self.gpus:
             rows.append((f"{n} GPU{'s' if n > 1 else ''}", self._time(n)))
         rows.append(("size", f"about {human_size(self.size.size)} (estimated: {self.size.basis})"))
+        rows += self._features()
         width = max(len(label) for label, _ in rows) + 1
         return [f"{label + ':':<{width}} {text}" for label, text in rows]
+
+    def _features(self) -> list[tuple[str, str]]:
+        """The features' size, and their time at the prefill rate on each GPU count."""
+        if self.features is None:
+            return []
+        if isinstance(self.features, str):
+            return [("features", self.features)]
+        rows = [("features", self.features.line())]
+        if self.prefill_tok_s is None:
+            rows.append(("prefill", "give --prefill-tok-s-per-gpu for the features' time"))
+            return rows
+        for n in self.gpus:
+            seconds = self.features.size.seconds(self.prefill_tok_s, n)
+            rows.append((f"features on {n}", f"about {duration(seconds)} at "
+                         f"{sig(self.prefill_tok_s)} prefill tok/s per GPU"))  # fmt: skip
+        return rows
 
     def _tokens(self) -> str:
         # Exact: a bound shown rounded (4,100M for 4,096,000,000) reads as another figure.
@@ -122,6 +143,7 @@ def estimate(
     rate: Rate,
     gpus: list[int] | None = None,
     mean_tokens: float | None = None,
+    prefill_tok_s: float | None = None,
 ) -> Estimate:
     """The plan's figures for `config`, read as the run reads its prompts, at `rate` on each
     of `gpus` (default the config's servers)."""
@@ -140,4 +162,6 @@ def estimate(
         rate=rate,
         gpus=gpus or [config.engine.num_servers],
         size=first_estimate(config, figures),
+        features=planned_features(config, figures) if config.features else None,
+        prefill_tok_s=prefill_tok_s,
     )

@@ -200,6 +200,12 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
         metavar="T",
         help="A typical answer's output tokens (e.g. an earlier audit's completion p50).",
     )
+    p.add_argument(
+        "--prefill-tok-s-per-gpu",
+        type=_positive_float,
+        metavar="R",
+        help="With a features: section, the prefill rate the features' time is given at.",
+    )
     p.set_defaults(func=_estimate)
 
     p = verbs.add_parser(
@@ -279,7 +285,10 @@ def _estimate(args: argparse.Namespace) -> int:
             rate = measured_rate(open_storage(args.rate_from))
         except UserError as err:
             raise UsageError(str(err)) from None
-    found = estimate(config, rate, gpus=args.gpus, mean_tokens=args.mean_tokens)
+    found = estimate(
+        config, rate, gpus=args.gpus, mean_tokens=args.mean_tokens,
+        prefill_tok_s=args.prefill_tok_s_per_gpu,
+    )  # fmt: skip
     print("\n".join(found.lines()))
     return 0
 

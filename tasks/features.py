@@ -20,6 +20,7 @@ from pydantic import BaseModel, SecretStr
 from regen.dataset.reader import read_committed
 from regen.display.figures import duration, sig
 from regen.display.naming import artifact, described
+from regen.errors import UserError
 from regen.features.capture import CaptureError
 from regen.features.manifest import FeatureManifest, FeatureRecord, claim_record
 from regen.features.pool import CapturePool
@@ -29,6 +30,7 @@ from regen.features.sizes import human_bytes
 from regen.features.stage import (
     FeaturePlan,
     FeatureProgress,
+    check_space,
     feature_record,
     plan_features,
     run_shards,
@@ -123,6 +125,8 @@ def features(run: OpenedRun, model: StagedModel, api_key: SecretStr) -> Features
     )
     if not plan.pending:
         return _summary(storage, plan, [], 0.0)
+    if refused := check_space(storage, plan):
+        raise UserError(refused)
     progress = FeatureProgress(plan)
     bar = create_progress_artifact(
         0.0, **artifact("features-progress", run.output, "0 % · launching the capture fleet")

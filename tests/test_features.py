@@ -33,6 +33,7 @@ from tests.support.export import make_export_dataset
 
 CAPTURE_FLAGS = ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3"]
 EIGHT = (2, 4, 5)  # the emulator model's 8 layers: EAGLE-3's default 2, n/2, n-3
+REPO_MODEL = Path(__file__).resolve().parents[1] / "regen" / "data" / "emulator-model"
 
 
 def test_eagle3_default_layers_and_explicit_ids() -> None:
@@ -221,3 +222,50 @@ def test_a_sample_the_server_refuses_is_listed_not_retried(
     assert [f.id for f in manifest.failed] == too_long["id"].to_list()
     assert "context length" in manifest.failed[0].reason
     assert len(manifest.samples) + len(manifest.failed) == todo.frame.height
+
+
+def test_sizes_are_tokens_x_layers_x_hidden_x_bytes() -> None:
+    from regen.features.sizes import FeatureSize, bytes_per_token
+
+    assert bytes_per_token(3, 4096, "bf16") == 4 * 4096 * 2 + 5
+    assert bytes_per_token(3, 4096, "fp8") == 4 * 4096 + 2 * 4 + 5
+    size = FeatureSize(2000 * 1000, 3, 4096, "bf16")
+    assert size.bytes == 2_000_000 * (4 * 4096 * 2 + 5)
+    assert "2,000,000 tokens x 4 layers x 4096 hidden x 2 B" in size.describe()
+    assert size.seconds(20_000, 8) == 2_000_000 / 160_000
+
+
+def test_estimate_gives_the_features_size_and_time(tmp_path: Path) -> None:
+    from regen.config import parse_config
+    from regen.estimate import Rate, estimate
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "{i}", "prompt": "hello there"}}\n' for i in range(10)))
+    config = parse_config(
+        {
+            "model": {"source": str(REPO_MODEL), "served_name": "m", "stage": False},
+            "prompts": str(prompts),
+            "output": str(tmp_path / "out"),
+            "sampling": {"max_tokens": 100},
+            "features": {"dtype": "fp8"},
+        }
+    )
+    lines = estimate(config, Rate(1000, "given"), gpus=[2], prefill_tok_s=500).lines()
+    features = next(line for line in lines if line.startswith("features:"))
+    # 10 answers of at most 100 + a prompt's bytes / 3 tokens, 4 layers x 64 x 1 B + scales.
+    assert "x 4 layers x 64 hidden x 1 B + scales" in features
+    assert any(line.startswith("features on 2:") for line in lines)
+
+
+def test_a_disk_that_cannot_hold_the_features_is_refused_before_any_capture(
+    tmp_path: Path,
+) -> None:
+    from regen.features.stage import FeaturePlan, check_space
+
+    storage = LocalStorage(tmp_path / "features")
+    record = _record(storage)
+    small = FeaturePlan(record, [0], {}, [0], {0: "x"}, pending_tokens=10, pending_samples=1)
+    assert check_space(storage, small) is None
+    huge = FeaturePlan(record, [0], {}, [0], {0: "x"}, pending_tokens=10**13, pending_samples=1)
+    refused = check_space(storage, huge)
+    assert refused is not None and "free space or set features.dest" in refused

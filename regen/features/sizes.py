@@ -10,10 +10,15 @@ The safetensors header (a few hundred bytes a sample) is left out: under 0.1 % o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from regen.config import FeatureDtype
+from regen.config import FeatureDtype, RegenConfig
 from regen.display.figures import sig
+from regen.errors import ConfigError
+from regen.features.layers import resolve
 from regen.features.manifest import FeatureRecord
+from regen.preflight.space import PROMPT_BYTES_PER_TOKEN, PromptFigures
+from regen.storage import Storage
 
 _IDS_AND_MASK = 4 + 1
 
@@ -62,3 +67,74 @@ def human_bytes(size: float) -> str:
             return f"{sig(size)} {unit}"
         size /= 1000
     raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class PlannedFeatures:
+    """What a config's `features:` section will write, before or after generation."""
+
+    size: FeatureSize
+    basis: str
+
+    def line(self) -> str:
+        return f"{self.size.describe()}; {self.basis}"
+
+
+def model_shape_here(config: RegenConfig) -> tuple[int, int] | None:
+    """(layers, hidden) from the model's config.json when this machine has it (a local
+    source or the staged copy), else None: a laptop estimating a Hub model has no weights."""
+    from regen.features.stage import model_shape
+
+    for directory in (config.model.staged_path(), Path(config.model.source)):
+        if (directory / "config.json").is_file():
+            try:
+                return model_shape(directory)
+            except ConfigError:
+                return None
+    return None
+
+
+def planned_features(
+    config: RegenConfig, figures: PromptFigures, storage: Storage | None = None
+) -> PlannedFeatures | str:
+    """The features' size for the rows `figures` describe: at the tokens a sample the
+    committed shards of `storage` hold when there are some, else each sample's prompt and its
+    answer at `max_tokens` (PromptFigures.sample_tokens, the same figures as the rows'
+    estimate). A string says why there is no figure."""
+    features = config.features
+    assert features is not None
+    shape = model_shape_here(config)
+    if shape is None:
+        return "not sized: the model's config.json is not on this machine (its layers, hidden)"
+    layers, hidden = shape
+    try:
+        aux = resolve(features, layers).aux
+    except ConfigError as err:
+        return f"not sized: {err}"
+    tokens, basis = _tokens(config, figures, storage)
+    return PlannedFeatures(FeatureSize(tokens, aux, hidden, features.dtype), basis)
+
+
+def _tokens(
+    config: RegenConfig, figures: PromptFigures, storage: Storage | None
+) -> tuple[int, str]:
+    if storage is not None:
+        from regen.dataset.reader import read_committed
+        from regen.lossmask.ids import sample_sizes
+
+        try:
+            committed = read_committed(storage)
+            sizes = sample_sizes(committed.scan().select("id", "turns")).collect()
+        except Exception:  # no dataset there yet, or not one regen can read
+            sizes = None
+        lengths = [] if sizes is None else sizes["seq_len"].drop_nulls().to_list()
+        if lengths:
+            mean = sum(lengths) / len(lengths)
+            basis = f"{mean:,.0f} tokens a sample in the committed shards"
+            return round(mean * figures.answers), basis
+    max_tokens = config.sampling.max_tokens
+    tokens = figures.sample_tokens(max_tokens)
+    return tokens, (
+        f"{figures.answers:,} samples, each its prompt (text / {PROMPT_BYTES_PER_TOKEN} B a token) "
+        f"and its answer at max_tokens {max_tokens:,}"
+    )

@@ -25,8 +25,9 @@ from regen.dataset.reader import Committed
 from regen.errors import ConfigError
 from regen.features.layers import CaptureLayers, resolve
 from regen.features.manifest import FeatureManifest, FeatureRecord, read_manifests
-from regen.features.sizes import FeatureSize
+from regen.features.sizes import FeatureSize, human_bytes
 from regen.lossmask.ids import sample_sizes
+from regen.preflight.space import OutputEstimate
 from regen.storage import Storage
 
 StartShard = Callable[[int], futures.Future[FeatureManifest]]
@@ -97,6 +98,27 @@ def plan_features(committed: Committed, storage: Storage, record: FeatureRecord)
     ).collect()
     tokens, count = totals.row(0) if totals.height else (0, 0)
     return FeaturePlan(record, committed.shards, done, pending, sources, tokens or 0, count)
+
+
+def check_space(storage: Storage, plan: FeaturePlan) -> str | None:
+    """Refuse, before any GPU work, a local root whose disk cannot hold what is left to
+    capture (as the storage check refuses a run, regen.preflight.space); None when it fits or
+    the root is on S3 (no free space to read). The line says what is needed and what is free."""
+    from regen.preflight.space import free_bytes, judge_space
+    from regen.storage import LocalStorage
+
+    if not isinstance(storage, LocalStorage) or not plan.pending_tokens:
+        return None
+    size = FeatureSize.of(plan.record, plan.pending_tokens)
+    storage.root.mkdir(parents=True, exist_ok=True)
+    free = free_bytes(storage.root)
+    needed = OutputEstimate(1, size.bytes, "features")
+    if judge_space(free, needed) != "fail":
+        return None
+    return (
+        f"features: {storage.uri}: the features left to capture need {size.describe()}, "
+        f"{human_bytes(free)} is free there; free space or set features.dest elsewhere"
+    )
 
 
 class FeatureProgress:

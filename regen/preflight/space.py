@@ -115,6 +115,13 @@ class PromptFigures:
         ).row(0)
         return cls(valid.height, int(a), int(text), int(s), int(e))
 
+    def sample_tokens(self, max_tokens: int) -> int:
+        """The tokens of every answer's training sample, its prompt (the text sent, at
+        PROMPT_BYTES_PER_TOKEN, and earlier answers at max_tokens) and its answer at
+        max_tokens: what the features capture, before any is generated."""
+        prompts = self.sent_bytes / PROMPT_BYTES_PER_TOKEN + self.earlier_answers * max_tokens
+        return round(prompts + self.answers * max_tokens)
+
     def scaled(self, rows: int) -> PromptFigures:
         """A sample's figures for `rows` rows like it."""
         if not self.rows:
@@ -164,10 +171,31 @@ def estimate_output(config: RegenConfig, storage: Storage) -> OutputEstimate | N
     left = max(rows - done, 0)
     if done:
         size = sum(m.size for m in committed.values())
-        return OutputEstimate(
+        rows_left = OutputEstimate(
             left, size / done, f"{size / done:,.0f} B a row in {len(committed)} committed shards"
         )
-    return first_estimate(config, _sampled_figures(config).scaled(left))
+    else:
+        rows_left = first_estimate(config, _sampled_figures(config).scaled(left))
+    return _with_features(config, storage if mine else None, rows_left, rows)
+
+
+def _with_features(
+    config: RegenConfig, storage: Storage | None, rows_left: OutputEstimate, rows: int
+) -> OutputEstimate:
+    """The rows still to write plus, with a `features:` section writing into the same root,
+    every row's features (an upper bound: rows whose features are captured count too)."""
+    features = config.features
+    if features is None or features.dest is not None or rows_left.rows == 0 or rows == 0:
+        return rows_left
+    from regen.features.sizes import planned_features
+
+    planned = planned_features(config, _sampled_figures(config).scaled(rows), storage)
+    if isinstance(planned, str):
+        return OutputEstimate(rows_left.rows, rows_left.bytes_per_row, f"{rows_left.basis}; "
+                              f"features {planned}")  # fmt: skip
+    extra = planned.size.bytes / rows_left.rows
+    basis = f"{rows_left.basis} + features {extra:,.0f} B a row ({planned.line()})"
+    return OutputEstimate(rows_left.rows, rows_left.bytes_per_row + extra, basis)
 
 
 def _sampled_figures(config: RegenConfig) -> PromptFigures:
