@@ -240,9 +240,9 @@ def main() -> None:
     print("{:8} {:>7} {:>11} {:>12} {:>12} {:>15} {:>14}".format(*head, "values/CPU s"))
     for path in (stock, ours):
         for r in path["runs"]:
-            cells = (r["mode"], f"{r['tokens'] // r['requests']}", f"{r['values']:,}")
-            cells += (f"{r['server_overhead_cpu_s']:.3f}", f"{r['client_cpu_s']:.3f}")
-            cells += (f"{r['cpu_s_per_m_values'] or 0:.3f}", f"{r['values_per_cpu_s'] or 0:,.0f}")
+            cells = [r["mode"], f"{r['tokens'] // r['requests']}", f"{r['values']:,}"]
+            cells += [f"{r['server_overhead_cpu_s']:.3f}", f"{r['client_cpu_s']:.3f}"]
+            cells += [f"{r['cpu_s_per_m_values'] or 0:.3f}", f"{r['values_per_cpu_s'] or 0:,.0f}"]
             print("{:8} {:>7} {:>11} {:>12} {:>12} {:>15} {:>14}".format(*cells))
     print(
         f"8B target (hidden {EIGHT_B['hidden']}, {EIGHT_B['tokens']:,} tokens a sample), "
