@@ -155,7 +155,13 @@ def prepare(plan: DressPlan, hf_token: str | None = None) -> None:
     source = plan.origin
     tokenizer = plan.twin_dir.parent / f".{plan.twin_dir.name}-tokenizer"
     fetch_tokenizer(plan.twin_of, plan.revision, tokenizer, hf_token)
-    build_twin(tokenizer, plan.twin_dir, context_length=source.engine.context_length)
+    # With features, deep enough for their layers: EAGLE-3's default needs 8, explicit ids
+    # one more than the deepest (its output is an aux state, the last layer's is not).
+    features = source.features
+    layers = 2 if features is None else max(8, max(features.layer_ids or [0]) + 2)
+    build_twin(
+        tokenizer, plan.twin_dir, context_length=source.engine.context_length, layers=layers
+    )
     prompts = load_prompts(source.prompts, options=read_options(source.input, hf_token))
     # The rows as read (tools, calls and results included), which the sample reads back as is.
     head = prompts.valid.head(plan.sample_size).select("id", "messages", "tools")
