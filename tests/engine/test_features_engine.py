@@ -127,7 +127,10 @@ def test_stored_features_equal_a_transformers_forward(
     print("\nfeatures against transformers (tiny Qwen3, 8 layers, hidden 64):")
     for dtype, got in figures.items():
         assert (got["rows"], got["samples"]) == (6, 9)  # 3 two-turn rows, 3 tool-call rows
-        diffs = ", ".join(f"{k}: {v:.2e}" for k, v in got["max_abs_diff"].items())
+        diffs = ", ".join(
+            f"{k}: {v:.2e} (of |x| <= {got['max_abs_reference'][k]:.2f})"
+            for k, v in got["max_abs_diff"].items()
+        )
         print(f"  {dtype}: {got['rows']} rows, {got['samples']} samples, {got['tokens']} tokens; "
               f"max abs diff per layer {diffs}")  # fmt: skip
         assert list(got["max_abs_diff"]) == ["2", "4", "5", "final"]
