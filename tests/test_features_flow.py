@@ -3,6 +3,7 @@ then the same command again, which captures exactly what was left, each sample o
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from regen.dataset.keys import FEATURE_MANIFESTS_PREFIX
 from regen.dataset.reader import read_committed
 from regen.features.encode import decode
 from regen.features.manifest import FeatureManifest, read_manifests
+from regen.features.site import capture_root
 from regen.lossmask import samples
 from regen.machine.ports import port_is_free
 from regen.storage import LocalStorage
@@ -95,8 +97,11 @@ def test_a_capture_killed_with_sigkill_resumes_each_sample_exactly_once(
     assert len(set(seen)) == len(seen) == expected.height
     for manifest in after.values():
         _check_files(features, manifest)
-    # The killed run's servers were reaped by the rerun, whose own are stopped.
+    # The killed run's servers were reaped by the rerun, whose own are stopped, and the
+    # capture files the killed run's servers left on the RAM disk are gone with them.
     assert all(port_is_free("127.0.0.1", base_port + i) for i in range(2))
+    work = tmp_path / "work"
+    assert not [d for d in capture_root(work, "x").parent.glob("*") if _of(d, work)]
 
 
 def _check_files(storage: LocalStorage, manifest: FeatureManifest) -> None:
@@ -111,3 +116,11 @@ def _check_files(storage: LocalStorage, manifest: FeatureManifest) -> None:
             entry.turn,
             entry.tokens,
         )
+
+
+def _of(directory: Path, work_dir: Path) -> bool:
+    """A capture dir of a run whose work dir is `work_dir`."""
+    try:
+        return json.loads((directory / "owner.json").read_text())["work_dir"] == str(work_dir)
+    except (OSError, ValueError, KeyError):
+        return False

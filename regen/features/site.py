@@ -13,6 +13,7 @@ venv) and REGEN_CAPTURE_DIR, where each request's tensors go. That directory is 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 from pydantic import SecretStr
 
 from regen.config import RegenConfig
@@ -30,6 +32,7 @@ from regen.features.pool import CaptureServer
 from regen.fleet.commands import ServerCommand, build_server_commands
 from regen.fleet.handle import Fleet
 from regen.fleet.launch import launch_fleet
+from regen.machine.owned import alive
 
 SITE_DIR = Path(__file__).resolve().parent / "sglang_site"
 SHM = Path("/dev/shm")
@@ -73,6 +76,8 @@ def capture_fleet(
         )
     capture = capture_config(config, layers)
     root = capture_root(config.work_dir, run_id)
+    reap_capture_dirs(root.parent)
+    _claim(root, config.work_dir)
     commands = build_server_commands(capture, model_path, api_key, config.work_dir, run_id)
     fleet = launch_fleet(capture, with_capture_module(commands, root), api_key)
     try:
@@ -80,3 +85,30 @@ def capture_fleet(
             yield fleet, [CaptureServer(e, root / e.name) for e in fleet.endpoints]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+OWNER = "owner.json"
+
+
+def _claim(root: Path, work_dir: Path) -> None:
+    """Record this process (and its run's work dir) as the capture dir's owner."""
+    root.mkdir(parents=True, exist_ok=True)
+    me = psutil.Process()
+    owner = {"pid": me.pid, "started_at": me.create_time(), "work_dir": str(work_dir)}
+    (root / OWNER).write_text(json.dumps(owner))
+
+
+def reap_capture_dirs(parent: Path) -> list[Path]:
+    """Remove the capture dirs of runs whose process is gone (a kill -9 leaves its servers'
+    last files on the RAM disk); a dir without a readable owner is left alone."""
+    removed = []
+    for directory in sorted(parent.glob("*")) if parent.is_dir() else []:
+        try:
+            owner = json.loads((directory / OWNER).read_text())
+            dead = not alive(int(owner["pid"]), float(owner["started_at"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if dead:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
