@@ -32,3 +32,9 @@ class FleetError(Exception):
 
 class FleetUnauthorized(FleetError):
     """A server answered 401: the API key is wrong, so every request would fail."""
+
+
+class FleetGone(FleetError):
+    """No server can serve and none can come back (every launched server out for good after
+    its relaunches): the run cannot go on. Its message is one line: what died, when, and what
+    its log says."""
