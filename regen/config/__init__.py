@@ -13,6 +13,7 @@ from regen.config.engine import (
     EmulatorConfig,
     EngineConfig,
     Port,
+    RelaunchConfig,
     SpeculativeConfig,
 )
 from regen.config.export import (
@@ -64,6 +65,7 @@ __all__ = [
     "ReasoningEffort",
     "RegenConfig",
     "RegenerationConfig",
+    "RelaunchConfig",
     "RowCheck",
     "SamplingConfig",
     "SamplingSetting",
