@@ -17,6 +17,8 @@ from regen.client import Dispatcher
 from regen.config import RegenConfig
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
+from regen.fleet.report import write_fleet_report
+from regen.fleet.supervisor import Supervisor
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.progress import ProgressSnapshot, ProgressWriter
@@ -49,6 +51,9 @@ def dispatcher_for(config: RegenConfig, fleet: Fleet, api_key: SecretStr) -> Dis
         generation=config.generation,
         concurrency_per_server=config.concurrency,
         reprobe=fleet.reprobe,
+        # Launched servers are relaunched (`Supervisor`): the fleet is gone only once none
+        # can come back; an external fleet keeps generation.fleet_dead_s.
+        supervised=bool(fleet.launched),
     )
 
 
@@ -64,8 +69,9 @@ def feeding(
     on_progress: Callable[[ProgressSnapshot], None] | None = None,
     on_live: Callable[[LiveReport], None],
 ) -> Iterator[Feed]:
-    """Dispatcher, progress writer (at `progress_key`) and live watch for the length of the
-    `with` block."""
+    """Dispatcher, progress writer (at `progress_key`), live watch and the fleet's supervisor
+    (which rewrites `report/fleet.json` at each relaunch) for the length of the `with` block;
+    the supervisor stops first, so it never calls a closed dispatcher."""
     with (
         dispatcher_for(config, fleet, api_key) as dispatcher,
         ProgressWriter(
@@ -82,6 +88,14 @@ def feeding(
             FleetScraper(fleet.endpoints),
             interval_s=config.generation.live_interval_s,
             on_update=on_live,
+            fleet=lambda: fleet.report,
+        ),
+        Supervisor(
+            fleet,
+            dispatcher,
+            config.engine.relaunch,
+            startup_timeout_s=config.engine.startup_timeout_s,
+            on_change=lambda rows: write_fleet_report(storage, rows),
         ),
     ):
         feed = Feed(dispatcher, progress, slots=len(fleet.endpoints) * config.concurrency)

@@ -1,0 +1,336 @@
+"""The fleet heals itself: emulator servers launched by regen's own fleet code are killed,
+stopped or left without their port mid-run, and the run's feed (the dispatcher, the
+supervisor, the fleet report) must bring them back or finish without them, every id once.
+
+Real processes throughout: the servers are `python -m regen.emulator` started by
+`launch_fleet`, killed with real signals; the port a relaunch needs is held by a real socket.
+Every wait is on a state, with a generous guard against a hang, never a tight sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import psutil
+import pytest
+
+from regen.config import RegenConfig
+from regen.errors import FleetGone
+from regen.fleet import Fleet, attach_fleet, build_server_commands, generate_api_key, launch_fleet
+from regen.fleet.report import FLEET_KEY, FleetRow
+from regen.generation.feed import Feed, feeding
+from regen.generation.run_plan import RunPlan
+from regen.machine.ports import port_is_free
+from regen.progress.fleet_live import LiveReport
+from regen.schema import row_schema
+from regen.sglang_api.probe import ProbeSettings
+from regen.storage import LocalStorage
+from support.emulator import emulators
+from tests.support.fleet import MODEL_DIR, SERVED, fleet_config, server_pids
+
+FAST = ProbeSettings(generation_timeout_s=5, interval_s=0.1)
+GUARD_S = 120.0  # a hang guard only: no pass depends on it
+# Answers of 100-200 tokens at 250 tok/s x 0.1: 40-80 ms each, so a run of a few hundred
+# rows spans seconds and a fault lands inside it.
+EMULATOR = {
+    "load_s": 0.2, "time_scale": 0.1, "reasoning_tokens": "50:100", "answer_tokens": "50:100",
+}  # fmt: skip
+
+
+def _config(
+    tmp_path: Path,
+    servers: int,
+    *,
+    relaunch: dict[str, Any] | None = None,
+    kind: str = "emulator",
+    **engine: Any,
+) -> RegenConfig:
+    relaunch = {"max_restarts": 3, "backoff_s": 0.2, "hang_s": 3.0, **(relaunch or {})}
+    config = fleet_config(
+        tmp_path, servers, kind=kind,
+        engine={"relaunch": relaunch, "emulator": EMULATOR, **engine},
+    )  # fmt: skip
+    generation = config.generation.model_copy(update={"fleet_dead_s": 600.0})
+    return config.model_copy(update={"concurrency_per_server": 4, "generation": generation})
+
+
+def _launch(config: RegenConfig) -> Fleet:
+    key = generate_api_key()
+    commands = build_server_commands(config, MODEL_DIR, key, config.work_dir)
+    return launch_fleet(config, commands, key, probe_settings=FAST, grace_s=3)
+
+
+def _prompts(count: int, prefix: str) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "id": [f"{prefix}-{i:05d}" for i in range(count)],
+            "messages": [[{"role": "user", "content": f"question {i}?"}] for i in range(count)],
+        },
+        schema={"id": pl.String, "messages": row_schema()["messages"]},
+    )
+
+
+def _plan(tmp_path: Path, rows: int) -> RunPlan:
+    return RunPlan(
+        fingerprint="f" * 64, num_rows=rows, num_shards=1, shard_size=rows, rejected=0,
+        pending=[0], committed_shards=0, committed_rows=0, prompt_cache=tmp_path,
+    )  # fmt: skip
+
+
+class Run:
+    """A run's feed over a fleet, shards submitted to it, its live reports kept."""
+
+    def __init__(self, feed: Feed, fleet: Fleet, storage: LocalStorage) -> None:
+        self.feed, self.fleet, self.storage = feed, fleet, storage
+        self.shards: list[tuple[pl.DataFrame, futures.Future[pl.DataFrame]]] = []
+        self.pids_seen: set[int] = set()
+
+    def submit(self, shards: int, rows: int) -> None:
+        for k in range(shards):
+            frame = _prompts(rows, f"s{k}")
+            self.shards.append((frame, self.feed.dispatcher.submit_shard(k, frame)))
+
+    def pid(self, index: int) -> int:
+        process = self.fleet.launched[index].process
+        assert process is not None
+        self.pids_seen.add(process.pid)
+        return process.pid
+
+    def row(self, index: int) -> FleetRow:
+        return self.fleet.report[index]
+
+    def back(self, index: int, *, relaunches: int) -> bool:
+        row = self.row(index)
+        return row.relaunches == relaunches and row.status == "healthy"
+
+    def stored_report(self) -> list[dict[str, Any]]:
+        data: list[dict[str, Any]] = json.loads(self.storage.read_bytes(FLEET_KEY))
+        return data
+
+    def results(self) -> pl.DataFrame:
+        return pl.concat([future.result(timeout=GUARD_S) for _, future in self.shards])
+
+    def wait(self, what: str, done: Callable[[], bool], timeout: float = GUARD_S) -> None:
+        """Until `done()`, a state; the timeout is a guard against a hang."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.fleet.report}"
+            time.sleep(0.02)
+
+
+@contextmanager
+def _run(
+    config: RegenConfig, tmp_path: Path, rows: int, fleet: Fleet | None = None
+) -> Iterator[Run]:
+    """The feed over a launched (or the given) fleet; on the way out, whatever happened,
+    the fleet is torn down and nothing it ever started may be left running."""
+    fleet = fleet or _launch(config)
+    storage = LocalStorage(tmp_path / "out")
+    lives: list[LiveReport] = []
+    with fleet, feeding(
+        config, storage, _plan(tmp_path, rows), fleet, fleet.api_key,
+        progress_key="progress.json", on_live=lives.append,
+    ) as feed:  # fmt: skip
+        run = Run(feed, fleet, storage)
+        for index in range(len(fleet.launched)):
+            run.pid(index)
+        yield run
+    if fleet.launched:
+        _assert_nothing_left(run, config)
+    assert not [t for t in threading.enumerate() if t.name == "regen-supervisor"]
+
+
+def _assert_nothing_left(run: Run, config: RegenConfig) -> None:
+    """Every server the fleet ever started (the relaunched ones too) is gone with its files."""
+    for pid in run.pids_seen:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", pid
+    assert server_pids([r.port for r in run.fleet.report]) == []
+    assert all(port_is_free("127.0.0.1", r.port or 0) for r in run.fleet.report)
+    assert not list((config.work_dir / "pids").glob("*.json"))
+    assert not list((config.work_dir / "secrets").glob("*.yaml"))
+
+
+def _exactly_once(out: pl.DataFrame, run: Run) -> None:
+    expected = sorted(i for frame, _ in run.shards for i in frame["id"].to_list())
+    assert sorted(out["id"].to_list()) == expected  # none lost, none doubled
+    assert out["error"].null_count() == out.height, out.filter(pl.col("error").is_not_null())
+
+
+def _hold_port(port: int, timeout: float = GUARD_S) -> socket.socket:
+    """Bind and listen on `port` as soon as a killed server has let it go: a relaunch then
+    fails for real (the emulator cannot bind, as SGLang could not)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+            return sock
+        except OSError:
+            sock.close()
+            assert time.monotonic() < deadline, f"port {port} never came free"
+            time.sleep(0.005)
+
+
+def test_a_killed_server_is_relaunched_and_the_run_completes(tmp_path: Path) -> None:
+    config = _config(tmp_path, 2)
+    with _run(config, tmp_path, 600) as run:
+        run.submit(3, 200)
+        d = run.feed.dispatcher
+        run.wait("answers from both servers", lambda: all(s.completed for s in d.stats().servers))
+        old = run.pid(1)
+        os.kill(old, signal.SIGKILL)
+        run.wait("server-1 back", lambda: run.back(1, relaunches=1))
+        new = run.pid(1)
+        assert new != old and psutil.Process(new).is_running()
+        back = d.stats().servers[1]
+        assert back.state == "healthy", back
+        run.submit(1, 200)  # it serves again: rejoined the dispatcher
+        out = run.results()
+        after = d.stats().servers[1]
+    _exactly_once(out, run)
+    assert after.completed > back.completed, (back, after)
+    row = run.row(1)
+    assert row.relaunches == 1 and len(row.relaunch_causes) == 1
+    assert "killed by SIGKILL (exit code -9)" in row.relaunch_causes[0], row
+    stored = run.stored_report()[1]
+    assert stored["relaunches"] == 1 and stored["relaunch_causes"] == list(row.relaunch_causes)
+    assert stored["status"] == "healthy" and run.stored_report()[0]["relaunches"] == 0
+    # The log was appended, as on resume: both starts' header lines are in it.
+    text = (config.work_dir / "logs" / "server-1.log").read_text()
+    assert text.count("===== regen: server-1 starting at") == 2, text[-2000:]
+
+
+def test_a_stopped_server_is_judged_hung_killed_and_relaunched(tmp_path: Path) -> None:
+    config = _config(tmp_path, 2)
+    with _run(config, tmp_path, 600) as run:
+        run.submit(3, 200)
+        d = run.feed.dispatcher
+        run.wait("requests on server-1", lambda: d.stats().servers[1].completed > 5)
+        old = run.pid(1)
+        os.kill(old, signal.SIGSTOP)
+        run.wait("server-1 back", lambda: run.back(1, relaunches=1))
+        assert not psutil.pid_exists(old) or psutil.Process(old).status() == "zombie"
+        back = d.stats().servers[1]
+        run.submit(1, 200)
+        out = run.results()
+        assert d.stats().servers[1].completed > back.completed
+    _exactly_once(out, run)
+    cause = run.row(1).relaunch_causes[0]
+    assert "hung: no answer for " in cause and "requests in flight" in cause, cause
+    # A hang fails no request: the rows it held went elsewhere at no attempt's cost.
+    assert out["attempts"].max() == 1, out["attempts"].value_counts()
+
+
+def test_a_busy_server_that_answers_health_is_not_judged_hung(tmp_path: Path) -> None:
+    """server-1 runs 100x slower: none of its requests finishes within hang_s (each takes
+    about 6 s), while server-0 answers all the time; its /health still answers 200, so it
+    is left alone."""
+    emulator = {**EMULATOR, "server_faults": {1: ["slow=0.01"]}}
+    config = _config(tmp_path, 2, relaunch={"hang_s": 2.0}, emulator=emulator)
+    with _run(config, tmp_path, 400) as run:
+        run.submit(2, 200)
+        out = run.results()
+        stats = run.feed.dispatcher.stats()
+    _exactly_once(out, run)
+    assert stats.servers[1].completed > 0, stats
+    assert [r.relaunches for r in run.fleet.report] == [0, 0]
+
+
+def test_a_server_that_cannot_come_back_stays_out_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(tmp_path, 2, relaunch={"max_restarts": 2, "backoff_s": 1.0})
+    caplog.set_level(logging.WARNING)
+    with _run(config, tmp_path, 600) as run:
+        run.submit(3, 200)
+        d = run.feed.dispatcher
+        run.wait("answers from server-1", lambda: d.stats().servers[1].completed > 5)
+        port = run.row(1).port or 0
+        os.kill(run.pid(1), signal.SIGKILL)
+        with _hold_port(port):
+            run.wait("server-1 out", lambda: run.row(1).status == "out")
+            out = run.results()
+        stats = d.stats()
+    _exactly_once(out, run)
+    row = run.row(1)
+    assert row.relaunches == 2 and len(row.relaunch_causes) == 2, row
+    assert "relaunch failed: exited" in row.relaunch_causes[-1]
+    log_path = config.work_dir / "logs" / "server-1.log"
+    said = [r.getMessage() for r in caplog.records if "stays out for the rest" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert said[0].startswith("server-1 stays out for the rest of the run: down since ")
+    assert "2 relaunches did not bring it back" in said[0] and f"(log: {log_path})" in said[0]
+    assert "relaunch failed: exited with code 1" in said[0], said[0]
+    assert "Could not bind" in said[0], said[0]  # the log's telling line
+    assert stats.servers[1].quarantine_reason is not None and stats.servers[0].completed > 0
+    assert run.stored_report()[1]["status"] == "out"
+
+
+def test_a_fleet_that_cannot_come_back_is_gone_at_once(tmp_path: Path) -> None:
+    config = _config(tmp_path, 2, relaunch={"max_restarts": 1, "backoff_s": 1.0})
+    with _run(config, tmp_path, 600) as run:
+        run.submit(3, 200)
+        d = run.feed.dispatcher
+        run.wait("answers", lambda: d.stats().done > 10)
+        ports = [r.port or 0 for r in run.fleet.report]
+        pids = [run.pid(0), run.pid(1)]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        holders = [_hold_port(port) for port in ports]
+        try:
+            with pytest.raises(FleetGone) as gone:
+                run.results()
+            waited = time.monotonic() - killed
+        finally:
+            for holder in holders:
+                holder.close()
+        with pytest.raises(FleetGone):  # later shards too, at once
+            d.submit_shard(9, _prompts(4, "late")).result(timeout=GUARD_S)
+    message = str(gone.value)
+    assert "\n" not in message, message
+    assert message.startswith("fleet gone: server-"), message
+    assert "down since " in message and "1 relaunch did not bring it back" in message
+    assert "Could not bind" in message and "/logs/server-" in message and "out before it" in message
+    # Not after generation.fleet_dead_s (600 s here): the fleet was known dead, so at once.
+    assert waited < config.generation.fleet_dead_s, waited
+    assert [r.status for r in run.fleet.report] == ["out", "out"]
+
+
+def test_an_external_fleet_is_not_relaunched(tmp_path: Path) -> None:
+    flags = [
+        ["--emu-load-s", "0", "--emu-time-scale", "0.1", "--emu-reasoning-tokens", "50:100",
+         "--emu-answer-tokens", "50:100", "--max-running-requests", "4", "--enable-metrics"]
+        for _ in range(2)
+    ]  # fmt: skip
+    key = generate_api_key()
+    with emulators(tmp_path, flags, served_name=SERVED, api_key=key.get_secret_value()) as emus:
+        external = _config(tmp_path / "ext", 2, kind="external", urls=[e.url for e in emus])
+        fleet = attach_fleet(external, key, probe_settings=FAST)
+        assert fleet.launched == []
+        with _run(external, tmp_path, 600, fleet=fleet) as run:
+            run.submit(3, 200)
+            d = run.feed.dispatcher
+            run.wait("answers from server-1", lambda: d.stats().servers[1].completed > 5)
+            assert not [t for t in threading.enumerate() if t.name == "regen-supervisor"]
+            emus[1].stop()
+            out = run.results()
+            stats = d.stats()
+        assert port_is_free("127.0.0.1", emus[1].port)  # nothing started in its place
+    _exactly_once(out, run)
+    assert stats.servers[1].state == "quarantined"
+    assert [r.relaunches for r in fleet.report] == [0, 0]
