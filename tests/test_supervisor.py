@@ -25,20 +25,30 @@ from typing import Any
 import polars as pl
 import psutil
 import pytest
+import yaml
 
 from regen.config import RegenConfig
 from regen.errors import FleetGone
-from regen.fleet import Fleet, attach_fleet, build_server_commands, generate_api_key, launch_fleet
+from regen.fleet import (
+    Fleet,
+    attach_fleet,
+    build_server_commands,
+    generate_api_key,
+    launch_fleet,
+    reap_orphans,
+)
 from regen.fleet.report import FLEET_KEY, FleetRow
 from regen.generation.feed import Feed, feeding
 from regen.generation.run_plan import RunPlan
 from regen.machine.ports import port_is_free
 from regen.progress.fleet_live import LiveReport
+from regen.rehearsal import rehearsal_config
 from regen.schema import row_schema
 from regen.sglang_api.probe import ProbeSettings
 from regen.storage import LocalStorage
+from support.dataset import dataset_ids, manifest_keys
 from support.emulator import emulators
-from tests.support.fleet import MODEL_DIR, SERVED, fleet_config, server_pids
+from tests.support.fleet import MODEL_DIR, SERVED, fleet_config, server_pids, start_owner
 
 FAST = ProbeSettings(generation_timeout_s=5, interval_s=0.1)
 GUARD_S = 120.0  # a hang guard only: no pass depends on it
@@ -214,22 +224,28 @@ def test_a_killed_server_is_relaunched_and_the_run_completes(tmp_path: Path) -> 
     assert text.count("===== regen: server-1 starting at") == 2, text[-2000:]
 
 
-def test_a_stopped_server_is_judged_hung_killed_and_relaunched(tmp_path: Path) -> None:
-    config = _config(tmp_path, 2)
+@pytest.mark.parametrize("servers", [2, 1])
+def test_a_stopped_server_is_judged_hung_killed_and_relaunched(
+    tmp_path: Path, servers: int
+) -> None:
+    """SIGSTOP: the process lives and holds its port but answers nothing. Beside a server that
+    answers, or alone (then on its /health failing), it is judged hung after hang_s."""
+    config = _config(tmp_path, servers)
+    last = servers - 1
     with _run(config, tmp_path, 600) as run:
         run.submit(3, 200)
         d = run.feed.dispatcher
-        run.wait("requests on server-1", lambda: d.stats().servers[1].completed > 5)
-        old = run.pid(1)
+        run.wait("answers from it", lambda: d.stats().servers[last].completed > 5)
+        old = run.pid(last)
         os.kill(old, signal.SIGSTOP)
-        run.wait("server-1 back", lambda: run.back(1, relaunches=1))
+        run.wait("it back", lambda: run.back(last, relaunches=1))
         assert not psutil.pid_exists(old) or psutil.Process(old).status() == "zombie"
-        back = d.stats().servers[1]
+        back = d.stats().servers[last]
         run.submit(1, 200)
         out = run.results()
-        assert d.stats().servers[1].completed > back.completed
+        assert d.stats().servers[last].completed > back.completed
     _exactly_once(out, run)
-    cause = run.row(1).relaunch_causes[0]
+    cause = run.row(last).relaunch_causes[0]
     assert "hung: no answer for " in cause and "requests in flight" in cause, cause
     # A hang fails no request: the rows it held went elsewhere at no attempt's cost.
     assert out["attempts"].max() == 1, out["attempts"].value_counts()
@@ -334,3 +350,153 @@ def test_an_external_fleet_is_not_relaunched(tmp_path: Path) -> None:
     _exactly_once(out, run)
     assert stats.servers[1].state == "quarantined"
     assert [r.relaunches for r in fleet.report] == [0, 0]
+
+
+def test_a_relaunch_racing_a_teardown_leaves_no_server(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The teardown (a Ctrl-C's, from another thread) comes while a relaunch waits out its
+    backoff: the relaunch must not start a server the teardown has already passed by."""
+    config = _config(tmp_path, 2, relaunch={"backoff_s": 2.0})
+    caplog.set_level(logging.INFO, logger="regen.fleet.supervisor")
+    fleet = _launch(config)
+    with _run(config, tmp_path, 400, fleet=fleet) as run:
+        run.submit(2, 200)
+        d = run.feed.dispatcher
+        run.wait("answers from server-1", lambda: d.stats().servers[1].completed > 0)
+        os.kill(run.pid(1), signal.SIGKILL)
+        run.wait("server-1 waiting to be relaunched", lambda: run.row(1).status == "relaunching")
+        fleet.teardown()
+        run.wait(
+            "the relaunch to stand down",
+            lambda: any("not relaunched: the fleet is being torn down" in r.getMessage()
+                        for r in caplog.records),
+        )  # fmt: skip
+        assert server_pids([r.port for r in fleet.report]) == []
+    assert port_is_free("127.0.0.1", run.row(1).port or 0)
+
+
+OWNER = """
+import json, sys, time
+from pathlib import Path
+from regen.client import Dispatcher
+from regen.config import parse_config
+from regen.fleet import build_server_commands, generate_api_key, launch_fleet
+from regen.fleet.supervisor import Supervisor
+from regen.sglang_api.probe import ProbeSettings
+config = parse_config(json.loads(Path(sys.argv[1]).read_text()))
+key = generate_api_key()
+commands = build_server_commands(config, config.model.staged_path(), key, config.work_dir)
+fleet = launch_fleet(config, commands, key, probe_settings=ProbeSettings(interval_s=0.1))
+dispatcher = Dispatcher(
+    fleet.endpoints, api_key=key, model=config.model.served_name, sampling=config.sampling,
+    generation=config.generation, concurrency_per_server=2, reprobe=fleet.reprobe,
+    supervised=True,
+).start()
+Supervisor(fleet, dispatcher, config.engine.relaunch, startup_timeout_s=30).start()
+print(json.dumps({"ports": [c.port for c in commands]}), flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_relaunched_server_of_a_killed_run_is_reaped_by_the_next(tmp_path: Path) -> None:
+    """kill -9 of regen after a relaunch: the relaunched server's PID file (rewritten by the
+    relaunch) is what the next run's reaper finds it by."""
+    config = _config(tmp_path, 2)
+    owner, fleet = start_owner(tmp_path, config, OWNER)
+    pid_file = config.work_dir / "pids" / "server-0.json"
+
+    def recorded() -> int | None:
+        try:
+            return int(json.loads(pid_file.read_text())["pid"])
+        except (OSError, ValueError):  # between the old one's removal and the new one's
+            return None
+
+    try:
+        old = fleet["pids"][0]
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + GUARD_S
+        while (new := server_pids(fleet["ports"][:1], parent=owner.pid)) in ([], [old]) or (
+            recorded() != new[0]
+        ):
+            assert time.monotonic() < deadline and owner.poll() is None, "no relaunch"
+            time.sleep(0.05)
+        owner.kill()
+        owner.wait(timeout=10)
+        reaped = reap_orphans(config.work_dir)
+        assert new[0] in reaped and fleet["pids"][1] in reaped, (reaped, new, fleet)
+        assert not psutil.pid_exists(new[0]) or psutil.Process(new[0]).status() == "zombie"
+        assert all(port_is_free("127.0.0.1", port) for port in fleet["ports"])
+        assert not list((config.work_dir / "pids").glob("*.json"))
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        reap_orphans(config.work_dir)
+
+
+def _flow_config(tmp_path: Path, prompts: int) -> RegenConfig:
+    data = {
+        "work_dir": str(tmp_path / "work"),
+        "shard_size": 100,
+        "concurrency_per_server": 4,
+        "generation": {"canary_prompts": 24},
+        "engine": {
+            "bench": {"concurrency": 1, "max_tokens": 16, "budget_s": 0.5},
+            "emulator": {
+                "time_scale": 0.2, "reasoning_tokens": "20:80", "answer_tokens": "20:80",
+            },
+            "relaunch": {"backoff_s": 0.5, "hang_s": 10.0},
+        },
+    }  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(data))
+    with (tmp_path / "prompts.jsonl").open("w") as fh:
+        for i in range(prompts):
+            message = {"role": "user", "content": f"Question {i}: name a prime above {i}."}
+            fh.write(json.dumps({"id": f"q-{i:05d}", "messages": [message]}) + "\n")
+    return rehearsal_config(
+        config_path=tmp_path / "config.yaml",
+        prompts=str(tmp_path / "prompts.jsonl"),
+        out=str(tmp_path / "out"),
+        servers=2,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_rehearsal_whose_server_is_killed_completes_with_the_relaunch_reported(
+    tmp_path: Path, prefect_harness: None
+) -> None:
+    """The whole flow: kill -9 of one emulator once a shard has committed; the run completes,
+    every id once, and report/fleet.json says the server was relaunched and why."""
+    from flows.regenerate import regenerate_completions
+
+    config = _flow_config(tmp_path, 1000)
+    storage = LocalStorage(tmp_path / "out")
+    killed: list[int] = []
+
+    def kill_server_1() -> None:
+        deadline = time.monotonic() + GUARD_S
+        while time.monotonic() < deadline:
+            files = list(config.work_dir.glob("runs/*/pids/server-1.json"))
+            if files and manifest_keys(storage):
+                pid = json.loads(files[0].read_text())["pid"]
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_server_1, daemon=True)
+    killer.start()
+    state = regenerate_completions(config, return_state=True)
+    killer.join(timeout=GUARD_S)
+    assert killed, "server-1 was never killed"
+    assert state.is_completed(), state
+    ids = dataset_ids(storage)
+    expected = [f"q-{i:05d}" for i in range(1000)]
+    assert ids.lost(expected) == [] and ids.doubled() == [] and not ids.missing_data
+    report = {row["server"]: row for row in json.loads(storage.read_bytes(FLEET_KEY))}
+    assert report["server-1"]["relaunches"] == 1 and report["server-1"]["status"] == "healthy"
+    assert "killed by SIGKILL" in report["server-1"]["relaunch_causes"][0], report
+    assert report["server-0"]["relaunches"] == 0
+    assert not psutil.pid_exists(killed[0]) or psutil.Process(killed[0]).status() == "zombie"
+    assert not list(config.work_dir.glob("runs/*/pids/*.json")), "PID files left"

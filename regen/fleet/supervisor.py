@@ -141,7 +141,7 @@ class Supervisor:
             return self
         ready = threading.Event()
         self._thread = threading.Thread(
-            target=lambda: asyncio.run(self._main(ready)), name="regen-supervisor", daemon=True
+            target=self._serve, args=(ready,), name="regen-supervisor", daemon=True
         )
         self._thread.start()
         ready.wait()
@@ -170,6 +170,14 @@ class Supervisor:
         self.close()
 
     # ---- its own loop -------------------------------------------------------------------
+
+    def _serve(self, ready: threading.Event) -> None:
+        try:
+            asyncio.run(self._main(ready))
+        except Exception:  # the run goes on unsupervised rather than stopping here
+            log.exception("supervisor: stopped; servers that exit or hang are not relaunched")
+        finally:
+            ready.set()  # `start` must not wait on a loop that never came up
 
     async def _main(self, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
@@ -323,15 +331,14 @@ class Supervisor:
             )  # fmt: skip
             await asyncio.sleep(delay)
             w.relaunches.append(time.monotonic())
-            if self._fleet.closing:
-                return
             try:
                 started = await asyncio.to_thread(self._fleet.restart, w.member)
             except OSError as err:  # the interpreter is gone, the disk is full
                 cause = Cause(f"could not start: {err}", process.command.log_path)
                 continue
             if started is None:
-                return  # the fleet is being torn down
+                log.info("%s not relaunched: the fleet is being torn down", w.name)
+                return
             cause_or_none = await self._ready(w, started)
             if cause_or_none is None:
                 return
