@@ -9,11 +9,13 @@ Every wait is on a state, with a generous guard against a hang, never a tight sl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +28,8 @@ import polars as pl
 import psutil
 import pytest
 import yaml
+from aiohttp import web
+from pydantic import SecretStr
 
 from regen.config import RegenConfig
 from regen.errors import FleetGone
@@ -37,6 +41,9 @@ from regen.fleet import (
     launch_fleet,
     reap_orphans,
 )
+from regen.fleet.commands import ServerCommand
+from regen.fleet.handle import Member
+from regen.fleet.process import ServerProcess
 from regen.fleet.report import FLEET_KEY, FleetRow
 from regen.generation.feed import Feed, feeding
 from regen.generation.run_plan import RunPlan
@@ -44,7 +51,8 @@ from regen.machine.ports import port_is_free
 from regen.progress.fleet_live import LiveReport
 from regen.rehearsal import rehearsal_config
 from regen.schema import row_schema
-from regen.sglang_api.probe import ProbeSettings
+from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.probe import ProbeSettings, ProbeTarget
 from regen.storage import LocalStorage
 from support.dataset import dataset_ids, manifest_keys
 from support.emulator import emulators
@@ -383,7 +391,8 @@ from regen.client import Dispatcher
 from regen.config import parse_config
 from regen.fleet import build_server_commands, generate_api_key, launch_fleet
 from regen.fleet.supervisor import Supervisor
-from regen.sglang_api.probe import ProbeSettings
+from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.probe import ProbeSettings, ProbeTarget
 config = parse_config(json.loads(Path(sys.argv[1]).read_text()))
 key = generate_api_key()
 commands = build_server_commands(config, config.model.staged_path(), key, config.work_dir)
@@ -500,3 +509,94 @@ def test_a_rehearsal_whose_server_is_killed_completes_with_the_relaunch_reported
     assert report["server-0"]["relaunches"] == 0
     assert not psutil.pid_exists(killed[0]) or psutil.Process(killed[0]).status() == "zombie"
     assert not list(config.work_dir.glob("runs/*/pids/*.json")), "PID files left"
+
+
+class BusySglang:
+    """A stand-in for what cannot run here: an SGLang server deep in long generations on a GPU.
+    Its chat requests never finish, its /health answers the false 503 of a long prefill
+    (sglang#22511), and its token counter moves while `generating` is set, as the real one's
+    does at every decode step. Real HTTP on 127.0.0.1, served from a thread of its own."""
+
+    def __init__(self) -> None:
+        self.generating = True
+        self.tokens = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def __enter__(self) -> BusySglang:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._up(), self._loop).result()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        self._loop.call_soon_threadsafe(self._done.set)
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _up(self) -> None:
+        self._done = asyncio.Event()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503)
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        await self._done.wait()  # a generation longer than the test
+        return web.Response(status=503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.tokens += 64 if self.generating else 0
+        text = f'sglang:generation_tokens_total{{model_name="{SERVED}"}} {self.tokens}\n'
+        return web.Response(text=text)
+
+
+def test_a_false_503_beside_moving_tokens_is_busy_and_no_tokens_is_hung(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Alone, with requests in flight and its /health failing, a server is hung only once
+    its token counter stops: while it moves, three hang_s pass and it is left alone."""
+    config = _config(tmp_path, 1, relaunch={"hang_s": 1.0, "max_restarts": 0})
+    caplog.set_level(logging.WARNING)
+    command = ServerCommand(
+        index=0, gpu=None, host="127.0.0.1", port=0,
+        argv=[sys.executable, "-c", "import time; time.sleep(600)"], env={},
+        log_path=tmp_path / "server-0.log", pid_path=config.work_dir / "pids" / "server-0.json",
+        key_file=config.work_dir / "secrets" / "server-0.yaml", api_key=SecretStr("k"),
+    )  # fmt: skip
+    with BusySglang() as busy:
+        endpoint = Endpoint(0, busy.url)
+        row = FleetRow(server="server-0", gpu=None, port=None, url=busy.url, status="healthy")
+        process = ServerProcess.start(command, "fleet")
+        target = ProbeTarget(SERVED, SecretStr("k"), config.sampling)
+        fleet = Fleet([Member(endpoint, row, process)], target, FAST, "fleet")
+        with _run(config, tmp_path, 4, fleet=fleet) as run:
+            future = run.feed.dispatcher.submit_shard(0, _prompts(4, "long"))
+            d = run.feed.dispatcher
+            run.wait("requests in flight", lambda: d.stats().in_flight == 4)
+            moving = time.monotonic()
+            run.wait("three hang_s of a busy server", lambda: time.monotonic() - moving > 3.0)
+            assert run.row(0).status == "healthy" and not future.done(), run.row(0)
+            busy.generating = False
+            run.wait("the hang verdict", lambda: run.row(0).status == "out")
+            with pytest.raises(FleetGone, match="hung: no answer for"):
+                future.result(timeout=GUARD_S)
+    said = [r.getMessage() for r in caplog.records if "stays out" in r.getMessage()]
+    assert len(said) == 1 and "/health 503, no tokens generated" in said[0], said
+    assert not psutil.pid_exists(process.pid) or psutil.Process(process.pid).status() == "zombie"

@@ -274,11 +274,10 @@ class Supervisor:
             )
             metrics = _metrics(text) if status == 200 else None
             tokens = metrics.generation_tokens if metrics is not None else None
-            moved = tokens is not None and w.tokens is not None and tokens > w.tokens
-            w.tokens = tokens if tokens is not None else w.tokens
-            if health == 200 or moved:
+            before, w.tokens = w.tokens, tokens if tokens is not None else w.tokens
+            if health == 200 or (tokens is not None and before is not None and tokens > before):
                 w.heard = max(w.heard, time.monotonic())
-            else:
+            elif tokens is None or before is not None:  # a first count is no evidence yet
                 w.failed, w.said = started, f"/health {said}, no tokens generated"
         finally:
             w.probe = None
