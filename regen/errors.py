@@ -35,6 +35,5 @@ class FleetUnauthorized(FleetError):
 
 
 class FleetGone(FleetError):
-    """No server can serve and none can come back (every launched server out for good after
-    its relaunches): the run cannot go on. Its message is one line: what died, when, and what
-    its log says."""
+    """No server is healthy and none can come back: the run stops generating. The message
+    says what died, when, and what its log says."""
