@@ -41,6 +41,7 @@ from regen.fleet import (
     launch_fleet,
     reap_orphans,
 )
+from regen.fleet.cause import last_words
 from regen.fleet.commands import ServerCommand
 from regen.fleet.handle import Member
 from regen.fleet.process import ServerProcess
@@ -600,3 +601,14 @@ def test_a_false_503_beside_moving_tokens_is_busy_and_no_tokens_is_hung(
     said = [r.getMessage() for r in caplog.records if "stays out" in r.getMessage()]
     assert len(said) == 1 and "/health 503, no tokens generated" in said[0], said
     assert not psutil.pid_exists(process.pid) or psutil.Process(process.pid).status() == "zombie"
+
+
+def test_a_logs_last_words_are_its_telling_line_not_its_argument_dump() -> None:
+    args = "[t] server_args={'abort_on_priority_when_disabled': False, 'watchdog_timeout': 300}"
+    ready = "[t] The server is fired up and ready to roll!"
+    assert last_words(f"{args}\n{ready}") == ready  # nothing went wrong: its last line
+    crash = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    tail = f"{args}\nTraceback (most recent call last):\n  File 'x'\n{crash}\n[t] POST 200"
+    assert last_words(tail) == crash
+    assert last_words("") == "(nothing logged)"
+    assert len(last_words("x" * 1000)) == 200

@@ -13,11 +13,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# A line that says what went wrong, preferred over the log's last line (often a request's).
+# A line that says what went wrong, preferred over the log's last line (often a request's);
+# never the launch's dump of every argument, whose names say `abort` and `timeout`.
 _TELLING = re.compile(
-    r"error|exception|fatal|killed|abort|cuda|nccl|out of memory|could not|cannot|failed",
-    re.IGNORECASE,
+    r"\w*(Error|Exception)\b|\bexception\b|Traceback|\b(FATAL|[Ff]atal|Killed|NCCL|OOM|failed)\b"
+    r"|CUDA error|out of memory|[Cc]ould not|[Cc]annot"
 )
+_ARGUMENTS = re.compile(r"server_args\s*=")
 _WORDS_MAX = 200
 
 
@@ -34,6 +36,7 @@ def exit_text(code: int) -> str:
 def last_words(tail: str) -> str:
     """The log's last line that says what went wrong, else its last line."""
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    lines = [line for line in lines if not _ARGUMENTS.search(line)] or lines
     telling = [line for line in lines if _TELLING.search(line)]
     return _cut((telling or lines or ["(nothing logged)"])[-1], _WORDS_MAX)
 
