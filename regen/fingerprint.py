@@ -16,10 +16,15 @@ from typing import Any
 # a dataset made without token ids can be resumed with them (its older rows keep null ids,
 # which every reader of turns handles) instead of being refused or started over.
 NOT_FINGERPRINTED = frozenset({"regeneration.token_ids"})
-# Settings added after datasets were made, left out while at their default (no mix), so a
-# config without them keeps the fingerprint those datasets were made with and resumes them;
-# a mix is a component like any other, and a changed one is a different run.
-OMITTED_AT_DEFAULT: dict[str, Any] = {"sampling.mix": [], "regeneration.thinking_mix": {}}
+# Settings added after datasets were made, left out while at their default (no mix, seed 0),
+# so a config without them keeps the fingerprint those datasets were made with and resumes
+# them (rows written before seeds record none); a mix or a seed is a component like any
+# other, and a changed one is a different run: another seed draws other tokens.
+OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "sampling.mix": [],
+    "regeneration.thinking_mix": {},
+    "sampling.seed": 0,
+}
 
 
 def run_fingerprint(

@@ -61,12 +61,15 @@ TURN = pl.Struct(
         "response_token_ids": pl.List(pl.Int32),
         "tool_calls": pl.List(TOOL_CALL),
         "tool_stop": pl.String,
+        "seed": pl.Int64,
     }
 )
 """One generated assistant turn; `turn` counts the conversation's generations from 1 (its user
 turns, where no tool is called). `tool_calls` are the calls the server parsed from it
 (`finish_reason` then `tool_calls`); `tool_stop` says why the conversation stopped after it,
-its calls differing from the given conversation's (regen.tools), null otherwise.
+its calls differing from the given conversation's (regen.tools), null otherwise. `seed` is
+the sampling seed its requests carried (regen.client.seed: from `sampling.seed`, the row id and
+the turn; every attempt and hedged copy alike), null on turns written before seeds were sent.
 
 `prompt_token_ids` and `response_token_ids` are the server's own tokens (SGLang's
 `return_token_ids`): the prompt as its chat template rendered it and the tokens it generated,

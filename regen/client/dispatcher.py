@@ -300,6 +300,7 @@ class Dispatcher:
             keep_reasoning=regen.thinking == "save",
             efforts=regen.reasoning_effort,
             setting=self._setting,
+            seed=self._sampling.seed,
         )
         if job.size:
             self._loop.call_soon_threadsafe(self._accept, job)
@@ -543,6 +544,7 @@ class Dispatcher:
                 reasoning_effort=job.effort(pos),
                 setting=job.setting(pos),
                 tools=job.tools(pos),
+                seed=job.seed(pos),
             )
         ).encode()
         if self._client_timeout.total != self._timeout.seconds:

@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 import polars as pl
 
 from regen.client.effort import pick_effort
+from regen.client.seed import turn_seed
 from regen.client.setting import SettingDraw
 from regen.config import ReasoningEffort
 from regen.conversations import Turns
@@ -69,6 +70,7 @@ class ShardJob:
         "_keep_reasoning",
         "_next",
         "_records",
+        "_seed",
         "_setting",
         "_settings",
         "_sums",
@@ -91,6 +93,7 @@ class ShardJob:
         keep_reasoning: bool = True,
         efforts: Mapping[ReasoningEffort, float] | None = None,
         setting: SettingDraw | None = None,
+        seed: int | None = None,
     ) -> None:
         missing = {"id", "messages"} - set(rows.columns)
         if missing:
@@ -111,6 +114,7 @@ class ShardJob:
         self._keep_reasoning = keep_reasoning
         self._efforts = dict(efforts or {})
         self._setting = setting
+        self._seed = seed
         self._settings: list[RowSetting | None] = []
         # turns=all only, per row: the conversation so far (output messages), the index of
         # the next input message, the current turn (from 1), TURN records, running sums.
@@ -194,6 +198,12 @@ class ShardJob:
         """The `reasoning_effort` of row `pos`'s current turn (None: send none)."""
         return pick_effort(self._efforts, self.ids[pos], self.turn_of(pos))
 
+    def seed(self, pos: int) -> int | None:
+        """The sampling seed of row `pos`'s current turn (None: the run sends none)."""
+        if self._seed is None:
+            return None
+        return turn_seed(self._seed, self.ids[pos], self.turn_of(pos))
+
     def setting(self, pos: int) -> RowSetting | None:
         """Row `pos`'s sampling setting and thinking mode (None: the dispatcher's own)."""
         return self._settings[pos]
@@ -228,6 +238,7 @@ class ShardJob:
                     "response_token_ids": response_ids,
                     "tool_calls": completion.tool_calls,
                     "tool_stop": None,
+                    "seed": self.seed(pos),
                 }
             )
             self._history[pos].append(
@@ -409,6 +420,7 @@ class ShardJob:
             *_ID_COLUMNS,
             "tool_calls",
             "tool_stop",
+            pl.Series("seed", [self.seed(pos) for pos in range(self.size)], pl.Int64),
         )
         out = pl.concat([frame, results, ids, self._sampling_column()], how="horizontal")
         return (

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from regen.config import RegenConfig
+
 
 class DispatchTuning(BaseModel):
     """Retry, quarantine, probe and timeout policy of one `Dispatcher`."""
@@ -42,8 +44,7 @@ class DispatchTuning(BaseModel):
         "be, as a share of its slots, and still take the next turn (else the least loaded).",
     )
     hedge: bool = Field(
-        # Off until a GPU fleet measures it: on the emulator it lifts a half-speed fleet's tail
-        # from 0.894 to 0.924 of ideal (benches/affinity.py), and every copy is a request more.
+        # Off for a dispatcher of its own; a run's follows generation.hedge (`for_run`).
         default=False,
         description="Once nothing is queued, copy a straggler on a slow server to a free slot "
         "of a faster one; the first answer is kept, the other aborted.",
@@ -65,3 +66,15 @@ class DispatchTuning(BaseModel):
     hedge_min_samples: int = Field(
         default=8, ge=1, description="Answers a server must have given before its speed is judged."
     )
+
+
+def for_run(config: RegenConfig) -> DispatchTuning:
+    """A run's tuning: hedging as `generation.hedge` says. `auto` hedges where a copy carrying
+    the row's seed is the same draw as the straggler (regen.client.seed): the emulator's
+    answers are fixed by the prompt and seed, and SGLang samples by the seed under
+    engine.deterministic; elsewhere the first of two independent draws would be kept, which
+    is more often the shorter, in exactly the rows that run longest."""
+    hedge = config.generation.hedge
+    if hedge == "auto":
+        return DispatchTuning(hedge=config.engine.kind == "emulator" or config.engine.deterministic)
+    return DispatchTuning(hedge=hedge == "on")

@@ -140,6 +140,15 @@ class EngineConfig(Section):
         "it from mem_fraction_static, except with device cpu, where that share of the "
         "machine's free RAM (15 GB and 29 s per server on a 24 GB box) would be taken: 65536.",
     )
+    deterministic: bool = Field(
+        default=False,
+        description="--enable-deterministic-inference on every server: SGLang 0.5.23 then "
+        "honours each request's seed (and ignores it otherwise), so the same row, seed and "
+        "server give the same tokens, and a hedged copy is the same draw; batch-invariant "
+        "kernels cost throughput (SGLang measured 34 %). With kind external: the servers "
+        "were started so. Not on a CPU (SGLang refuses its torch_native attention there), "
+        "and every min_p must be 0 (its seeded sampler has none).",
+    )
     extra_args: list[str] = Field(default_factory=list)
     startup_timeout_s: float = Field(default=900.0, gt=0)
     min_servers: int | None = Field(
@@ -161,6 +170,11 @@ class EngineConfig(Section):
             raise ValueError(
                 "engine.device cpu needs engine.servers: how many servers to launch "
                 "(there are no GPUs to count)"
+            )
+        if self.deterministic and self.device == "cpu" and self.kind == "sglang":
+            raise ValueError(
+                "engine.deterministic needs a GPU: SGLang 0.5.23's deterministic inference "
+                "refuses the CPU's torch_native attention backend"
             )
         if self.device == "cuda" and self.servers is not None:
             raise ValueError(

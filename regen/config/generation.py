@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import (
     Field,
 )
@@ -23,6 +25,14 @@ class GenerationConfig(Section):
     progress_interval_s: float = Field(default=2.0, gt=0)
     live_interval_s: float = Field(
         default=30.0, gt=0, description="Fleet figures from /metrics: a log line and an artifact."
+    )
+    hedge: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Once nothing is queued, copy a straggler on a slow server to a free "
+        "slot of a faster one, under the row's seed; the first answer is kept. auto: where "
+        "the copy is the same draw (emulators; SGLang with engine.deterministic); on: "
+        "everywhere (servers that ignore the seed keep the first of two draws, the shorter "
+        "more often); off: never.",
     )
     new_output: bool = Field(
         default=False, description="Allow a changed fingerprint: start a fresh dataset."

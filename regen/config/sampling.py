@@ -35,6 +35,15 @@ class SamplingConfig(Section):
     top_p: float = Field(default=0.95, gt=0, le=1)
     top_k: int = Field(default=20, ge=-1)
     min_p: float = Field(default=0.0, ge=0, le=1)
+    seed: int = Field(
+        default=0,
+        ge=0,
+        lt=2**63,
+        description="The run's seed: each turn of a row is sent a sampling seed drawn from "
+        "it, the row's id and the turn (regen.client.seed), stored in the turn; the same "
+        "seed, row and server give the same tokens where the servers honour it (SGLang "
+        "with engine.deterministic).",
+    )
     mix: list[SamplingSetting] = Field(
         default_factory=list,
         description="Shares of rows per sampling setting, e.g. [{temperature: 0.6, top_p: "

@@ -8,6 +8,7 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from regen.config.audit import AuditConfig
@@ -65,6 +66,19 @@ class RegenConfig(Section):
         if not value.strip():
             raise ValueError("must not be empty")
         return value
+
+    @model_validator(mode="after")
+    def _seeded_sampling(self) -> RegenConfig:
+        # sglang 0.5.23 asserts in its sampler (sampler.py, top_k_top_p_min_p_sampling_from_
+        # probs_torch) when a seeded batch asks for min_p: the scheduler would die mid-run.
+        if self.engine.deterministic:
+            min_ps = [self.sampling.min_p] + [s.min_p or 0.0 for s in self.sampling.mix]
+            if any(min_ps):
+                raise ValueError(
+                    "engine.deterministic: SGLang's seeded sampler takes no min_p; set "
+                    "sampling.min_p (and every sampling.mix entry's) to 0"
+                )
+        return self
 
     @property
     def concurrency(self) -> int:

@@ -1,11 +1,13 @@
 """The emulated model: deterministic outputs, their token ids, and SGLang's Qwen3 parsing.
 
-Outputs depend only on (message history, seed): the same prompt always gets the same answer,
-and the answer names the history it saw. An output is generated as single-token pieces of the
-server's tokenizer (see `regen.emulator.tokenizer`): pool words, punctuation, newlines and
-the template's tags, so its text and its ids agree and `completion_tokens` is the number of
-ids. The raw text is what the model wrote; `parse_reasoning` splits it the way SGLang
-0.5.23's Qwen3 reasoning parser does, which strips nothing but the tags.
+Outputs depend only on (message history, seed), and on a request's sampling seed where the
+server honours one (`--enable-deterministic-inference`, as SGLang 0.5.23): the same prompt
+always gets the same answer, and the answer names the history it saw. An output is generated
+as single-token pieces of the server's tokenizer (see `regen.emulator.tokenizer`): pool
+words, punctuation, newlines and the template's tags, so its text and its ids agree and
+`completion_tokens` is the number of ids. The raw text is what the model wrote;
+`parse_reasoning` splits it the way SGLang 0.5.23's Qwen3 reasoning parser does, which strips
+nothing but the tags.
 """
 
 from __future__ import annotations
@@ -236,26 +238,34 @@ class EmulatedModel:
         self.eos_id = self._id[EOS]  # matched_stop of a finished answer
 
     def plan(
-        self, messages: list[dict[str, Any]], min_tokens: int = 0, *, faulty: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        min_tokens: int = 0,
+        *,
+        faulty: bool = True,
+        sampling_seed: int | None = None,
     ) -> Plan:
-        """Lengths and fault of the answer to this history, all fixed by (history, seed);
+        """Lengths and fault of the answer to this history, all fixed by (history, seed) and,
+        when the server honours one, the request's `sampling_seed`: another seed is another
+        draw of the same history, the same seed the same draw on any server of the fleet;
         no output fault when not `faulty` (before faults-after=N)."""
         digest = history_digest(messages)
+        key = digest if sampling_seed is None else f"{digest}:{sampling_seed}"
         fault = None
         for name in OUTPUT_FAULTS if faulty else ():
             fraction = self.faults.fractions.get(name, 0.0)
-            if fraction and unit(self.seed, name, digest) < fraction:
+            if fraction and unit(self.seed, name, key) < fraction:
                 fault = name
                 break
-        reasoning = log_uniform(unit(self.seed, "reasoning", digest), *self.reasoning_range)
-        answer = log_uniform(unit(self.seed, "answer", digest), *self.answer_range)
+        reasoning = log_uniform(unit(self.seed, "reasoning", key), *self.reasoning_range)
+        answer = log_uniform(unit(self.seed, "answer", key), *self.answer_range)
         return Plan(
             digest=digest,
             fault=fault,
             reasoning_len=reasoning,
             answer_len=max(TAG_TOKENS, answer, min_tokens),
-            reasoning_at=int(unit(self.seed, "r-at", digest) * _POOL_SIZE),
-            answer_at=int(unit(self.seed, "a-at", digest) * _POOL_SIZE),
+            reasoning_at=int(unit(self.seed, "r-at", key) * _POOL_SIZE),
+            answer_at=int(unit(self.seed, "a-at", key) * _POOL_SIZE),
         )
 
     def _words(self, out: _Builder, at: int, n: int, space: bool) -> None:

@@ -66,6 +66,7 @@ class EmulatorServer:
         self.counters = Counters()
         self.ready = False
         self.startup_time = time.time()
+        self.deterministic = bool(args.server_args.get("enable_deterministic_inference"))
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth], client_max_size=64 * 1024 * 1024)
@@ -238,6 +239,9 @@ class EmulatorServer:
                     f"min_tokens must be an integer, got {min_tokens!r}", kind=INVALID
                 )
             wire.check_effort(body.get("reasoning_effort"))
+            # 0.5.23 passes `seed` on as sampling_seed and samples with it only under
+            # --enable-deterministic-inference (sampling_batch_info.py); else it is ignored.
+            draw = wire.sampling_seed(body) if self.deterministic else None
             if body.get("stream"):
                 wire.no_ids_when_streaming(body)
         except RequestError as err:
@@ -248,7 +252,9 @@ class EmulatorServer:
         rid = str(body.get("rid") or uuid.uuid4().hex)
         if self.scheduler.in_flight(rid):  # tokenizer_manager: a rid in flight is a ValueError
             return error_response(400, f"Duplicate request ID detected: {rid}", VALUE_ERROR)
-        plan = self.model.plan(messages, min_tokens, faulty=self.faults.output_faults_on)
+        plan = self.model.plan(
+            messages, min_tokens, faulty=self.faults.output_faults_on, sampling_seed=draw
+        )
         tools, parser = wire.template_tools(body), self.args.server_args.get("tool_call_parser")
         if tool_calls.calls_now(messages, tools, parser):
             assert tools is not None

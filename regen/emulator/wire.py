@@ -174,6 +174,21 @@ def check_effort(effort: Any) -> None:
     )
 
 
+def sampling_seed(body: dict[str, Any]) -> int | None:
+    """The request's `seed` as 0.5.23 takes it: an integer (the model's validation) within a
+    signed 64-bit range (sampling_params.py's verify, a ValueError there)."""
+    seed = body.get("seed")
+    if seed is None:
+        return None
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise RequestError(f"seed: Input should be a valid integer, got {seed!r}", kind=INVALID)
+    if not -(2**63) <= seed <= 2**63 - 1:
+        raise RequestError(
+            f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.", kind=VALUE_ERROR
+        )
+    return seed
+
+
 def no_ids_when_streaming(body: dict[str, Any]) -> None:
     """serving_chat refuses token ids on a stream (a ValueError there: 400 "BadRequest")."""
     if body.get("return_prompt_token_ids"):

@@ -36,6 +36,8 @@ CPU_FLAGS = (
     "--cuda-graph-backend-decode", "disabled",
     "--cuda-graph-backend-prefill", "disabled",
 )  # fmt: skip
+# What makes 0.5.23 honour a request's seed (sampling_batch_info.py reads it only then).
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 # What sglang reads instead of a flag: without it the scheduler crashes importing CUDA-only
 # layers (rotary embeddings from vllm) and the server exits 137.
 CPU_ENV = MappingProxyType({"SGLANG_USE_CPU_ENGINE": "1"})
@@ -116,6 +118,8 @@ def _sglang_flags(config: RegenConfig, model_path: Path, port: int, key_file: Pa
     # Always explicit: with speculative decoding on, 0.5.23 silently forces 48 otherwise.
     if engine.device == "cpu":
         flags += CPU_FLAGS
+    if engine.deterministic:
+        flags += [DETERMINISTIC_FLAG]
     if engine.max_total_tokens is not None:
         flags += ["--max-total-tokens", str(engine.max_total_tokens)]
     flags += [
@@ -166,6 +170,11 @@ def check_extra_args(extra_args: list[str], builder_flags: set[str]) -> None:
             raise ConfigError(
                 f"{where}: {name} abbreviates {owned[0]}, which regen sets from the config; "
                 "remove it from engine.extra_args"
+            )
+        if name == DETERMINISTIC_FLAG:
+            raise ConfigError(
+                f"{where}: {name} is engine.deterministic: true (regen then knows a hedged "
+                "copy is the same draw); remove it from engine.extra_args"
             )
         if name in builder_flags or name == "--api-key":
             raise ConfigError(

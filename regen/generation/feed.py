@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pydantic import SecretStr
 
 from regen.client import Dispatcher
+from regen.client.tuning import for_run
 from regen.config import RegenConfig
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
@@ -51,6 +52,7 @@ def dispatcher_for(config: RegenConfig, fleet: Fleet, api_key: SecretStr) -> Dis
         generation=config.generation,
         concurrency_per_server=config.concurrency,
         reprobe=fleet.reprobe,
+        tuning=for_run(config),
         # Launched servers are relaunched (`Supervisor`): the fleet is gone only once none
         # can come back; an external fleet keeps generation.fleet_dead_s.
         supervised=bool(fleet.launched),

@@ -127,9 +127,15 @@ def dress(
             f"speculative decoding off ({source.engine.speculative.algorithm}: the twin has "
             "no draft head)"
         )
+    if source.engine.deterministic:
+        plan.changes.append(
+            "deterministic inference off (SGLang 0.5.23 has none on a CPU: seeds are sent, "
+            "not honoured)"
+        )
     count = servers or DEFAULT_SERVERS
     engine.update(
         kind="sglang",
+        deterministic=False,
         device="cpu",
         servers=count,
         base_port=rehearsal_ports(engine, count),

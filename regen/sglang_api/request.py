@@ -60,8 +60,12 @@ def chat_request_body(
     reasoning_effort: str | None = None,
     setting: RowSetting | None = None,
     tools: list[dict[str, Any]] | None = None,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """`rid` is the sample id, so a request can be found in server logs and aborted by id.
+
+    `seed` is the turn's sampling seed (regen.client.seed): the OpenAI route's `seed`, which
+    0.5.23 passes on as `sampling_seed` and honours under `--enable-deterministic-inference`.
 
     `reasoning_effort` is sent only when set: a model that takes none is not asked for one.
     `setting` is the row's draw from the mixes; without it, the section's values and
@@ -96,6 +100,8 @@ def chat_request_body(
         body["rid"] = rid
     if reasoning_effort is not None:
         body["reasoning_effort"] = reasoning_effort
+    if seed is not None:
+        body["seed"] = seed
     if tools:
         # The row's tools (regen.tools), tool_choice left at SGLang's default "auto": the model
         # decides whether to call, as it does when served.

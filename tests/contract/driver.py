@@ -172,6 +172,15 @@ def handle(req: dict[str, Any]) -> Any:
         return argcheck.flags()
     if op == "request":
         return _validate(protocol.ChatCompletionRequest, req["body"])
+    if op == "sampling_params":
+        # What serving_chat hands the scheduler for a valid body (to_sampling_params), as the
+        # scheduler's SamplingParams checks it (verify).
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        request = protocol.ChatCompletionRequest.model_validate(req["body"])
+        params = request.to_sampling_params(stop=[], model_generation_config={})
+        SamplingParams(**params).verify(vocab_size=req["vocab_size"])
+        return {k: params[k] for k in ("sampling_seed", "temperature", "top_p", "top_k")}
     if op == "response":
         return _validate(RESPONSES[req["kind"]], req["body"])
     if op == "reasoning":

@@ -77,6 +77,7 @@ def test_vendored_flag_list_is_sglangs(sglang: Sglang) -> None:
             {"speculative": {"enabled": False}, "extra_args": ["--watchdog-timeout", "600"]},
         ),
         ("sglang", {"reasoning_parser": None, "max_running_requests": 32, "context_length": 8192}),
+        ("sglang", {"deterministic": True}),
         ("emulator", {}),
     ],
 )
@@ -102,6 +103,7 @@ def test_builder_argvs_parse_to_what_we_meant(
             "enable_metrics": True,
             "log_level": "info",
             "speculative_algorithm": e.speculative.algorithm if e.speculative.enabled else None,
+            "enable_deterministic_inference": e.deterministic,
         }
         if e.speculative.enabled:
             meant |= {

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from regen.client.seed import turn_seed
 from regen.config import RegenerationConfig, SamplingConfig
 from regen.fleet.bench import BENCH_MESSAGES
 from regen.sglang_api.probe import PROBE_MESSAGES, ProbeSettings
@@ -65,6 +66,9 @@ def _bodies() -> dict[str, dict[str, Any]]:
     no_ids = RegenerationConfig(token_ids=False)
     bodies["no token ids"] = chat_request_body(SERVED, USER, sampling, regeneration=no_ids)
     bodies["no token ids"]["rid"] = "r-n"
+    bodies["seeded"] = chat_request_body(
+        SERVED, USER, sampling, rid="r-s", seed=turn_seed(0, "row-7", 1)
+    )
     assert bodies["thinking save"]["return_token_ids"] is True  # the default asks for them
     return bodies
 
@@ -86,6 +90,17 @@ def test_request_body_is_a_chat_completion_request(sglang: Sglang, name: str) ->
     assert parsed["separate_reasoning"] is True and parsed["rid"] == body["rid"]
     if "reasoning_effort" in body:
         assert parsed["reasoning_effort"] == body["reasoning_effort"]
+
+
+@pytest.mark.parametrize("turn", [1, 2, 5])
+def test_a_turns_seed_reaches_the_sampler_as_sampling_seed(sglang: Sglang, turn: int) -> None:
+    """The OpenAI route's `seed` is what 0.5.23 samples with (`sampling_seed`, under
+    --enable-deterministic-inference): regen's seeds are in its signed 64-bit range."""
+    seed = turn_seed(2**63 - 1, "row-with-the-largest-run-seed", turn)
+    body = chat_request_body(SERVED, USER, SamplingConfig(seed=2**63 - 1), rid="r", seed=seed)
+    params = sglang.ask("sampling_params", body=body, vocab_size=151936)
+    assert params["sampling_seed"] == seed and 0 <= seed < 2**63
+    assert (params["temperature"], params["top_p"], params["top_k"]) == (0.6, 0.95, 20)
 
 
 # --- what the emulator answers --------------------------------------------------------------
