@@ -1,38 +1,80 @@
-"""Prefect's temporary API server, kept out of the terminal's process group.
+"""Prefect's temporary API server for a command-line run, started by regen as the run begins.
 
-Without a configured server, Prefect 3.9.1 starts a temporary one in a subprocess of the run
-(`prefect.server.api.server.SubprocessASGIServer`), in the run's own process group. Ctrl-C in a
-terminal signals that whole group, so the server died with the first SIGINT and the run, still
-unwinding, then hung on `Error logging to API` / `httpx.ConnectError` for minutes. Here the
-server is started in a session of its own: only the run hears the terminal, the server lives
-until the run stops it at exit (Prefect's own atexit), and a run killed with -9 leaves it to
-the next run's reaper (`flows.runner`), as before.
+Without a configured server, Prefect 3.9.1 starts a temporary one when the flow first calls its
+API (`prefect.server.api.server.SubprocessASGIServer`) and waits for it. regen starts the same
+command itself, because of what that costs a run (PREFECT_NOTES.md; issue 48):
+
+- Late: Prefect starts it only once the flow is imported and called, then waits ~5 CPU seconds
+  (importing the server, building its app, checking the database) with nothing else to do.
+  Started before the flow is imported, the two overlap on a second core.
+- In the run: Prefect's client imports the server's own code (`prefect.server.api.server`,
+  ~2.3 CPU s) only to start it. regen runs Prefect's command in a subprocess and points the
+  client at it (PREFECT_API_URL, as any configured server), so the run never imports it.
+- Blocks registered on every start: the server imports every installed collection
+  (prefect-aws, boto3) to hash its block types, and registers them in the database when the
+  hash changed. A run registers no block and loads none from a temporary server (`regen
+  blocks register` refuses one), so its server skips both, unless the user set them.
+- Its own session: Ctrl-C in a terminal signals the run's process group; the server, in that
+  group, died with the first SIGINT and the run then hung on `Error logging to API` for
+  minutes. In a session of its own only the run hears the terminal; the run stops the server
+  at exit (atexit, registered before Prefect's own, so it runs after them), a forced exit
+  stops it at once, and a run killed with -9 leaves it to the next run's reaper
+  (`flows.runner`).
+
+A fresh Prefect home still pays the database's creation (every migration, ~10 CPU s) once.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import socket
 import subprocess
 import sys
-from typing import Any
+import time
+from dataclasses import dataclass, field
 
-from prefect.server.api.server import SubprocessASGIServer
-from prefect.settings import get_current_settings
+import httpx
+
+# Prefect 3.9.1's own environment for its temporary server (server.py, SubprocessASGIServer).
+_SERVER_ENV = {
+    "PREFECT_UI_ENABLED": "0",
+    "PREFECT__SERVER_EPHEMERAL": "1",
+    "PREFECT__SERVER_FINAL": "1",
+}
+# Block auto-registration off for a temporary server, unless the user said otherwise.
+_NO_BLOCK_REGISTRATION = {
+    "PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
+    "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
+}
+# uvicorn's exit status when the port was taken meanwhile; Prefect starts it again elsewhere.
+_PORT_IN_USE = 3
 
 
-class _OwnSessionServer(SubprocessASGIServer):
-    """Prefect's temporary server, started with `start_new_session=True`."""
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
-    def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-        # Prefect 3.9.1's own command and environment (server.py, SubprocessASGIServer), with
-        # one change: its own session, so a terminal's SIGINT to the run's group misses it.
+
+@dataclass
+class TemporaryServer:
+    """A Prefect API server of this run's own, in a subprocess of its own session."""
+
+    env: dict[str, str]
+    timeout_s: float
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def start(self) -> None:
         import prefect
 
-        server_env = {
-            "PREFECT_UI_ENABLED": "0",
-            "PREFECT__SERVER_EPHEMERAL": "1",
-            "PREFECT__SERVER_FINAL": "1",
-        }
+        self.port = _free_port()
         args = [
             sys.executable, "-m", "uvicorn",
             "--app-dir", str(prefect.__module_path__.parent),
@@ -42,33 +84,80 @@ class _OwnSessionServer(SubprocessASGIServer):
             "--log-level", "error",
             "--lifespan", "on",
         ]  # fmt: skip
-        return subprocess.Popen(
-            args=args,
-            env={
-                **os.environ,
-                **server_env,
-                **get_current_settings().to_environment_variables(exclude_unset=True),
-            },
-            start_new_session=True,
+        self.process = subprocess.Popen(args, env=self.env, start_new_session=True)
+        _point_prefect_at(self.api_url)
+
+    def wait_ready(self) -> None:
+        """Until its API answers /health (a port taken meanwhile: once more on another)."""
+        deadline = time.monotonic() + self.timeout_s
+        with httpx.Client() as client:
+            while time.monotonic() < deadline:
+                assert self.process is not None
+                code = self.process.poll()
+                if code == _PORT_IN_USE:
+                    self.start()
+                    continue
+                if code is not None:
+                    raise RuntimeError(f"Prefect's temporary API server exited with {code}")
+                try:
+                    if client.get(f"{self.api_url}/health", timeout=2).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+        raise RuntimeError(
+            f"Prefect's temporary API server did not answer within {self.timeout_s:g} s "
+            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
         )
 
+    def kill(self) -> None:
+        """Stop it at once: a forced exit skips atexit."""
+        self.stop(force=True)
 
-def detach_ephemeral_server() -> None:
-    """Make the temporary server this process will start (if any) one in its own session.
+    def stop(self, *, force: bool = False) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        if force:
+            process.kill()
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
-    Prefect looks its server up as `SubprocessASGIServer()` (one instance per port, None for
-    "any free port"); registering ours under that key first makes every later lookup get it.
-    A no-op when a server is configured (PREFECT_API_URL) or one was already started.
-    """
-    if get_current_settings().api.url:
-        return
-    if None not in SubprocessASGIServer._instances:
-        _OwnSessionServer()
+
+def start_temporary_server() -> TemporaryServer | None:
+    """Start the run's temporary Prefect server now, unless a server is configured (an API
+    URL from the environment or the profile) or the user turned temporary servers off; the
+    caller waits for it (`wait_ready`) before the flow runs. Stopped at exit."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url or not settings.server.ephemeral.enabled:
+        return None
+    env = {
+        **_NO_BLOCK_REGISTRATION,
+        **os.environ,
+        **_SERVER_ENV,
+        **settings.to_environment_variables(exclude_unset=True),
+    }
+    server = TemporaryServer(
+        env, timeout_s=float(settings.server.ephemeral.startup_timeout_seconds)
+    )
+    server.start()
+    atexit.register(server.stop)
+    return server
 
 
-def stop_ephemeral_server() -> None:
-    """Stop this process's temporary server now (a forced exit skips Prefect's atexit)."""
-    server = SubprocessASGIServer._instances.get(None)
-    process = server.server_process if server is not None else None
-    if process is not None and process.poll() is None:
-        process.kill()
+def _point_prefect_at(api_url: str) -> None:
+    """Make `api_url` the API of every Prefect client of this process, as if configured."""
+    from prefect.context import refresh_global_settings_context
+
+    os.environ["PREFECT_API_URL"] = api_url
+    # Prefect derives a UI address from a configured API's; a temporary server has no UI (and
+    # is gone after the run), so no `View at http://127.0.0.1:.../runs/...` line names one.
+    os.environ.setdefault("PREFECT_UI_URL", "")
+    refresh_global_settings_context()

@@ -24,6 +24,7 @@ EPHEMERAL_SERVER_ENV = {"PREFECT__SERVER_EPHEMERAL": "1"}
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
 
+    from flows.ephemeral import TemporaryServer
     from flows.regenerate import RunSummary
 
 
@@ -69,21 +70,34 @@ def _reap_ephemeral_servers() -> None:
     tag_children()
 
 
-def run_regenerate(config: RegenConfig) -> int:
-    """Run `regenerate_completions` in this process; exit 0 on a passed or warned gate."""
-    from flows.ephemeral import detach_ephemeral_server, stop_ephemeral_server
-    from flows.regenerate import regenerate_completions
-
-    # Ctrl-C, SIGTERM and SIGHUP unwind the run (every `finally` stops the fleet); the
-    # watchdog bounds the unwinding, whatever Prefect's API does meanwhile.
-    interrupts = Interrupts(
+def _interrupts(config: RegenConfig, server: TemporaryServer | None) -> Interrupts:
+    """Ctrl-C, SIGTERM and SIGHUP unwind the run (every `finally` stops the fleet); the
+    watchdog bounds the unwinding, whatever Prefect's API does meanwhile."""
+    return Interrupts(
         line=lambda sig: resume_line(sig, config.output, argv()),
         stop_fleet=lambda: reap_orphans(config.work_dir),
-        on_force=stop_ephemeral_server,
+        on_force=server.kill if server is not None else lambda: None,
     )
+
+
+def _start_prefect() -> TemporaryServer | None:
+    """Reap what killed runs left, then start this run's temporary Prefect server (none with a
+    configured one) before the flow is imported, so the two overlap (flows.ephemeral)."""
+    from flows.ephemeral import start_temporary_server
+
     _reap_ephemeral_servers()
+    return start_temporary_server()
+
+
+def run_regenerate(config: RegenConfig) -> int:
+    """Run `regenerate_completions` in this process; exit 0 on a passed or warned gate."""
+    server = _start_prefect()
+    interrupts = _interrupts(config, server)
     _quiet_tracebacks(interrupts)
-    detach_ephemeral_server()
+    from flows.regenerate import regenerate_completions
+
+    if server is not None:
+        server.wait_ready()
     try:
         with interrupts.installed():
             state = regenerate_completions(config, return_state=True)
@@ -99,17 +113,13 @@ def run_regenerate(config: RegenConfig) -> int:
 def run_features(config: RegenConfig) -> int:
     """Run `capture_features` in this process (`regen features`); exit 0 when every pending
     shard was captured."""
-    from flows.ephemeral import detach_ephemeral_server, stop_ephemeral_server
+    server = _start_prefect()
+    interrupts = _interrupts(config, server)
+    _quiet_tracebacks(interrupts)
     from flows.features import capture_features
 
-    interrupts = Interrupts(
-        line=lambda sig: resume_line(sig, config.output, argv()),
-        stop_fleet=lambda: reap_orphans(config.work_dir),
-        on_force=stop_ephemeral_server,
-    )
-    _reap_ephemeral_servers()
-    _quiet_tracebacks(interrupts)
-    detach_ephemeral_server()
+    if server is not None:
+        server.wait_ready()
     try:
         with interrupts.installed():
             state = capture_features(config, return_state=True)

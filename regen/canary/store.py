@@ -10,8 +10,7 @@ its rows stay in the store, beside the stop record, for a person to read.
 from __future__ import annotations
 
 import io
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 
@@ -25,12 +24,6 @@ from regen.storage import Storage
 # The number the canary is submitted under: below every shard, so the dispatcher's queue
 # (ordered by shard number) sends it before any shard that may already be waiting.
 CANARY_JOB = -1
-
-WAVES_AHEAD = 2
-"""Shard rows queued behind a running canary, in waves of the fleet's slots (servers x
-concurrency): the slots its tail frees take them until its verdict (one freed early by a short
-answer takes a second), and they are all a stop throws away beyond the canary, whatever the
-run's size (8 x 64 slots: 1,024 rows, 0.1 % of a 914K-prompt run)."""
 
 CANARY_PARTS = 8
 """The canary is queued in this many parts (of 16 rows at least), each judged as it comes
@@ -200,15 +193,21 @@ class Verdict:
 
 class HeldForCanary:
     """The run's row source while its canary runs, so the fleet never waits on it: the
-    shards' rows (none of the canary's) are queued behind the canary's own, up to
-    `WAVES_AHEAD` waves of the fleet's `slots`, and keep every slot it frees busy through its
-    tail and its audit; the rest wait for the verdict, and a shard's rows are handed back (and
-    so committed) only once it says go.
+    shards' rows (none of the canary's) are queued behind the canary's own at once, and take
+    every slot it frees through its tail and its audit; a shard's rows are handed back (and
+    so committed) only once the verdict says go.
 
-    On go, its waiting rows are sent at once, the shard's canary rows join it, and any row a
-    quarantined server answered is sent again; on a stop, the shard gets `CanaryStopped` and
-    commits nothing, and no more than `budget` rows were spent on it, at any run size. After
-    the verdict, a shard is sent as `CanaryFirst` sends it.
+    Nothing bounds them but the shards in flight (`regen.generation.loop.shards_in_flight`):
+    a slot the canary frees stays busy until the verdict. What a stop throws away is what the
+    fleet generated until the verdict, GPU time it would otherwise have idled (the verdict
+    waits on the canary's rows, which go first, not on these); rows still queued are never
+    sent. Capped at two waves of the fleet's slots, as they were, the slots idled behind the
+    gate from the cap to the verdict (the canary's longest answer and its audit): several
+    per cent of a clean run's generation on 4 x 16 slots.
+
+    On go, any row a quarantined server answered is sent again and the shard's canary rows
+    join it; on a stop, the shard gets `CanaryStopped` and commits nothing. After the
+    verdict, a shard is sent as `CanaryFirst` sends it.
     """
 
     def __init__(
@@ -216,15 +215,10 @@ class HeldForCanary:
         dispatcher: Dispatcher,
         sample: pl.DataFrame,
         verdict: futures.Future[Verdict],
-        slots: int,
     ) -> None:
         self.dispatcher = dispatcher
         self.sample = sample.select("id")
         self.verdict = verdict
-        self.budget = WAVES_AHEAD * slots
-        """Shard rows queued behind the canary before its verdict, at most."""
-        self._ahead = self.budget
-        self._lock = threading.Lock()
 
     def submit_shard(self, shard: int, prompts: pl.DataFrame) -> futures.Future[pl.DataFrame]:
         if self.verdict.done():
@@ -237,10 +231,7 @@ class HeldForCanary:
             failed.set_exception(stopped)  # nothing more is sent for a stopped run
             return failed
         rest = prompts.join(self.sample, on="id", how="anti", maintain_order="left")
-        with self._lock:
-            now = min(rest.height, self._ahead)
-            self._ahead -= now
-        ahead = self.dispatcher.submit_shard(shard, rest.head(now))
+        sent = self.dispatcher.submit_shard(shard, rest)
         out: futures.Future[pl.DataFrame] = futures.Future()
 
         def judged(_: object) -> None:
@@ -249,16 +240,7 @@ class HeldForCanary:
                 out.set_exception(stopped)
                 return
             verdict = self.verdict.result()
-            # The rows held back go at once, not after the rows sent ahead, which may run on
-            # for a long answer's time while the slots the canary held stand free.
-            try:
-                later = self.dispatcher.submit_shard(shard, rest.slice(now))
-            except Exception as err:  # a closed dispatcher: fail the shard, never hang it
-                out.set_exception(err)
-                return
-            _when_all(
-                [ahead, later], lambda: self._settle(shard, prompts, ahead, later, verdict, out)
-            )
+            sent.add_done_callback(lambda _: self._settle(shard, prompts, sent, verdict, out))
 
         self.verdict.add_done_callback(judged)
         return out
@@ -267,15 +249,14 @@ class HeldForCanary:
         self,
         shard: int,
         prompts: pl.DataFrame,
-        ahead: futures.Future[pl.DataFrame],
-        later: futures.Future[pl.DataFrame],
+        answered: futures.Future[pl.DataFrame],
         verdict: Verdict,
         out: futures.Future[pl.DataFrame],
     ) -> None:
-        """Both parts are in: any row a quarantined server answered is sent again, then the
-        shard's rows (sent and the canary's) are handed back, each id once."""
+        """The shard's rows are in: any row a quarantined server answered is sent again, then
+        the shard's rows (sent and the canary's) are handed back, each id once."""
         try:
-            sent = pl.concat([ahead.result(), later.result()])
+            sent = answered.result()
         except Exception as err:  # the fleet's failure
             out.set_exception(err)
             return
@@ -294,22 +275,6 @@ class HeldForCanary:
                 out.set_exception(err)
 
         self.dispatcher.submit_shard(shard, again).add_done_callback(resent)
-
-
-def _when_all(waited: list[futures.Future[pl.DataFrame]], then: Callable[[], None]) -> None:
-    """Call `then` once every future of `waited` is done (in the thread that ends the last)."""
-    left = [len(waited)]
-    lock = threading.Lock()
-
-    def one(_: object) -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            then()
-
-    for future in waited:
-        future.add_done_callback(one)
 
 
 def _in_order(rows: pl.DataFrame, order: pl.DataFrame) -> pl.DataFrame:

@@ -51,8 +51,7 @@ def generate_plan(
     # One canary per run: the nodes of a multi-node run rely on the rolling audit.
     if source.whole_run and config.audit.live != "off":
         # Judged while the shards start: their rows keep every slot the canary's tail frees
-        # busy until its verdict, up to two waves of the fleet's slots, which bounds what a
-        # stop throws away at any run size (the incident on 4 x 16 slots: 256 + 128 rows).
+        # busy until its verdict; a stop throws away what the fleet did meanwhile.
         live.start_canary(config.generation.canary_prompts, slots=feed.slots)
         feed.progress.reused(live.reused)
     window = shards_in_flight(feed.slots, config.shard_size)

@@ -108,10 +108,10 @@ class LiveGate:
     def start_canary(self, size: int, slots: int = 0) -> None:
         """Queue `size` prompts spread over the pending shards ahead of every shard and judge
         their rows in a thread of their own, each part as it comes back (no `live_min_rows`:
-        the canary is the sample). Meanwhile the shards' rows keep the fleet's `slots` busy, up
-        to `WAVES_AHEAD` waves of them, and their commits wait for the verdict
-        (`HeldForCanary`): the fleet does not idle on the canary's tail or its audit, and a
-        stop cancels what they have in flight."""
+        the canary is the sample). Meanwhile the shards' rows keep every slot it frees busy and
+        their commits wait for the verdict (`HeldForCanary`): the fleet does not idle on the
+        canary's tail or its audit, and a stop cancels what they have in flight (`slots`, the
+        fleet's, only says in waves how many went out behind it)."""
         sample = canary_sample(self.plan.prompt_cache, self.plan.pending, size)
         if not sample.height:
             return
@@ -130,7 +130,7 @@ class LiveGate:
         pending = send_canary(self.dispatcher, self.storage, self.plan.fingerprint, sample)
         self.reused = _among(pending.stored, sample)
         verdict: futures.Future[Verdict] = futures.Future()
-        self._held = HeldForCanary(self.dispatcher, sample, verdict, slots)
+        self._held = HeldForCanary(self.dispatcher, sample, verdict)
         self._judging = threading.Thread(
             target=self._judge_canary, args=(pending, verdict, before, slots),
             name="regen-canary", daemon=True,
