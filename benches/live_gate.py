@@ -20,9 +20,11 @@ Two cases, each an incident and clean runs on the same fleet (`--servers` x `--s
   `seconds_to_stop` is the wall time from calling the flow to its final (Failed) state.
   What the stop threw away is what was sent beyond the canary: the dispatcher's count
   (`prompts_sent` in `report/stopped.json`) less the canary's rows, in waves of the fleet's
-  slots (servers x slots); bounded by two waves. The servers' own count (summed from their
-  logs, `Served N requests` at shutdown, less the launch's probes and micro-benchmark,
-  measured on the clean runs without the gate, which send every prompt once) is beside it.
+  slots (servers x slots): what the slots the canary freed took until its verdict (GPU time
+  they would otherwise have idled), at most the shards in flight. The servers' own count
+  (summed from their logs, `Served N requests` at shutdown, less the launch's probes and
+  micro-benchmark, measured on the clean runs without the gate, which send every prompt
+  once) is beside it.
 - clean: no fault, `--clean-prompts` prompts, the gate on (defaults: canary 256 prompts,
   `audit.live: stop`) and off (`generation.canary_prompts: 0`, `audit.live: off`),
   alternated (the order flips every repeat) `--repeats` times each, each repeat with answers
@@ -30,8 +32,8 @@ Two cases, each an incident and clean runs on the same fleet (`--servers` x `--s
   which set its tail, drawn anew rather than one order's luck every time). Both kinds store each
   committed shard's audit summary and merge it into the running figures; "off" saves the
   canary and the judging (stop, quarantine). The shards' rows keep every slot busy behind the
-  canary until its verdict (their commits wait for it), up to two waves of the fleet's slots:
-  each clean run with the gate says how many it sent (the flow's `canary: ...` log line).
+  canary until its verdict (their commits wait for it), however many that takes: each clean
+  run with the gate says how many it sent (the flow's `canary: ...` log line).
   `generation_overhead_ratio` is median(with) / median(without) - 1 of the generation stage
   (progress.json's `elapsed_s`), where the canary's cost lies, free of the launch's and the
   audit's noise: target <= 2 % (`generation_overhead_paired`: the median of each repeat's

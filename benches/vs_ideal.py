@@ -62,6 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 SERVED = "emu-model"
 KEY = "vs-ideal-bench-key"
 TOKENS_PER_S = 250.0
+_BEHIND = re.compile(r"canary: .*; ([\d,]+) shard rows sent behind it")
 _LINE = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d{3}) \| \w+ +\| (.*)$")
 # Milestones of the run's log, in order: (name, pattern of the line that ends it).
 MILESTONES = (
@@ -177,7 +178,9 @@ def measure(
             tokens = int(rows["completion_tokens"].sum())
             generation = float(progress["elapsed_s"])
             ideal = tokens / capacity
-            marks = milestones((run_root / "run.log").read_text(), started)
+            log_text = (run_root / "run.log").read_text()
+            marks = milestones(log_text, started)
+            behind = _BEHIND.search(log_text)
             hedged = args.hedge != "off"
             runs.append(
                 {
@@ -195,6 +198,10 @@ def measure(
                         4,
                     ),
                     "servers_of_rows": _servers(rows),
+                    # How fast the servers ran against their nominal speed (a loaded machine
+                    # runs them slower, which no dispatcher can win back).
+                    "served_speed": _served_speed(rows, speeds, args),
+                    "canary_rows_behind": int(behind.group(1).replace(",", "")) if behind else None,
                     "load_average_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
                 }
             )
@@ -233,6 +240,15 @@ def _parts(marks: dict[str, float], generation: float, wall: float) -> dict[str,
     }
 
 
+def _served_speed(rows: pl.DataFrame, speeds: list[float], args: argparse.Namespace) -> float:
+    """The rows' nominal decode seconds (tokens at their server's speed) over their latency."""
+    rate = {f"server-{i}": s * TOKENS_PER_S / args.time_scale for i, s in enumerate(speeds)}
+    nominal = rows.select(
+        (pl.col("completion_tokens") / pl.col("server").replace_strict(rate)).sum()
+    ).item()
+    return round(float(nominal) / float(rows["latency_s"].sum()), 4)
+
+
 def _servers(rows: pl.DataFrame) -> dict[str, int]:
     counts = rows.group_by("server").len().sort("server")
     return {str(s): int(n) for s, n in counts.iter_rows()}
@@ -258,6 +274,11 @@ def print_table(result: dict[str, Any]) -> None:
         for run in case["runs"]:
             parts = ", ".join(f"{k} {v:.1f}" for k, v in run["fixed_cost_parts_s"].items())
             print(f"    fixed cost {run['fixed_cost_s']:.1f} s: {parts}")
+            print(
+                f"    servers ran at {run['served_speed']:.3f} of their nominal speed; "
+                f"{run['canary_rows_behind']} shard rows sent behind the canary; "
+                f"rows per server {run['servers_of_rows']}"
+            )
 
 
 def main() -> None:
