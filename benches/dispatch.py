@@ -86,12 +86,18 @@ class Setup:
 
 
 @contextmanager
-def fleet(setup: Setup, logs: Path, slow: float | None = None) -> Iterator[list[Endpoint]]:
+def fleet(
+    setup: Setup, logs: Path, slow: float | None = None, *, same_draws: bool = False
+) -> Iterator[list[Endpoint]]:
+    """`same_draws`: servers of one model that sample by a request's seed (SGLang's
+    --enable-deterministic-inference), so a row's seed gives it the same answer on any of them;
+    else each server answers from a seed of its own."""
     flags = [
         [
             "--max-running-requests", str(setup.slots), "--enable-metrics",
             "--reasoning-parser", "qwen3",
-            "--emu-load-s", "0", "--emu-seed", str(i),
+            *(["--enable-deterministic-inference"] if same_draws else []),
+            "--emu-load-s", "0", "--emu-seed", str(0 if same_draws else i),
             "--emu-tokens-per-s", str(setup.tokens_per_s),
             "--emu-time-scale", str(setup.time_scale),
             "--emu-reasoning-tokens", setup.reasoning, "--emu-answer-tokens", setup.answer,

@@ -291,6 +291,9 @@ def main() -> None:
     parser.add_argument("--cases", default="even,slow")
     parser.add_argument("--hedge", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose regen runs")
+    parser.add_argument(
+        "--prefect-home", type=Path, help="the runs' Prefect home (default: a fresh one)"
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds a run may take")
     parser.add_argument("--smoke", action="store_true", help="120 prompts, 2 x 4 slots, 0.01")
     args = parser.parse_args()
@@ -302,11 +305,12 @@ def main() -> None:
     code = args.code.resolve()
     measured = []
     with tempfile.TemporaryDirectory(prefix="regen-vs-ideal-") as tmp:
-        home = Path(tmp) / "prefect-home"
+        home = args.prefect_home or Path(tmp) / "prefect-home"
         env = {**prefect_env(home), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
-        # A first run sets the Prefect database up (every migration): not what a run costs.
-        warm = argparse.Namespace(**{**vars(args), "prompts": 16, "repeats": 1})
-        measure(warm, "even", Path(tmp) / "warm-up", env, code)
+        if not args.smoke:
+            # A first run sets the Prefect database up (every migration): not what a run costs.
+            warm = argparse.Namespace(**{**vars(args), "prompts": 16, "repeats": 1})
+            measure(warm, "even", Path(tmp) / "warm-up", env, code)
         for case in cases:
             measured.append(measure(args, case, Path(tmp) / case, env, code))
     result = {

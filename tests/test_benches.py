@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(600)  # marked bench in conftest.py
 
 BENCHES = sorted(p.stem for p in (REPO / "benches").glob("[!_]*.py"))
 # Benches that run `regen rehearse` themselves take the Prefect home they are given.
-TAKES_PREFECT_HOME = {"chaos", "scale"}
+TAKES_PREFECT_HOME = {"chaos", "scale", "vs_ideal"}
 
 
 def test_every_bench_is_listed() -> None:
