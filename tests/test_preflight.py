@@ -90,7 +90,10 @@ def listening() -> Iterator[int]:
 
 def test_config_ok_and_concurrency_over_server_slots_fails(tmp_path: Path) -> None:
     assert check_config(make_config(tmp_path)).status == "pass"
-    row = check_config(make_config(tmp_path, concurrency_per_server=100))
+    # No cap (SGLang sizes each server; regen measures below it): any concurrency passes.
+    assert check_config(make_config(tmp_path, concurrency_per_server=100)).status == "pass"
+    engine = {"kind": "emulator", "gpus": [0, 1], "max_running_requests": 64}
+    row = check_config(make_config(tmp_path, concurrency_per_server=100, engine=engine))
     assert row.status == "fail"
     assert "concurrency_per_server 100 > engine.max_running_requests 64" in row.figure
 
@@ -525,6 +528,7 @@ def test_every_check_runs_when_several_fail(tmp_path: Path, listening: int) -> N
             "gpus": [0, 1],
             "base_port": listening - 1,
             "python": str(tmp_path / "nope" / "python"),
+            "max_running_requests": 64,
             "extra_args": ["--cuda-graph-max-bs", "8"],
         },
     )

@@ -24,6 +24,13 @@ class GenerationConfig(Section):
     live_interval_s: float = Field(
         default=30.0, gt=0, description="Fleet figures from /metrics: a log line and an artifact."
     )
+    concurrency_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between two measurements of each server's best concurrency "
+        "(without a fixed concurrency_per_server): a raise is judged one interval after the "
+        "one it took to settle.",
+    )
     new_output: bool = Field(
         default=False, description="Allow a changed fingerprint: start a fresh dataset."
     )

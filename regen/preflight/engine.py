@@ -34,7 +34,8 @@ REMOTE_FILESYSTEMS = {
 
 def check_config(config: RegenConfig) -> CheckRow:
     problems = []
-    if config.concurrency > config.engine.max_running_requests:
+    cap = config.engine.max_running_requests
+    if cap is not None and config.concurrency > cap:
         problems.append(
             f"concurrency_per_server {config.concurrency} > engine.max_running_requests "
             f"{config.engine.max_running_requests} (requests would queue inside the server)"
