@@ -187,12 +187,15 @@ class Dispatcher:
         reprobe: Reprobe | None = None,
         tuning: DispatchTuning | None = None,
         session: SessionFactory = keepalive_session,
+        slot_cap: int | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("Dispatcher needs at least one endpoint")
         if concurrency_per_server < 1:
             raise ValueError("concurrency_per_server must be >= 1")
         self._servers = [_Server(e, concurrency_per_server) for e in endpoints]
+        # The most slots set_slots may give a server: the connection pool is sized for it.
+        self._slot_cap = max(slot_cap or concurrency_per_server, concurrency_per_server)
         self._model = model
         self._sampling = sampling
         self._regeneration = regeneration or RegenerationConfig()
@@ -332,6 +335,24 @@ class Dispatcher:
         self._loop.call_soon_threadsafe(apply)
         done.result()
 
+    def set_slots(self, server: str | int, slots: int) -> None:
+        """Keep `slots` requests in flight on a server from now on (by name or index): the
+        concurrency tuner's one lever. More start at once; fewer take effect as its requests
+        end, none is cut. ValueError for an unknown server or a count outside [1, slot_cap]."""
+        if not 1 <= slots <= self._slot_cap:
+            raise ValueError(f"slots must be in [1, {self._slot_cap}], got {slots}")
+        target = self._server(server)
+        if self._loop is None or self._closed:
+            target.slots = slots
+            return
+
+        def apply() -> None:
+            with self._lock:
+                target.slots = slots
+            self._pump()
+
+        self._loop.call_soon_threadsafe(apply)
+
     def stats(self) -> DispatchStats:
         """A consistent snapshot of the counters; cheap enough to call every second."""
         with self._lock:
@@ -377,7 +398,7 @@ class Dispatcher:
         loop.run_forever()
 
     async def _open(self) -> None:
-        slots = sum(s.slots for s in self._servers)
+        slots = len(self._servers) * self._slot_cap
         self._session = self._make_session(slots + len(self._servers), self._headers)
 
     async def _shutdown(self) -> None:

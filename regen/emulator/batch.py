@@ -143,6 +143,12 @@ class Batch:
         return self._kv_base + len(self._running) * steps + prefill
 
     @property
+    def decoded_now(self) -> float:
+        """Tokens decoded since start, up to this instant (read-only, like kv_used): the
+        counter is otherwise brought up to date only at the batch's own events."""
+        return self.decode_tokens + len(self._running) * (self._steps_at(self._now()) - self.steps)
+
+    @property
     def token_usage(self) -> float:
         return min(1.0, self.kv_used / self.kv_tokens)
 
@@ -243,6 +249,8 @@ class Batch:
                 return
             heapq.heappop(self._finishes)
             job = entry[2]
+            # Reached late (a busy loop): the steps past its end were never decoded.
+            self.decode_tokens -= max(0.0, self.steps - entry[0])
             self._leave(job)
             end = round(job.target() - job.admitted_at) + job.decoded_before
             self._end(job, Ended(end, cut=end < job.output_len))

@@ -116,7 +116,7 @@ def render(counters: Counters, batch: Batch, *, model: str, accept_length: float
         for mode, value in (
             ("prefill_compute", batch.prefill_tokens),
             ("prefill_cache", batch.prefill_cache_tokens),
-            ("decode", float(int(batch.decode_tokens))),
+            ("decode", float(int(batch.decoded_now))),
         )
         if value  # a labelled counter has no sample until its first increment
     ]

@@ -55,7 +55,7 @@ def generate_plan(
         # stop throws away at any run size (the incident on 4 x 16 slots: 256 + 128 rows).
         live.start_canary(config.generation.canary_prompts, slots=feed.slots)
         feed.progress.reused(live.reused)
-    window = shards_in_flight(feed.slots, config.shard_size)
+    window = shards_in_flight(feed.max_slots, config.shard_size)
 
     def submit(shard: int, lease: Fence | None) -> futures.Future[ShardOutcome]:
         # A node claims only shards without a manifest: it never retries error rows.

@@ -79,6 +79,14 @@ class LiveReport:
                     return s.tokens_per_s
         return server.tokens_per_s
 
+    def concurrency(self, server: ServerFigures) -> str:
+        """Requests regen keeps in flight on a server (its slots: measured per server unless
+        fixed), `–` for a server the dispatcher does not know."""
+        for s in self.progress.servers:
+            if s.name == server.name:
+                return f"{s.slots:,}"
+        return NONE
+
     def card(self) -> str:
         """The card's figure: the progress's, as the progress artifact says it."""
         return self.progress.card()
@@ -92,7 +100,8 @@ class LiveReport:
                 parts.append(f"{s.name} metrics missing")
                 continue
             parts.append(
-                f"{s.name} {sig(self.server_rate(s))} tok/s, {_count(m.running)} running, "
+                f"{s.name} {sig(self.server_rate(s))} tok/s, concurrency {self.concurrency(s)}, "
+                f"{_count(m.running)} running, "
                 f"{_count(m.queued)} queued, KV {pct(m.token_usage)}, "
                 f"accept {sig(m.accept_length)}"
             )
@@ -112,13 +121,14 @@ class LiveReport:
         ]
         missing = [s for s in self.servers if s.metrics is None]
         lines += markdown_table(
-            ["server", "tok/s", "running", "queued", "KV cache", "accept length"],
+            ["server", "tok/s", "concurrency", "running", "queued", "KV cache", "accept length"],
             (
-                (s.name, "**metrics missing**", NONE, NONE, NONE, NONE)
+                (s.name, "**metrics missing**", self.concurrency(s), NONE, NONE, NONE, NONE)
                 if (m := s.metrics) is None
                 else (
                     s.name,
                     sig(self.server_rate(s)),
+                    self.concurrency(s),
                     _count(m.running),
                     _count(m.queued),
                     pct(m.token_usage),
@@ -126,7 +136,7 @@ class LiveReport:
                 )
                 for s in self.servers
             ),
-            numeric={"tok/s", "running", "queued", "KV cache", "accept length"},
+            numeric={"tok/s", "concurrency", "running", "queued", "KV cache", "accept length"},
         )
         if missing:
             lines += ["", "No `/metrics` answer (not counted as zero):", ""]
