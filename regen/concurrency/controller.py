@@ -13,9 +13,11 @@ every decode step, so it answers within seconds of a change) while the client ke
 of the server busy with rows waiting; a tick where the slots were not full (the tail, a shard
 border) says nothing about the level and is skipped. The rule, per tick:
 
-- pressure: the server retracted requests (its KV pool ran out) or its own queue held more
-  than `queue_share` of the slots two ticks running (it cannot admit them: KV or its running
-  cap): back off one step, and do not climb back to that level until the next re-probe;
+- pressure: the server retracted more than `retract_share` of the requests it answered (its
+  KV pool ran out: work thrown away): back off to the level this climb came from (or one
+  step), and do not climb back until the next re-probe. Its own queue held more than
+  `queue_share` of the slots two ticks running (it runs fewer than it is sent: KV or its
+  running cap): no higher, and down by what stayed queued, once until the next re-probe;
 - climbing: raise by `step` while each raise lifted the rate by `min_gain` and the KV pool has
   room (`kv_headroom`); the first raise that did not pay for itself is undone, and the climb
   ends there;
@@ -55,6 +57,12 @@ class TunerSettings(BaseModel):
         ge=0,
         description="A server queue above this share of its slots means it holds too many.",
     )
+    retract_share: float = Field(
+        default=0.05,
+        ge=0,
+        description="Retracted requests, as a share of those the server answered in the "
+        "interval, past which it holds too many.",
+    )
     reprobe_every: int = Field(
         default=30, ge=1, description="Measured ticks at a settled level between re-probes."
     )
@@ -86,6 +94,8 @@ class Sample:
     token_usage: float | None = None
     retracted: float = 0.0
     """Requests the server retracted during the interval."""
+    completed: float = 0.0
+    """Requests of this server the client got answers to during the interval."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +124,8 @@ class Controller:
         self._from: tuple[int, float] | None = None  # (level, rate) the last raise left
         self._rate: float | None = None  # the current level's measured rate
         self._skip = 1  # ticks to skip: the first one ramps up from nothing
-        self._queued = False  # the server's queue was over the line at the last measured tick
+        self._queued = 0.0  # the server's queue at the last measured tick
+        self._trimmed = False  # the level was trimmed to the server's queue since the re-probe
         self._settled_ticks = 0
 
     def observe(self, sample: Sample) -> Decision:
@@ -125,14 +136,27 @@ class Controller:
             return Decision(before, before, "settling after a change")
         if not sample.saturated:
             return Decision(before, before, "slots not all busy: nothing measured")
-        # A request or two wait for the next prefill at any level; a queue that stays is the
-        # server holding fewer than it is sent (its KV pool or its own cap).
-        queue = sample.queued is not None and sample.queued > max(
-            2.0, self.settings.queue_share * self.limit
-        )
-        queued_before, self._queued = self._queued, queue
-        if sample.retracted > 0 or (queue and queued_before):
+        # SGLang admits optimistically and retracts the youngest when the KV pool runs out: a
+        # few are its normal regulation, a share of what the server answers is work thrown away.
+        if sample.retracted > max(1.0, self.settings.retract_share * sample.completed):
             return self._back_off(sample)
+        # A request or two wait for the next prefill at any level; a queue that stays is the
+        # server running fewer than it is sent (its KV pool or its own cap): no higher, and
+        # down by what stays queued, less the margin that keeps its next admission waiting.
+        # SGLang's own admission swings (its new-token ratio jumps at a retraction, then
+        # decays), so one reading of its queue overstates it: the smaller of two is the part
+        # that stays, and the level is trimmed once per settled stretch, not ratcheted down.
+        queued = sample.queued if sample.queued is not None else 0.0
+        queued_before, self._queued = self._queued, queued
+        stays = min(queued, queued_before)
+        if stays > self._queue_line(before):
+            self._ceiling = min(self._ceiling or before, before)
+            if not self._trimmed:
+                self._trimmed = True
+                fits = before - math.floor(stays) + math.ceil(self._queue_line(before))
+                if fits < before:
+                    why = f"{stays:g} of {before} stay queued on the server"
+                    return self._settle(fits, sample.rate or 0.0, why)
         if sample.rate is None:
             return Decision(before, before, "no rate measured")
         rate = sample.rate
@@ -140,7 +164,8 @@ class Controller:
             self._rate = rate if self._rate is None else 0.5 * (self._rate + rate)
             self._settled_ticks += 1
             if self._settled_ticks >= self.settings.reprobe_every:
-                self._ceiling = None  # the workload may have changed since a back-off
+                # The workload may have changed since a back-off or a trim.
+                self._ceiling, self._trimmed = None, False
                 return self._raise(self._rate, Phase.PROBING, "re-probe", sample)
             return Decision(before, before, "settled")
         self._rate = rate
@@ -155,6 +180,9 @@ class Controller:
         # noise would otherwise ratchet the level up at every re-probe.
         return self._settle(level, old, f"{gain:+.1%} at {before}: back to {level}")
 
+    def _queue_line(self, level: float) -> float:
+        return max(2.0, self.settings.queue_share * level)
+
     def _raise(self, rate: float, phase: Phase, why: str, sample: Sample) -> Decision:
         before = self.limit
         top = self.cap if self._ceiling is None else min(self.cap, self._ceiling - 1)
@@ -165,14 +193,15 @@ class Controller:
         if target <= before:
             return self._settle(before, rate, f"{why}; at the server's limit {before}")
         self._from = (before, rate)
-        self.limit, self.phase, self._skip = target, phase, 1
+        self.limit, self.phase, self._skip, self._queued = target, phase, 1, 0.0
         return Decision(target, before, why)
 
     def _settle(self, level: int, rate: float, why: str) -> Decision:
         before = self.limit
         self.limit, self._rate = level, rate
         self.phase, self._settled_ticks, self._from = Phase.SETTLED, 0, None
-        self._skip = 1 if level != before else 0
+        if level != before:
+            self._skip, self._queued = 1, 0.0  # a queue seen at the old level says nothing
         return Decision(level, before, why)
 
     def _back_off(self, sample: Sample) -> Decision:
@@ -181,8 +210,5 @@ class Controller:
         level = max(1, math.floor(before / self.settings.step))
         if self._from is not None and self._from[0] < before:
             level = self._from[0]  # the level this climb came from held
-        if sample.retracted:
-            what = f"{sample.retracted:g} retracted"
-        else:
-            what = f"{sample.queued:g} queued"
-        return self._settle(level, self._rate or 0.0, f"server full ({what}) at {before}")
+        why = f"{sample.retracted:g} retracted at {before}"
+        return self._settle(level, self._rate or 0.0, why)

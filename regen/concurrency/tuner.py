@@ -38,6 +38,7 @@ class _Seen:
     decode: float | None
     retracted: float | None
     output: int
+    completed: int
     saturated: bool
 
 
@@ -65,6 +66,7 @@ class ConcurrencyTuner:
             for e in endpoints
         }
         self.last: dict[str, Decision] = {}
+        self.changes: list[tuple[str, Decision]] = []  # every change, in order, by server
         self._seen: dict[str, _Seen] = {}
         self._ticker = Ticker("regen-tuner", self.settings.interval_s, self.tick)
 
@@ -88,6 +90,7 @@ class ConcurrencyTuner:
             self.last[endpoint.name] = decision
             if decision.changed:
                 self._dispatcher.set_slots(endpoint.name, decision.limit)
+                self.changes.append((endpoint.name, decision))
                 log.info(
                     "concurrency: %s %d -> %d (%s)",
                     endpoint.name, decision.previous, decision.limit, decision.reason,
@@ -100,9 +103,11 @@ class ConcurrencyTuner:
         """The interval since the previous tick; None for the first (nothing to compare)."""
         now = time.monotonic()
         metrics = self._scrape(endpoint.url)
+        # At its level: every slot busy, rows waiting, and no more in flight than the level
+        # (after a cut the excess drains as its requests end; the server still holds it).
         busy = (
             server.state is ServerState.HEALTHY
-            and server.in_flight >= FULL * server.slots
+            and FULL * server.slots <= server.in_flight <= server.slots
             and stats.queued > 0
         )
         seen = _Seen(
@@ -110,6 +115,7 @@ class ConcurrencyTuner:
             metrics.decode_tokens if metrics else None,
             metrics.retracted if metrics else None,
             server.output_tokens,
+            server.completed,
             busy,
         )
         before = self._seen.get(endpoint.name)
@@ -130,6 +136,7 @@ class ConcurrencyTuner:
             queued=metrics.queued if metrics else None,
             token_usage=metrics.token_usage if metrics else None,
             retracted=retracted,
+            completed=float(seen.completed - before.completed),
         )
 
     def __enter__(self) -> ConcurrencyTuner:
