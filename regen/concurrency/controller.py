@@ -119,8 +119,9 @@ class Controller:
         self.cap = max(1, cap)
         self.limit = max(1, min(start, self.cap))
         self.phase = Phase.CLIMBING
-        self._ceiling: int | None = None  # a level the server could not hold: not retried
-        # until the next re-probe
+        # A level the server could not hold (retracted, queued): not tried again until the
+        # next re-probe.
+        self._ceiling: int | None = None
         self._from: tuple[int, float] | None = None  # (level, rate) the last raise left
         self._rate: float | None = None  # the current level's measured rate
         self._skip = 1  # ticks to skip: the first one ramps up from nothing
@@ -191,7 +192,8 @@ class Controller:
             return self._settle(before, rate, f"{why}; KV pool {usage:.0%} full")
         target = min(top, max(before + 1, math.ceil(before * self.settings.step)))
         if target <= before:
-            return self._settle(before, rate, f"{why}; at the server's limit {before}")
+            held = "the server's cap" if top == self.cap else "where the server queued"
+            return self._settle(before, rate, f"{why}; no higher than {held}, {top}")
         self._from = (before, rate)
         self.limit, self.phase, self._skip, self._queued = target, phase, 1, 0.0
         return Decision(target, before, why)
