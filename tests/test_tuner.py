@@ -49,6 +49,15 @@ def get(emu: InProcessEmulator, path: str) -> Any:
         return json.loads(resp.read())
 
 
+def abort_all(emu: InProcessEmulator) -> None:
+    request = urllib.request.Request(
+        f"{emu.url}/abort_request",
+        data=json.dumps({"abort_all": True}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
+    urllib.request.urlopen(request, timeout=30).read()
+
+
 def chat(emu: InProcessEmulator, content: str, max_tokens: int) -> dict[str, Any]:
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens}  # fmt: skip
@@ -97,8 +106,10 @@ def test_a_starved_kv_pool_queues_and_retracts_but_answers_the_same() -> None:
     """Twelve long answers at once on a pool that holds a few: the server queues them and
     retracts the youngest when the running ones outgrow it, then recomputes them; every answer
     is the one a roomy server gives, token for token."""
-    answers = ["--emu-answer-tokens", "300:600", "--emu-seed", "0"]  # one model, two servers
-    fleet = flags([*answers, "--emu-kv-tokens", "2500", "--emu-time-scale", "0.05"],
+    # Answers of 800-1000 tokens on a pool of 2,500: three fit as admission first reserves
+    # (70 % of max_tokens), more once its ratio decays over 600 steps, and those outgrow it.
+    answers = ["--emu-answer-tokens", "800:1000", "--emu-seed", "0"]  # one model, two servers
+    fleet = flags([*answers, "--emu-kv-tokens", "2500", "--emu-time-scale", "0.3"],
                   [*answers, "--emu-time-scale", "0.01"])  # fmt: skip
     with in_process(fleet, served_name=MODEL, api_key=KEY) as (starved, roomy):
         from concurrent.futures import ThreadPoolExecutor
@@ -157,6 +168,8 @@ def test_the_tuner_raises_each_server_to_its_own_knee_within_its_cap() -> None:
             dispatcher.abort(RuntimeError("test over"))
             for future in futures:
                 future.exception()
+        for emu in emus:  # a closed connection does not end an emulator's request
+            abort_all(emu)
     assert slots == levels  # the dispatcher keeps what the tuner chose
     assert 4 < levels["server-0"] < levels["server-1"] <= 48, (levels, tuner.last)
 

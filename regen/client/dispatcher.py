@@ -336,22 +336,28 @@ class Dispatcher:
         done.result()
 
     def set_slots(self, server: str | int, slots: int) -> None:
-        """Keep `slots` requests in flight on a server from now on (by name or index): the
-        concurrency tuner's one lever. More start at once; fewer take effect as its requests
-        end, none is cut. ValueError for an unknown server or a count outside [1, slot_cap]."""
+        """Keep `slots` requests in flight on a server from now on (by name or index), applied
+        when this returns: the concurrency tuner's one lever. More start at once; fewer take
+        effect as its requests end, none is cut. ValueError for an unknown server or a count
+        outside [1, slot_cap]."""
         if not 1 <= slots <= self._slot_cap:
             raise ValueError(f"slots must be in [1, {self._slot_cap}], got {slots}")
         target = self._server(server)
         if self._loop is None or self._closed:
             target.slots = slots
             return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def apply() -> None:
-            with self._lock:
-                target.slots = slots
-            self._pump()
+            try:
+                with self._lock:
+                    target.slots = slots
+                self._pump()
+            finally:
+                done.set_result(None)
 
         self._loop.call_soon_threadsafe(apply)
+        done.result()
 
     def stats(self) -> DispatchStats:
         """A consistent snapshot of the counters; cheap enough to call every second."""
