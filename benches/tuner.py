@@ -49,6 +49,7 @@ from regen.concurrency.tuner import ConcurrencyTuner
 from regen.config import GenerationConfig, SamplingConfig
 from regen.fleet.metrics import scrape
 from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.request import auth_headers
 from regen.sglang_api.server_info import server_limits
 from support.emulator import Emulator, emulators
 
@@ -175,7 +176,7 @@ def idle(endpoints: list[Endpoint]) -> None:
         request = urllib.request.Request(
             endpoint.abort_url,
             data=json.dumps({"abort_all": True}).encode(),
-            headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+            headers={**auth_headers(SecretStr(KEY)), "Content-Type": "application/json"},
         )
         urllib.request.urlopen(request, timeout=30).read()
     deadline = time.monotonic() + 60
@@ -256,9 +257,7 @@ def run_case(setup: Setup, name: str, logs: Path) -> dict[str, Any]:
 
 def own_cap(emu: Emulator) -> int:
     """The server's max_running_requests from its /server_info, under the tuner's ceiling."""
-    request = urllib.request.Request(
-        f"{emu.url}/server_info", headers={"Authorization": f"Bearer {KEY}"}
-    )
+    request = urllib.request.Request(f"{emu.url}/server_info", headers=auth_headers(SecretStr(KEY)))
     with urllib.request.urlopen(request, timeout=30) as resp:
         own = server_limits(json.loads(resp.read())).max_running_requests
     return min(own or TunerSettings().max_concurrency, TunerSettings().max_concurrency)
