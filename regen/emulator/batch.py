@@ -117,8 +117,6 @@ class Batch:
         self.prefill_tokens = 0
         self.prefill_cache_tokens = 0
         self.retracted_total = 0
-        self.retracted_input_tokens = 0
-        self.retracted_output_tokens = 0
         self.retracted_last = 0
         self.cache_hit_rate = 0.0
         self.gen_throughput = 0.0
@@ -179,7 +177,8 @@ class Batch:
         self._advance()
         if job.state == "waiting":
             self.waiting.remove(job)
-            self._end(job, Ended(0, cut=True, queued=job.decoded_before == 0))
+            # A retracted request answers with what it had decoded; a new one, with nothing.
+            self._end(job, Ended(job.decoded_before, cut=True, queued=job.decoded_before == 0))
         elif job.state == "prefill":
             job.cut_at = job.decoded_before  # ends as soon as its prefill does
         else:
@@ -270,8 +269,6 @@ class Batch:
             decoded = self._decoded(job)
             self._leave(job)
             out.append(job)
-            self.retracted_input_tokens += job.prompt
-            self.retracted_output_tokens += decoded
             job.decoded_before, job.state = decoded, "waiting"
         self.waiting.extendleft(reversed(out))  # they arrived first: they go first again
         self.retracted_total += len(out)
