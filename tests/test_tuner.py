@@ -191,3 +191,18 @@ def test_set_slots_is_bounded_by_the_slot_cap() -> None:
             dispatcher.set_slots(0, bad)
     with pytest.raises(ValueError, match="no server"):
         dispatcher.set_slots("server-7", 2)
+
+
+def test_the_batch_curve_is_flat_then_rises_and_the_linear_model_stays_reachable() -> None:
+    from regen.emulator.args import parse_args
+    from regen.emulator.gpu import BatchCurve
+    from support.emulator import MODEL_DIR
+
+    curve = BatchCurve(250, 128)
+    assert curve.step_s(64) < 1.02 * curve.step_s(1)  # memory-bound: the batch is free
+    assert curve.step_s(512) > 3.9 * curve.step_s(1)  # compute-bound: it grows with the batch
+    assert curve.throughput(1024) < 1.01 * curve.throughput(512)  # the plateau: knee x speed
+    linear = parse_args(["--model-path", str(MODEL_DIR), "--emu-batch-knee", "0"])
+    assert linear.batch_knee is None
+    flat = BatchCurve(250, linear.batch_knee)
+    assert flat.step_s(4096) == flat.step_s(1)  # every request at --emu-tokens-per-s
