@@ -7,6 +7,7 @@ figures are shown (a Prefect artifact, a terminal) is the caller's: it passes ca
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from regen.generation.run_plan import RunPlan
 from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.progress.fleet_live import LiveReport, LiveWatch
 from regen.storage import Storage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,4 +147,7 @@ def feeding(
         feed = Feed(dispatcher, progress, slots=slots, max_slots=sum(caps.values()))
         yield feed
         feed.final = progress.snapshot()
-    write_fleet_report(storage, fleet.report)  # with each server's concurrency
+    try:
+        write_fleet_report(storage, fleet.report)  # with each server's concurrency now
+    except OSError as err:  # the rows are committed: a report is no reason to fail the run
+        log.warning("report/fleet.json not rewritten with each server's concurrency: %s", err)
