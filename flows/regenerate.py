@@ -12,8 +12,9 @@ from flows.failures import failed_with, quiet_failures, stop_failure
 from flows.hooks import reap_fleet_on_exit
 from flows.labels import label_flow_run, regenerate_name
 from flows.params import open_run
+from flows.publish import finish_run
 from regen.audit import AuditResult
-from regen.config import RegenConfig
+from regen.config import PublishConfig, RegenConfig
 from regen.display.naming import run_name, run_tags
 from regen.fleet import generate_api_key
 from regen.generation.outcome import GenerationSummary
@@ -64,6 +65,7 @@ def regenerate_completions(
     storage_block: str | None = None,
     api_key_secret: str | None = None,
     node: NodeAssignment | None = None,
+    publish: PublishConfig | None = None,
 ) -> RunSummary | State[None]:
     """Regenerate every prompt's completion with the target model and gate the dataset.
 
@@ -71,6 +73,7 @@ def regenerate_completions(
     `config` (engine, model, output, engine.api_key), so secrets stay out of the parameters.
     With `node` this run is one node of `regenerate_multinode`: it claims shards shared with
     the other nodes and leaves the audit to the parent, which sees the whole dataset.
+    With `publish` a run whose audit passes (or warns) publishes its dataset to that Hub repo.
     A failed gate or provisioning check ends the run Failed with the reason as its message,
     one line per failing check, and no traceback (`flows.failures`); the data is kept.
     """
@@ -141,7 +144,7 @@ def regenerate_completions(
         captured = None
         if config.features is not None:
             captured = features(run, model or stage_model(run), api_key)
-        return RunSummary(
+        summary = RunSummary(
             output=config.output,
             rows_ok=report.rows - report.failed_rows,
             rows_failed=report.failed_rows,
@@ -152,3 +155,6 @@ def regenerate_completions(
             exports=[dest for dest, _ in targets],
             features=captured,
         )
+        # Its provenance recorded, published when asked, and the run's one line as the
+        # Completed state's message (what a notification sends).
+        return finish_run(run, summary, report, tokenizer, publish, summary.exports)
