@@ -213,7 +213,7 @@ def _prompts(p: Provenance) -> str:
     if source.get("repo"):
         where = (
             f"`hf://datasets/{source['repo']}` at commit `{source.get('commit')}` "
-            f"(revision {source.get('revision')}, {len(source.get('files') or [])} files)"
+            f"(revision {source.get('revision')}, {_files(source)})"
         )
     rows = f"{p.rows.planned:,} valid rows" if p.rows.planned is not None else "rows not planned"
     rejected = f", {p.rows.rejected:,} rejected" if p.rows.rejected is not None else ""
@@ -280,3 +280,8 @@ def _license_text(p: Provenance, license: str | None) -> str:
         f"{origin} The answers are the output of {_code(p.model.source or p.model.served_name)}"
         ": check that model's license for what it allows of its outputs."
     )
+
+
+def _files(source: dict[str, Any]) -> str:
+    n = len(source.get("files") or [])
+    return f"{n} file" if n == 1 else f"{n} files"

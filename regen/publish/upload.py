@@ -11,6 +11,7 @@ the Hub already has. Either way an interrupted publish is resumed by running it 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -126,7 +127,13 @@ def validate_card(target: HubRepoTarget, text: str) -> None:
     try:
         DatasetCard(text).validate()
     except ValueError as err:
-        said = " ".join(str(err).split())
+        # The Hub answers a JSON list of errors; say their messages, one after the other.
+        try:
+            errors = json.loads(str(err)).get("errors") or []
+            said = "; ".join(str(e.get("message")) for e in errors) or str(err)
+        except (ValueError, AttributeError):
+            said = str(err)
+        said = " ".join(said.split())
         raise UsageError(f"{target.uri}: the Hub refused the card's metadata: {said}") from None
 
 
@@ -207,7 +214,13 @@ def write_errors(target: HubRepoTarget, revision: str, token: str | None) -> Ite
     except RuntimeError as err:  # an LFS upload's failure, wrapped by huggingface_hub
         cause = err.__cause__
         if isinstance(cause, HfHubHTTPError):
-            raise _http(where, target, cause, token) from None
+            # The storage's presigned URL answered, not the Hub: no token is at fault.
+            status = cause.response.status_code
+            said = f": {cause.server_message.strip()}" if cause.server_message else ""
+            raise UserError(
+                f"{where}: {str(err).rstrip('.')} (HTTP {status}{said}); run it again: what "
+                "was uploaded is not sent twice"
+            ) from None
         if isinstance(cause, httpx2.TransportError):
             raise _unreachable(where, constants.ENDPOINT) from None
         raise
