@@ -40,7 +40,7 @@ after `AuditResult.failure_message`'s `FAIL: `), as the Hub's state-message labe
 a glob."""
 
 _LINES = "{%- set said = (flow_run.state.message or '').strip().splitlines() -%}"
-_KEPT = "{% if said|length > 1 %} {{ said[-1] }}{% endif %}"
+_KEPT = "{% if said|length > 1 %} {{ said[-1] }}.{% endif %}"
 _OUTPUT = "{%- set out = (flow_run.parameters.get('config') or {}).get('output') -%}"
 
 
