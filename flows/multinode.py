@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 from prefect.context import get_run_context
-from prefect.states import State
+from prefect.states import Completed, State
 from pydantic import BaseModel
 
 from flows.failures import failed_with, quiet_failures
@@ -19,6 +19,7 @@ from flows.params import open_run
 from regen.audit import AuditResult
 from regen.config import RegenConfig
 from regen.display.naming import run_name, run_tags
+from regen.display.outcome import done_line
 from regen.errors import UserError
 from regen.multinode.nodes import (
     NodeAssignment,
@@ -120,7 +121,7 @@ def regenerate_multinode(
             return ended
         result = judged.result()
         assert isinstance(result, AuditResult), "a passed or warned audit returns its result"
-        return MultinodeSummary(
+        summary = MultinodeSummary(
             output=shared.output,
             rows_ok=result.rows - result.failed_rows,
             rows_failed=result.failed_rows,
@@ -128,3 +129,11 @@ def regenerate_multinode(
             failed_nodes=failed,
             verdict=result.verdict,
         )
+        # The run's one line as the Completed message: what a notification sends.
+        line = done_line(
+            shared.output,
+            rows_ok=summary.rows_ok,
+            rows_failed=summary.rows_failed,
+            verdict=result.verdict,
+        )
+        return Completed(message=line, data=summary)

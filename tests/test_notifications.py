@@ -57,8 +57,9 @@ trigger = EventTrigger(
     threshold=1,
 )
 action = SendNotification(block_document_id=block_id, subject="sentinel", body="sentinel")
+sentinel = AutomationCore(name="test: sentinel", trigger=trigger, actions=[action])
 with get_client(sync_client=True) as client:
-    client.create_automation(AutomationCore(name="test: sentinel", trigger=trigger, actions=[action]))
+    client.create_automation(sentinel)
 """
 
 
@@ -177,9 +178,9 @@ def test_a_clean_run_a_gate_stop_and_a_crash_each_bring_exactly_their_message(
     run = _final(stack, _start(stack, clean))
     assert run.state.is_completed(), run.state.message
     out = clean["output"]
-    assert run.state.message == done_line(
-        out, rows_ok=240, rows_failed=0, verdict="pass"
-    ), "the run's one line"
+    assert run.state.message == done_line(out, rows_ok=240, rows_failed=0, verdict="pass"), (
+        "the run's one line"
+    )
     expected.append(
         {"subject": f"regen: {run.name} done", "body": f"{run.name}: {run.state.message}"}
     )
@@ -211,7 +212,11 @@ def test_a_clean_run_a_gate_stop_and_a_crash_each_bring_exactly_their_message(
         concurrency_per_server=4,
         generation={"canary_prompts": 24},
         engine={
-            "emulator": {"time_scale": 1.0, "reasoning_tokens": "100:200", "answer_tokens": "20:50"},
+            "emulator": {
+                "time_scale": 1.0,
+                "reasoning_tokens": "100:200",
+                "answer_tokens": "20:50",
+            },
             "bench": {"concurrency": 2, "max_tokens": 16, "budget_s": 5},
         },
     )

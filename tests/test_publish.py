@@ -67,9 +67,7 @@ def dataset(hub: LoopbackHub, tmp_path: Path) -> Storage:
 def _publish(
     capsys: pytest.CaptureFixture[str], dataset: Storage, tmp_path: Path, *flags: str
 ) -> tuple[int, str, str]:
-    code = main(
-        ["publish", dataset.uri, REPO, "--staging", str(tmp_path / "staging"), *flags]
-    )
+    code = main(["publish", dataset.uri, REPO, "--staging", str(tmp_path / "staging"), *flags])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -161,9 +159,7 @@ def test_published_repo_loads_back_row_for_row_and_a_second_publish_sends_nothin
     assert provenance.read_bytes() == dataset.read_bytes(PROVENANCE_KEY)
     equal = sum(a == b for a, b in zip(by_datasets, expected, strict=True))
     equal_regen = sum(a == b for a, b in zip(by_regen, expected, strict=True))
-    equal_tokens = sum(
-        a == b for a, b in zip(tokens.to_dicts(), exported.to_dicts(), strict=True)
-    )
+    equal_tokens = sum(a == b for a, b in zip(tokens.to_dicts(), exported.to_dicts(), strict=True))
     print(
         f"load-back: datasets.load_dataset {equal} of {len(expected)} conversations equal, "
         f"regen's Hub-prompt code {equal_regen} of {len(expected)}, tokenized config "
@@ -209,7 +205,9 @@ def test_a_changed_shard_sends_its_files_alone_and_a_dropped_config_is_deleted(
     assert not {"data/train-000000.parquet", "data/train-000002.parquet"} & set(sent.uploaded)
     assert sent.deleted == [f"tokenized/train-{s:06d}.parquet" for s in range(3)]
     assert hub.count("POST", "/commit/") == 2 and _writes(hub, asked)
-    assert hub.uploads - uploads == len([p for p in sent.uploaded if p.endswith((".parquet", ".png"))])
+    assert hub.uploads - uploads == len(
+        [p for p in sent.uploaded if p.endswith((".parquet", ".png"))]
+    )
     files = hub.head(REPO_ID)
     assert not any(p.startswith("tokenized/") for p in files)
     assert "config_name: tokenized" not in files["README.md"].decode()
@@ -306,7 +304,7 @@ def test_a_stopped_run_is_refused(
         checks=[finding],
     )
     write_stop_record(storage, record)
-    code, out, err = _publish(capsys, storage, tmp_path)
+    code, _, err = _publish(capsys, storage, tmp_path)
     assert code == 1 and "stopped by the live gate (canary gate stopped the run" in err
     assert len(err.strip().splitlines()) == 1 and _writes(hub) == []
 
@@ -335,7 +333,7 @@ def test_the_hubs_refusals_are_one_line_exit_2(
     else:
         monkeypatch.setenv("HF_TOKEN", token)
     hub.writable = writable
-    code, out, err = _publish(capsys, dataset, tmp_path)
+    code, _, err = _publish(capsys, dataset, tmp_path)
     assert code == 2 and said in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert REPO_ID not in hub.repos, "no repo was created"
@@ -360,7 +358,7 @@ def test_a_name_of_another_kind_of_repo_is_refused(
 def test_an_unknown_license_is_the_hubs_refusal_before_any_data_is_sent(
     hub: LoopbackHub, dataset: Storage, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = _publish(capsys, dataset, tmp_path, "--license", "apache-2")
+    code, _, err = _publish(capsys, dataset, tmp_path, "--license", "apache-2")
     assert code == 2 and "the Hub refused the card's metadata" in err and '"apache-2"' in err
     assert _writes(hub) == []
 
@@ -369,12 +367,12 @@ def test_an_interrupted_upload_resumes_with_what_is_missing(
     hub: LoopbackHub, dataset: Storage, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     hub.refuse_uploads_after = 2  # an upload URL that expired mid-publish
-    code, out, err = _publish(capsys, dataset, tmp_path, "--tokenized")
+    code, _, err = _publish(capsys, dataset, tmp_path, "--tokenized")
     assert code == 1 and "run it again: what was uploaded is not sent twice" in err
     assert len(err.strip().splitlines()) == 1 and hub.uploads == 2
     assert hub.count("POST", "/commit/") == 0, "no commit of a half upload"
     hub.refuse_uploads_after = None
-    code, out, err = _publish(capsys, dataset, tmp_path, "--tokenized")
+    code, _, err = _publish(capsys, dataset, tmp_path, "--tokenized")
     assert code == 0, err
     lfs = [p for p in hub.head(REPO_ID) if p.endswith((".parquet", ".png"))]
     assert hub.uploads == len(lfs), "the two uploaded before were not sent again"

@@ -77,7 +77,7 @@ def test_a_passing_run_records_its_provenance_and_publishes_when_asked(
 
 
 def test_a_run_that_publishes_nothing_still_ends_with_its_line(tmp_path: Path) -> None:
-    from flows.regenerate import regenerate_completions
+    from flows.regenerate import RunSummary, regenerate_completions
 
     config = _config(tmp_path)
     state = regenerate_completions(config, return_state=True)
@@ -88,5 +88,6 @@ def test_a_run_that_publishes_nothing_still_ends_with_its_line(tmp_path: Path) -
         f"`regen export {root} -f tokenized --single-file -o {root}-export/tokenized` for a "
         f"trainer, or `regen publish {root} hf://datasets/ORG/out` for the Hub"
     )
-    assert state.result().rows_ok == 240, "the flow's result is its summary, as before"
+    summary = state.result()
+    assert isinstance(summary, RunSummary) and summary.rows_ok == 240, "its summary, as before"
     assert read_provenance(LocalStorage(Path(root))) is not None
