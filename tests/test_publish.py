@@ -59,9 +59,20 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
         yield server
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished dataset, audited once (its plots take seconds); each test gets a copy.
+    Its prompt source's commit is the one every test's Hub gives the same files."""
+    root = tmp_path_factory.mktemp("built") / "dataset"
+    finished_dataset(root, prompt_source(LoopbackHub()))
+    return root
+
+
 @pytest.fixture
-def dataset(hub: LoopbackHub, tmp_path: Path) -> Storage:
-    return finished_dataset(tmp_path / "dataset", prompt_source(hub))
+def dataset(hub: LoopbackHub, built: Path, tmp_path: Path) -> Storage:
+    assert prompt_source(hub) == json.loads((built / "run.json").read_text())["source"]
+    shutil.copytree(built, tmp_path / "dataset")
+    return LocalStorage(tmp_path / "dataset")
 
 
 def _publish(
@@ -288,12 +299,13 @@ def test_refusals_are_one_line_with_the_readme_exit_codes(
 
 
 def test_a_stopped_run_is_refused(
-    hub: LoopbackHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    hub: LoopbackHub, dataset: Storage, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from regen.audit.gate import Finding
     from regen.canary.stop import StopRecord, write_stop_record
 
-    storage = finished_dataset(tmp_path / "stopped")
+    assert isinstance(dataset, LocalStorage)
+    storage = dataset
     finding = Finding(check="empty_answer", title="empty", figure=0.87, fail=0.05, rows=256)
     record = StopRecord(
         fingerprint=FINGERPRINT,
