@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, runtime
+from prefect import flow
 from prefect.states import Completed, Failed, State
 from pydantic import BaseModel
 
@@ -34,7 +34,8 @@ def finish_run(
     provenance = record_provenance(run, audit, tokenizer)
     published = None
     if target is not None:
-        command = f"the regenerate flow run {runtime.flow_run.name} (publish: {target.repo})"
+        # No run name: the same dataset makes the same card, and a rerun sends nothing.
+        command = f"the regenerate flow's publish parameter (repo {target.repo})"
         sent = publish(
             run.dataset,
             target,
@@ -75,7 +76,7 @@ def publish_dataset_flow(
 ) -> dict[str, Any]:
     """Publish a finished dataset (a directory or s3:// prefix) to `target`'s Hub repo; its
     files are staged under `work_dir`/publish/."""
-    command = f"the publish flow run {runtime.flow_run.name} (publish: {target.repo})"
+    command = f"the publish flow (target {target.repo})"
     done = publish(
         OpenedDataset.open(dataset),
         target,

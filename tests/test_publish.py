@@ -6,6 +6,7 @@ is then read back by `datasets.load_dataset` (in a fresh process, as a user's), 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ from regen.publish import publish_dataset
 from regen.publish.provenance import SCHEMA_VERSION, read_provenance
 from regen.storage import LocalStorage, Storage
 from support.hub import READ_TOKEN, TOKEN, LoopbackHub, loopback_hub
+from support.s3 import MotoS3
 from tests.support.export import FINGERPRINT, synthetic_shard
 from tests.support.publish import (
     PROMPTS,
@@ -400,3 +402,24 @@ def test_a_branch_is_made_from_main_and_main_is_left_alone(
     readme = hub.head(REPO_ID, "v1")["README.md"].decode()
     assert 'load_dataset("regen-org/qwen3-regen", split="train", revision="v1")' in readme
     assert not hub.repos[REPO_ID].private
+
+
+def test_a_dataset_on_s3_is_published_as_one_on_disk(
+    hub: LoopbackHub,
+    dataset: Storage,
+    moto: MotoS3,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bucket = moto.create_bucket()
+    remote = moto.storage(bucket, "regen/qwen3")
+    for key in dataset.list():
+        remote.write_bytes(key, dataset.read_bytes(key))
+    code, out, err = _publish(capsys, remote, tmp_path)
+    assert code == 0, err
+    assert "published to" in out and remote.exists(PROVENANCE_KEY), "written beside the report"
+    files = hub.head(REPO_ID)
+    published = pl.concat(
+        pl.read_parquet(io.BytesIO(files[f"data/train-{s:06d}.parquet"])) for s in range(3)
+    )
+    assert _published(published) == _expected_conversations(remote)

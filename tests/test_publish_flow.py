@@ -18,7 +18,7 @@ from regen.publish.provenance import read_provenance, regen_version
 from regen.rehearsal import rehearsal_config
 from regen.storage import LocalStorage
 from support.hub import loopback_hub
-from tests.support.publish import publishing_hub
+from tests.support.publish import finished_dataset, prompt_source, publishing_hub
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("prefect_harness")]
 
@@ -91,3 +91,21 @@ def test_a_run_that_publishes_nothing_still_ends_with_its_line(tmp_path: Path) -
     summary = state.result()
     assert isinstance(summary, RunSummary) and summary.rows_ok == 240, "its summary, as before"
     assert read_provenance(LocalStorage(Path(root))) is not None
+
+
+def test_the_publish_flow_publishes_any_finished_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.publish import publish_dataset_flow
+
+    with loopback_hub() as hub:
+        publishing_hub(monkeypatch, hub, tmp_path / "hf")
+        dataset = finished_dataset(tmp_path / "dataset", prompt_source(hub))
+        target = PublishConfig(repo=f"hf://datasets/{REPO_ID}")
+        done = publish_dataset_flow(dataset.uri, target, work_dir=str(tmp_path / "work"))
+        again = publish_dataset_flow(dataset.uri, target, work_dir=str(tmp_path / "work"))
+        files = hub.head(REPO_ID)
+    assert done["url"] == f"{hub.endpoint}/datasets/{REPO_ID}" and done["commit"]
+    assert any(line.startswith("nothing new:") for line in again["lines"])
+    assert (tmp_path / "work" / "publish" / "regen-org--rehearsal" / "repo").is_dir()
+    assert {"README.md", PROVENANCE_KEY, "data/train-000000.parquet"} <= set(files)
