@@ -31,6 +31,7 @@ from regen.preflight import (
     check_storage,
     run_checks,
 )
+from regen.preflight import engine as preflight_engine
 from regen.preflight.report import CheckRow, PreflightReport, print_report
 from regen.rehearsal import bundled
 from tests.support.cli import run_regen
@@ -420,6 +421,28 @@ def test_slow_import_fails_with_the_network_fs_hint(tmp_path: Path) -> None:
     python = fake_interpreter(tmp_path, "#!/bin/sh\nexec sleep 30\n")
     row = check_engine(sglang_config(tmp_path, python), import_timeout_s=0.5)
     assert row.status == "fail" and "took over" in row.figure and "network" in row.hint
+
+
+def test_a_slow_import_warns_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow CPU or disk is no reason to refuse a run: only no answer at all fails."""
+    monkeypatch.setattr(preflight_engine, "SLOW_IMPORT_S", 0.0)
+    row = check_engine(sglang_config(tmp_path, fake_interpreter(tmp_path, None, "0.5.23")))
+    assert row.status == "warn" and row.figure.endswith(": slow") and "network" in row.hint
+
+
+def test_one_start_of_engine_python_answers_the_flags_and_engine_rows(tmp_path: Path) -> None:
+    """Each start imports sglang (10-25 s on a small CPU): a preflight pays it once."""
+    fake_interpreter(tmp_path, None, "0.5.23")
+    starts = tmp_path / "starts"
+    python = tmp_path / "venv" / "bin" / "python"
+    python.write_text(f"#!/bin/sh\necho >> {starts}\n" + python.read_text().split("\n", 1)[1])
+    rows = {r.name: r for r in run_checks(sglang_config(tmp_path, python), packages=[]).rows}
+    assert rows["engine"].status == "pass" and rows["engine"].figure.startswith("sglang 0.5.23")
+    # This sglang has no server parser: the vendored flags judge, from the same start.
+    assert rows["flags"].status == "pass" and "vendored 0.5.23 flags" in rows["flags"].figure
+    assert starts.read_text().count("\n") == 1
 
 
 def test_external_engine_skips(tmp_path: Path) -> None:
