@@ -117,7 +117,8 @@ def _inner_session(tmp: Path, tests: str) -> tuple[subprocess.CompletedProcess[s
     tmp.mkdir()
     (tmp / "conftest.py").write_text(CONFTEST)
     (tmp / "test_inner.py").write_text(tests)
-    env = {k: v for k, v in os.environ.items() if k != SCOPE_ENV}
+    # Nothing of the outer session's: its scope, its xdist worker, its current test.
+    env = {k: v for k, v in os.environ.items() if k != SCOPE_ENV and not k.startswith("PYTEST_")}
     env.update(NOTES=str(tmp / "notes.jsonl"), PYTHONPATH=str(REPO))
     args = ["-p", "no:randomly", "-p", "no:cacheprovider", "-p", "no:xdist", "-q"]
     done = subprocess.run(

@@ -74,8 +74,9 @@ def two_server_run(
     tmp_path: Path, tiny_model: Path, regen_env: dict[str, str]
 ) -> Iterator[LiveRun]:
     """`regen run` on two real CPU servers over 300 one-turn prompts (two requests a server,
-    so generation lasts), handed over generating: `server_pids()` are the launchers a test may
-    kill, `wait()` its end. Whatever is left is stopped on the way out (tests/engine/live.py)."""
+    so generation lasts), handed over generating: `server_pids()` are its launchers,
+    `kill_server(port)` crashes one, `wait()` waits for the run's end. Whatever is left, a
+    relaunched server included, is stopped on the way out (tests/engine/live.py)."""
     write_prompts(tmp_path / "prompts.jsonl", single=300, multi=0, too_long=0)
     config = engine_config(tmp_path, tiny_model, tmp_path / "prompts.jsonl", quiet_port_range(2))
     config["concurrency_per_server"] = 2

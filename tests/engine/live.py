@@ -10,6 +10,8 @@ killed run left behind or relaunched included.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -54,6 +56,13 @@ class LiveRun:
     def server_pids(self) -> list[int]:
         """The launchers' PIDs, in port order."""
         return [r["pid"] for _, r in sorted(self.servers().items())]
+
+    def kill_server(self, port: int, sig: signal.Signals = signal.SIGKILL) -> int:
+        """Signal the whole group of the server on `port` (a crash: its scheduler and
+        detokenizer die with it); the launcher's PID it had."""
+        record = self.servers()[port]
+        os.killpg(int(record["pgid"]), sig)
+        return int(record["pid"])
 
     def ids(self) -> list[str]:
         """The input's ids, in file order."""
