@@ -128,11 +128,20 @@ def generate_shard(
     went to another node, another run committed it first) ends Cancelled, not Completed, with
     the reason as its message and its outcome as its data: its box is not green beside a log
     that says it was not committed, and the run still reads the outcome (`as_future`).
+    So does a shard in flight when the run stopped (`shards.stops_run`: the fleet is gone,
+    refused the key, the disk is full), with the cause as its data, which its future raises:
+    the run ends on that cause once, not on one failure per shard.
     """
-    outcome = shards.generate_shard(
-        shard, plan, dispatcher, storage, retry_errors=retry_errors, lease=lease,
-        on_commit=on_commit, log=get_run_logger(),
-    )  # fmt: skip
+    try:
+        outcome = shards.generate_shard(
+            shard, plan, dispatcher, storage, retry_errors=retry_errors, lease=lease,
+            on_commit=on_commit, log=get_run_logger(),
+        )  # fmt: skip
+    except Exception as err:
+        if not shards.stops_run(err):
+            raise
+        stopped = f"not committed: the run stopped ({shards.stop_reason(err)})"
+        return Cancelled(message=f"shard {shard:06d} {stopped}", data=err)
     if outcome.committed:
         return outcome
     return Cancelled(message=f"shard {shard:06d} {outcome.reason}", data=outcome)

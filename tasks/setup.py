@@ -15,6 +15,7 @@ from pydantic import SecretStr
 import regen.fleet
 import regen.staging
 from regen.display.naming import artifact
+from regen.errors import FleetError
 from regen.fleet import Fleet, ServerCommand
 from regen.fleet.report import fleet_markdown
 from regen.fleet.up import bring_up_fleet
@@ -93,8 +94,13 @@ def stage_model(run: OpenedRun) -> StagedModel:
 
 
 @task(name="launch-fleet", persist_result=False, cache_policy=NONE)
-def start_fleet(run: OpenedRun, model: StagedModel, api_key: SecretStr) -> Fleet:
-    """Servers that answered a real generation; the caller owns teardown (a `with` block)."""
+def start_fleet(run: OpenedRun, model: StagedModel, api_key: SecretStr) -> Fleet | State[None]:
+    """Servers that answered a real generation; the caller owns teardown (a `with` block).
+
+    A fleet that did not come up (a server refused the key, too few became ready) ends the
+    task Failed with the reason as its message and the error as its data, returned rather than
+    raised (an outcome, not a crash: no traceback): the flow ends on it in one line.
+    """
     logger, config = get_run_logger(), run.config
 
     def launching(commands: list[ServerCommand]) -> None:
@@ -115,7 +121,10 @@ def start_fleet(run: OpenedRun, model: StagedModel, api_key: SecretStr) -> Fleet
 
     # The flow run's id keys the servers' private files: a second run from this checkout
     # (another model on the node's other GPUs) shares none of them.
-    return bring_up_fleet(
-        config, model.path, api_key, run.storage, on_launch=launching, on_ready=publish,
-        run_id=str(flow_run.id),
-    )  # fmt: skip
+    try:
+        return bring_up_fleet(
+            config, model.path, api_key, run.storage, on_launch=launching, on_ready=publish,
+            run_id=str(flow_run.id),
+        )  # fmt: skip
+    except FleetError as err:
+        return Failed(message=str(err), data=err)

@@ -30,7 +30,8 @@ Why this shape:
   attempt (they did not fail, their server did). The failures themselves do count, so a
   prompt that crashes every server it touches ends as an error row instead of taking the
   whole fleet down. A quarantined server is re-probed with backoff and comes back when
-  the probe passes. No healthy server for `generation.fleet_dead_s` fails every pending
+  the probe passes (a 401 to its probe stops the run, as a request's does: the server came
+  back with another key). No healthy server for `generation.fleet_dead_s` fails every pending
   future with `FleetError`; shards already returned are unaffected.
 - Quarantine by the caller (`quarantine(server, reason)`): the live audit found a server
   whose answers are bad (a broken GPU, a corrupted staged copy) although it answers fast
@@ -634,9 +635,10 @@ class Dispatcher:
             self._fail_row(work, answer.reason, server, latency)
         elif kind is ResponseKind.UNAUTHORIZED:
             self._die(
+                # Where the key came from is the run's to say (a config, a block, generated).
                 FleetUnauthorized(
-                    f"{server.endpoint.name} ({server.endpoint.url}) answered 401 Unauthorized: "
-                    "the API key is wrong or missing (engine.api_key); stopping the run"
+                    f"{server.endpoint.name} ({server.endpoint.url}) answered 401 to a request: "
+                    "the API key is wrong"
                 )
             )
         else:
@@ -895,7 +897,14 @@ class Dispatcher:
         delay = t.probe_backoff_s
         while True:
             await asyncio.sleep(delay * self._random.uniform(0.8, 1.2))
-            passed = await self._probe(server.endpoint)
+            try:
+                passed = await self._probe(server.endpoint)
+            except FleetUnauthorized as err:
+                # Back, but refusing the key (restarted with another one): every request
+                # would be refused too, so the run stops rather than re-probe it for ever.
+                if not self._closed:
+                    self._die(err)
+                return
             if self._closed:
                 # _shutdown cancelled this task, but a cancel that lands as its probe
                 # finishes can be lost (Python 3.11's wait_for, bpo-42130): the loop went on
@@ -931,7 +940,7 @@ class Dispatcher:
             target = ProbeTarget(self._model, self._api_key, self._sampling)
             async with asyncio.timeout(timeout):
                 result = await reprobe(endpoint, target, settings, self._session)
-        except (TimeoutError, FleetUnauthorized):
+        except TimeoutError:
             return False
         return result.ok
 

@@ -48,7 +48,8 @@ def _device(path: Path) -> str:
 
 
 def disk_full(err: OSError, root: str, still_needs: int | None) -> DiskFull:
-    """The one line for a write under `root` (the output) that found no space left."""
+    """The one line for a write under `root` (the output) that found no space left; what to
+    do and what is kept are the stop's to say (`regen.generation.stopped`)."""
     where = Path(err.filename) if isinstance(err.filename, str) else Path(root)
     existing = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
     free = shutil.disk_usage(existing).free
@@ -56,6 +57,5 @@ def disk_full(err: OSError, root: str, still_needs: int | None) -> DiskFull:
     need = f"; the run still needs about {human_size(still_needs)}" if still_needs else ""
     return DiskFull(
         f"{root}: disk full{quota} on {_device(existing.resolve())}, which holds the output: "
-        f"{human_size(free)} free{need}; free space or grow it, then run again (committed shards "
-        "are kept)"
+        f"{human_size(free)} free{need}"
     )
