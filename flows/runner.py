@@ -79,7 +79,11 @@ def _reap_ephemeral_servers() -> None:
 
 def run_regenerate(config: RegenConfig) -> int:
     """Run `regenerate_completions` in this process; exit 0 on a passed or warned gate."""
-    from flows.ephemeral import detach_ephemeral_server, stop_ephemeral_server
+    from flows.ephemeral import (
+        detach_ephemeral_server,
+        settle_ephemeral_server,
+        stop_ephemeral_server,
+    )
     from flows.regenerate import regenerate_completions
 
     # Ctrl-C, SIGTERM and SIGHUP unwind the run (every `finally` stops the fleet); the
@@ -95,6 +99,9 @@ def run_regenerate(config: RegenConfig) -> int:
     try:
         with interrupts.installed():
             state = regenerate_completions(config, return_state=True)
+            if interrupts.received is None:  # a stop asked for is not kept waiting
+                # Before Prefect stops it at exit: a server cut mid-write prints tracebacks.
+                settle_ephemeral_server()
     except KeyboardInterrupt as err:
         return _interrupted(interrupts, config, signal_of(err))
     if interrupts.received is not None:
