@@ -232,9 +232,15 @@ def generate(
         )  # fmt: skip
 
     with _feeding(run, plan, fleet, api_key, source.progress_key) as feed:
-        summary = generate_plan(
-            run, plan, feed, start, source, tokenizer_path=tokenizer_path, log=get_run_logger()
-        )
+        try:
+            summary = generate_plan(
+                run, plan, feed, start, source, tokenizer_path=tokenizer_path,
+                log=get_run_logger(),
+            )  # fmt: skip
+        except Exception as err:
+            if shards.stops_run(err):  # the progress card and `regen status`: over, not ETA –
+                feed.progress.end(f"stopped: {shards.stop_reason(err)}")
+            raise
         # Said by the last progress and live reports, written as the feed closes.
         feed.progress.end(f"stopped: {summary.stopped}" if summary.stopped else "finished")
     assert feed.final is not None

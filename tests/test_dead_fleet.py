@@ -44,7 +44,7 @@ from support.chaos import (
     wait_until,
     write_chaos_config,
 )
-from support.dataset import dataset_ids, manifest_keys
+from support.dataset import dataset_ids, manifest_keys, read_progress
 from support.emulator import MODEL_DIR, Emulator
 from support.multinode import write_prompts
 
@@ -124,6 +124,8 @@ def test_a_dead_fleet_stops_the_run_in_one_line_and_a_rerun_completes_it(
         ids = dataset_ids(storage)
         assert ids.missing_data == [] and ids.doubled() == []
         assert len(ids.ids) == rows
+        # What `regen status` and the progress card read: over, and why, not an ETA.
+        assert read_progress(storage)["ended"] == "stopped: the fleet stopped serving"
         # Nothing left running: not a server, not Prefect's temporary server.
         assert surviving_servers(servers) == [] and server_records(run.work_dir) == []
         assert leftovers(started) == [], "a process of the stopped run is still running"
