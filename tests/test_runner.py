@@ -97,7 +97,9 @@ def test_a_stopped_generation_is_one_line_with_the_command_that_resumes(
         "; 0 of 3 shards committed in /out; fix the key, then run `regen run -c n.yaml` again "
         "to resume"
     )
-    node = GenerationStopped("gone", output="s3://b/run", committed=7, shards=40, rows=35, node="n2")
+    node = GenerationStopped(
+        "gone", output="s3://b/run", committed=7, shards=40, rows=35, node="n2"
+    )
     assert node.line() == (
         "gone; node n2 stopped and left its unfinished shards to the other nodes; 7 of 40 "
         "shards committed (35 rows) in s3://b/run"
