@@ -97,6 +97,12 @@ def test_a_stopped_generation_is_one_line_with_the_command_that_resumes(
         "; 0 of 3 shards committed in /out; fix the key, then run `regen run -c n.yaml` again "
         "to resume"
     )
+    lost = GenerationStopped(
+        "/out: shard 000001 not committed: output lease lost to pid 5120 on gpu-3; this run "
+        "stops here, what it committed stays", output="/out", committed=1, shards=6, rows=20,
+        resumes=False,
+    )  # fmt: skip
+    assert lost.line("regen run").endswith("stays; 1 of 6 shards committed (20 rows) in /out")
     node = GenerationStopped(
         "gone", output="s3://b/run", committed=7, shards=40, rows=35, node="n2"
     )

@@ -1,11 +1,12 @@
 """A run whose generation stopped for a cause no shard gets past, said in one line.
 
-A fleet that is gone, a key the servers refuse, a full disk (`shard.stops_run`): every shard
-would fail alike, so the run stops at the first one. The shards it had not started stay
-pending (no manifest: the next run generates them), those in flight end not committed, and
-the run ends with one line instead of one failure per shard: the cause in its own words, what
-the dataset holds, and how to resume. Before, a dead fleet failed the remaining shards one by
-one (57 failure lines for one cause, and a final message that listed them all).
+A fleet that is gone, a key the servers refuse, a full disk, the output's lease lost to another
+run (`shard.stops_run`): every shard would fail alike, so the run stops at the first one. The
+shards it had not started stay pending (no manifest: the next run generates them), those in
+flight end not committed, and the run ends with one line instead of one failure per shard: the
+cause in its own words, what the dataset holds, and how to resume (not after a lost lease: the
+output is another run's then). Before, a dead fleet failed the remaining shards one by one (57
+failure lines for one cause, and a final message that listed them all).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from regen.dataset import take_census
 from regen.errors import FleetUnauthorized, UserError
 from regen.storage import Storage
 from regen.storage.diskfull import DiskFull
+from regen.storage.output_lease import LeaseLost
 
 
 class GenerationStopped(UserError):
@@ -30,6 +32,7 @@ class GenerationStopped(UserError):
         fix: str = "",
         node: str | None = None,
         details: tuple[str, ...] = (),
+        resumes: bool = True,
     ) -> None:
         self.cause = cause
         self.output = output
@@ -39,6 +42,8 @@ class GenerationStopped(UserError):
         self.fix = fix
         """What to do before resuming (`fix the key`), or nothing: a rerun alone resumes."""
         self.node = node
+        self.resumes = resumes
+        """False when another run holds the output now: its work, not a rerun's."""
         self.details = details
         """The cause's lines after its first (a fleet that did not come up: each server and
         the end of its log): under the line, never in it."""
@@ -59,6 +64,8 @@ class GenerationStopped(UserError):
                 f"{self.cause}; node {self.node} stopped and left its unfinished shards to "
                 f"the other nodes; {kept}"
             )
+        if not self.resumes:
+            return f"{self.cause}; {kept}"
         kept += ", kept" if self.committed else ""
         again = f"run `{command}` again" if command else "run it again"
         then = f"{self.fix}, then {again}" if self.fix else again
@@ -94,4 +101,5 @@ def generation_stopped(
         fix=fix,
         node=node,
         details=tuple(details),
+        resumes=not isinstance(err, LeaseLost),
     )
