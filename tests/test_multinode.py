@@ -346,6 +346,39 @@ def test_a_node_whose_fleet_is_gone_stops_alone_and_the_other_finishes(cluster: 
     print(f"\nnode-2 stopped: {message}\nnode-1 took over {len(taken_over)} shard(s)")
 
 
+def test_when_every_nodes_fleet_is_gone_the_parent_fails_in_a_line_per_node(
+    cluster: Cluster,
+) -> None:
+    """No node left working and the dataset incomplete: the parent ends Failed, returned (no
+    traceback), its headline then each node's own line; the committed shards stay."""
+    params, bucket = _params(cluster, "all-gone", rows=200, shard_size=5, tokens_per_s=250.0)
+    params["config"]["generation"] = {"fleet_dead_s": 3}
+    storage = cluster.s3.storage(bucket, "run")
+    run_id = start_parent(cluster.server, params)
+    deadline = time.monotonic() + 240
+    servers: dict[str, list[dict[str, Any]]] = {}
+    while len(servers) < len(NODES):
+        for node in NODES:
+            found = server_records(cluster.root / "all-gone" / node)
+            if found and node not in servers and _node_committed_and_holds_more(storage, node):
+                servers[node] = found
+                kill_servers(found)
+        assert time.monotonic() < deadline, f"{servers} got going\n{_logs(cluster)}"
+        time.sleep(0.3)
+
+    run = _wait_final(cluster, run_id, timeout=300)
+    assert run.state.is_failed() and not run.state.is_crashed(), run.state
+    lines = (run.state.message or "").splitlines()
+    assert lines[0].startswith("dataset incomplete: node(s) node-1, node-2 failed"), lines
+    for node, line in zip(NODES, lines[1:], strict=True):
+        assert line.startswith(f"- {node}: Failed: "), line
+        assert f"; node {node} stopped and left its unfinished shards to the other" in line
+    data, _ = _dataset(storage)
+    assert data["id"].n_unique() == data.height > 0, "committed shards are kept, each id once"
+    for found in servers.values():
+        assert surviving_servers(found) == []
+
+
 def _kill_node(cluster: Cluster, node: str, work_dir: Path) -> None:
     """The node's machine is gone: its worker, the flow run under it and its servers."""
     worker = cluster.workers[node]
