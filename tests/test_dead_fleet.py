@@ -10,13 +10,15 @@ servers refuse (at the start, or after a server came back with another one) stop
 same way, naming where the key came from and never the key.
 
 Real processes throughout: `regen rehearse` / `regen run` subprocesses with ephemeral Prefect,
-emulator servers killed with SIGKILL or restarted with another key.
+emulator servers killed with SIGKILL (their ports then held, so their relaunch fails) or
+restarted with another key.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -56,14 +58,30 @@ STOP = re.compile(r"^regen: run failed: (.*)$", re.M)
 
 
 def _dead_fleet_run(tmp_path: Path) -> ChaosRun:
-    """400 prompts in shards of 20 on 2 emulators; a fleet dead for 3 s is gone."""
+    """400 prompts in shards of 20 on 2 emulators, each relaunched once after a second."""
     work = tmp_path / "work"
     config = write_chaos_config(tmp_path / "regen.yaml", work, shard_size=SHARD_SIZE)
     data = yaml.safe_load(config.read_text())
-    data["generation"]["fleet_dead_s"] = 3
+    data["engine"]["relaunch"] = {"max_restarts": 1, "backoff_s": 1.0}
     config.write_text(yaml.safe_dump(data))
     prompts = write_prompts(tmp_path / "prompts.jsonl", ROWS)
     return ChaosRun(config=config, out=str(tmp_path / "out"), work_dir=work, prompts=prompts)
+
+
+def hold_port(port: int, timeout_s: float = 60.0) -> socket.socket:
+    """Listen on `port` as soon as its killed server let it go: its relaunch cannot bind."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+            return sock
+        except OSError:
+            sock.close()
+            assert time.monotonic() < deadline, f"port {port} never came free"
+            time.sleep(0.005)
 
 
 def _shards_said(said: str, ended: str) -> set[int]:
@@ -88,8 +106,15 @@ def test_a_dead_fleet_stops_the_run_in_one_line_and_a_rerun_completes_it(
         assert reached and proc.poll() is None, said[-4000:]
         started = reaper.note(descendants(proc.pid))
         servers = reaper.servers()
-        kill_servers(servers)  # every server of the fleet, with SIGKILL: nothing can come back
-        rc = proc.wait(timeout=300)  # a hang guard: fleet_dead_s is 3 s
+        kill_servers(servers)  # every server of the fleet, with SIGKILL
+        # Their ports taken as they die: each relaunch fails for real (cannot bind), so no
+        # server can come back and the fleet is gone.
+        holders = [hold_port(int(r["port"])) for r in servers]
+        try:
+            rc = proc.wait(timeout=300)  # a hang guard
+        finally:
+            for holder in holders:
+                holder.close()
         said = (tmp_path / "dead.log").read_text(errors="replace")
         print(said)
 
@@ -106,6 +131,8 @@ def test_a_dead_fleet_stops_the_run_in_one_line_and_a_rerun_completes_it(
             manifest = read_manifest(storage, shard)
             assert manifest is not None
             rows += manifest.rows
+        assert stops[0].startswith("fleet gone: server-"), stops[0]
+        assert "relaunch did not bring it back" in stops[0], stops[0]
         command = f"regen rehearse --config {run.config} --out {run.out}"
         assert (
             f"; {len(committed)} of {NUM_SHARDS} shards committed ({rows:,} rows) in {run.out}, "

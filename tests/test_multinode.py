@@ -307,7 +307,8 @@ def test_a_node_whose_fleet_is_gone_stops_alone_and_the_other_finishes(cluster: 
     params, bucket = _params(
         cluster, "gone", rows=rows, shard_size=5, lease_s=6.0, tokens_per_s=250.0
     )
-    params["config"]["generation"] = {"fleet_dead_s": 3}  # no server for 3 s: the fleet is gone
+    # Relaunch off: a server that exits is out at once, and with it the node's one-server fleet.
+    params["config"]["engine"]["relaunch"] = {"max_restarts": 0}
     storage = cluster.s3.storage(bucket, "run")
     work_dir = cluster.root / "gone" / "node-2"
     log = cluster.workers["node-2"].log
@@ -352,7 +353,7 @@ def test_when_every_nodes_fleet_is_gone_the_parent_fails_in_a_line_per_node(
     """No node left working and the dataset incomplete: the parent ends Failed, returned (no
     traceback), its headline then each node's own line; the committed shards stay."""
     params, bucket = _params(cluster, "all-gone", rows=200, shard_size=5, tokens_per_s=250.0)
-    params["config"]["generation"] = {"fleet_dead_s": 3}
+    params["config"]["engine"]["relaunch"] = {"max_restarts": 0}
     storage = cluster.s3.storage(bucket, "run")
     run_id = start_parent(cluster.server, params)
     deadline = time.monotonic() + 240
