@@ -19,12 +19,11 @@ import statistics
 from dataclasses import dataclass
 
 from regen.config import RegenConfig
-from regen.display.figures import compact, count, duration, sig
+from regen.display.figures import byte_size, compact, count, duration, sig
 from regen.errors import UserError
 from regen.features.sizes import PlannedFeatures, planned_features
 from regen.preflight.space import OutputEstimate, PromptFigures, first_estimate
 from regen.storage import Storage
-from regen.storage.diskfull import human_size
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ class Estimate:
         ]  # fmt: skip
         for n in self.gpus:
             rows.append((f"{n} GPU{'s' if n > 1 else ''}", self._time(n)))
-        rows.append(("size", f"about {human_size(self.size.size)} (estimated: {self.size.basis})"))
+        rows.append(("size", f"about {byte_size(self.size.size)} (estimated: {self.size.basis})"))
         rows += self._features()
         width = max(len(label) for label, _ in rows) + 1
         return [f"{label + ':':<{width}} {text}" for label, text in rows]

@@ -63,7 +63,7 @@ def test_hours_on_n_gpus_from_the_plan_and_a_given_rate(
     size = first_estimate(load_config(config), figures)
     text = figures.text_bytes
     assert size.size == int(240 * 3000 * BYTES_PER_TOKEN + text * (1 + 4 / 3))
-    assert lines["size"] == f"about 5.8 MB (estimated: {size.basis})"
+    assert lines["size"] == f"about 5.81 MB (estimated: {size.basis})"
     # Without --gpus: the config's servers (8 GPUs).
     code, lines, _ = _run(["-c", str(config), "--tok-s-per-gpu", "2000"], capsys)
     assert code == 0 and lines["8 GPUs"] == "at most 45.0 s"

@@ -18,7 +18,7 @@ import pytest
 from regen.audit.result import AuditResult, Quantiles
 from regen.client.stats import DispatchStats, ServerStats
 from regen.config import RegenConfig
-from regen.display.figures import clock, compact, count, eta, sig
+from regen.display.figures import byte_size, clock, compact, count, eta, sig
 from regen.display.naming import artifact, dataset_markdown, run_name, run_tags
 from regen.fleet.metrics import ServerFigures, ServerMetrics
 from regen.progress import ProgressMeter, ProgressSnapshot
@@ -57,6 +57,11 @@ def test_figures_for_cards_and_bounds() -> None:
     assert clock(AT + 41.3 * 3600, now=AT) == "Dec 08 18:12 UTC", "another day names its date"
     assert eta(AT, 24.0) == "ETA 00:55 UTC (24 s)"
     assert eta(AT, None) == "ETA –"
+    # One byte formatter: decimal units, three significant digits, the unit by the figure shown.
+    sizes = [0, 512, 999_600, 5_800_000, 40e9, 161e9, 10**18]
+    assert [byte_size(n) for n in sizes] == [
+        "0 B", "512 B", "1.00 MB", "5.80 MB", "40.0 GB", "161 GB", "1,000 PB"
+    ]  # fmt: skip
 
 
 def test_the_progress_card_leads_with_share_eta_rate_and_quality() -> None:

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from regen.conversations import Turns, conversation_for
+from regen.display.figures import byte_size
 from regen.errors import UserError
-from regen.storage.diskfull import human_size
 
 if TYPE_CHECKING:
     from regen.config import RegenConfig
@@ -150,7 +150,7 @@ class OutputEstimate:
         return int(self.rows * self.bytes_per_row)
 
     def describe(self) -> str:
-        size = human_size(self.size)
+        size = byte_size(self.size)
         return f"the run still writes about {size} (estimated: {self.rows:,} rows x {self.basis})"
 
 
