@@ -351,7 +351,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from regen.progress.glance import read_status
+    from regen.progress.status import read_status
     from regen.storage import open_storage
 
     print("\n".join(read_status(open_storage(args.dataset)).lines()))

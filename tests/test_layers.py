@@ -73,6 +73,17 @@ def test_import_regen_fleet_loads_no_dispatcher() -> None:
     assert not {m for m in _loaded("regen.fleet") if m.startswith("regen.client")}
 
 
+def test_regen_status_loads_neither_the_progress_writer_nor_a_terminal_library() -> None:
+    """`regen status` reads one JSON file: it loaded the writer's thread, the dispatcher's
+    counters and rich with it while all of progress sat in one `__init__`. The snapshot is a
+    value, its words are regen.display.progress, and neither needs the parts that write it."""
+    for module in ("regen.progress.status", "regen.progress.snapshot", "regen.display.progress"):
+        loaded = _loaded(module)
+        writing = {"regen.progress.writer", "regen.progress.meter", "regen.client.stats"}
+        assert not loaded & writing, (module, loaded & writing)
+        assert not {m for m in loaded if m == "rich" or m.startswith("rich.")}, module
+
+
 def test_config_is_the_bottom_layer() -> None:
     """Every layer reads the config, so the config reads no other room of regen: its sections
     (the audit's thresholds and the export's options included) live in regen/config/, and
