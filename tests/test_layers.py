@@ -103,8 +103,8 @@ def test_config_is_the_bottom_layer() -> None:
 # The modules at regen's top level: each is one idea every room uses (an error, the row
 # schema, the fingerprint, the opened run...) or a command's own; anything else has a room.
 TOP_LEVEL = {
-    "__init__", "conversations", "errors", "estimate", "fingerprint", "hub_errors", "run",
-    "schema", "tools", "verbs",
+    "__init__", "cli", "conversations", "errors", "estimate", "fingerprint", "hub_errors", "run",
+    "schema", "tools",
 }  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The verbs of `regen` that need no Prefect: audit, export, publish, status, estimate, emulator.
+"""The `regen` command line's Prefect-free half: audit, export, publish, status, estimate, emulator.
 
 They are the library's branches of the one `regen` parser, which `flows/cli.py` builds (it is
 the console script, and holds the verbs that run a flow or touch Prefect): it hands its verbs
