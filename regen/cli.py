@@ -222,8 +222,9 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
         "measured on the node by the fleet's benchmark: --rate-from a dataset whose "
         "report/fleet.json has it) print the hours on each --gpus count (default the "
         "config's servers) and the output's size (regen check's estimate). Every answer at "
-        "sampling.max_tokens is an upper bound; --mean-tokens gives the likely time beside "
-        "it. Nothing is launched and the output is not touched.",
+        "sampling.max_tokens bounds the tokens, not the time (the rate is an estimate); "
+        "--mean-tokens gives the likely time beside it. Nothing is launched and the output "
+        "is not touched.",
     )
     add_config(p, required=True)
     rate = p.add_mutually_exclusive_group(required=True)
