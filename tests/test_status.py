@@ -18,7 +18,8 @@ from regen.dataset.keys import progress_key
 from regen.progress.snapshot import ProgressSnapshot, ServerProgress
 from regen.progress.status import read_status
 from regen.storage import LocalStorage, Storage, open_storage
-from regen.storage.output_lease import Holder, OutputLease
+from regen.storage.lease import Holder
+from regen.storage.output_lease import OutputLease
 from support.s3 import MotoS3
 
 NOW = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC

@@ -28,7 +28,8 @@ from regen.display.progress import audit_line, quality
 from regen.errors import UserError
 from regen.progress.snapshot import ProgressSnapshot
 from regen.storage import Storage
-from regen.storage.output_lease import LeaseRecord, read_lease, why_dead
+from regen.storage.lease import LeaseRecord
+from regen.storage.output_lease import read_lease
 
 
 class NoRun(UserError):
@@ -99,7 +100,7 @@ class RunStatus:
         holder = record.holder
         if holder is None:
             return f"not running (the last run released the output at {self._at(record)})"
-        dead = why_dead(record, self.now)
+        dead = record.why_dead(self.now)
         if dead is not None:
             return (
                 f"not running: its last holder ({holder.describe()}) ended without release: {dead}"
