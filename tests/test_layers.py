@@ -84,6 +84,24 @@ def test_regen_status_loads_neither_the_progress_writer_nor_a_terminal_library()
         assert not {m for m in loaded if m == "rich" or m.startswith("rich.")}, module
 
 
+def test_one_lease_protocol_under_its_users() -> None:
+    """The output's lease and the shard claims were two leases on the same generation files,
+    each with its own expiry, races and fence. Now regen.storage.lease is the one protocol:
+    it knows none of its users, and no module but it creates a record (`create_exclusive`)
+    or judges one's expiry; the users say whose a record is."""
+    users = ("regen.storage.output_lease", "regen.multinode")
+    assert not {
+        name for name in _imports(REGEN / "storage")["storage/lease.py"] if name.startswith(users)
+    }
+    writers = {
+        str(path.relative_to(REGEN))
+        for path in REGEN.rglob("*.py")
+        if "create_exclusive(" in path.read_text() or "expires_at >" in path.read_text()
+    }
+    # The stores' own (a directory, S3) and the probe of the conditional create in __init__.
+    assert writers == {"storage/__init__.py", "storage/s3.py", "storage/lease.py"}, writers
+
+
 def test_config_is_the_bottom_layer() -> None:
     """Every layer reads the config, so the config reads no other room of regen: its sections
     (the audit's thresholds and the export's options included) live in regen/config/, and
