@@ -1,4 +1,5 @@
-"""Prefect's temporary API server, kept out of the terminal's process group.
+"""Prefect's temporary API server, kept out of the terminal's process group, and stopped only
+once it has recorded the run (`settle_ephemeral_server`).
 
 Without a configured server, Prefect 3.9.1 starts a temporary one in a subprocess of the run
 (`prefect.server.api.server.SubprocessASGIServer`), in the run's own process group. Ctrl-C in a
@@ -14,8 +15,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
+from prefect import get_client, task
+from prefect.cache_policies import NONE
+from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
+from prefect.logging.loggers import disable_run_logger
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import get_current_settings
 
@@ -64,6 +71,42 @@ def detach_ephemeral_server() -> None:
         return
     if None not in SubprocessASGIServer._instances:
         _OwnSessionServer()
+
+
+@task(name="regen-settle", persist_result=False, cache_policy=NONE)
+def _last_event() -> None:
+    """A task run whose events are sent after every other of this process's."""
+
+
+def settle_ephemeral_server(timeout_s: float = 60.0) -> None:
+    """Wait until this process's temporary server has recorded every task run it was sent.
+
+    The server writes task-run states from the events the run sends, one write per event, and
+    Prefect stops it at exit whether or not it has caught up: a run that ended on a burst of
+    task runs (a dead fleet failed 58 shards in one second) had it cut mid-write, and the
+    server printed four tracebacks (`Error flushing 1 events`) after the run's last line.
+    Events are sent and recorded in order, so once a task run started after the run's last
+    one is recorded Completed, the server has nothing left to write and stops cleanly.
+    Bounded by `timeout_s` (then it is stopped as before); a no-op without a temporary server.
+    """
+    server = SubprocessASGIServer._instances.get(None)
+    process = server.server_process if server is not None else None
+    if process is None or process.poll() is not None:
+        return
+    with disable_run_logger():  # its own lines would be the run's last
+        marked = _last_event(return_state=True)
+    task_run_id = marked.state_details.task_run_id
+    if task_run_id is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            try:
+                if client.read_task_run(task_run_id).state_type == StateType.COMPLETED:
+                    return
+            except ObjectNotFound:
+                pass  # not recorded yet: the server is still behind
+            time.sleep(0.1)
 
 
 def stop_ephemeral_server() -> None:

@@ -14,7 +14,15 @@ from regen.dataset.keys import AUDIT_MARKDOWN_KEY, key_url
 from regen.display.figures import sig
 from regen.errors import UserError
 from regen.fleet import reap_orphans
-from regen.machine.interrupt import Interrupts, argv, exit_code, resume_line, signal_of
+from regen.generation.stopped import GenerationStopped
+from regen.machine.interrupt import (
+    Interrupts,
+    argv,
+    exit_code,
+    resume_command,
+    resume_line,
+    signal_of,
+)
 from regen.machine.owned import reap_owned, tag_children
 
 # What Prefect 3.9.1 sets in the environment of the temporary API server it starts in a
@@ -71,7 +79,11 @@ def _reap_ephemeral_servers() -> None:
 
 def run_regenerate(config: RegenConfig) -> int:
     """Run `regenerate_completions` in this process; exit 0 on a passed or warned gate."""
-    from flows.ephemeral import detach_ephemeral_server, stop_ephemeral_server
+    from flows.ephemeral import (
+        detach_ephemeral_server,
+        settle_ephemeral_server,
+        stop_ephemeral_server,
+    )
     from flows.regenerate import regenerate_completions
 
     # Ctrl-C, SIGTERM and SIGHUP unwind the run (every `finally` stops the fleet); the
@@ -87,6 +99,9 @@ def run_regenerate(config: RegenConfig) -> int:
     try:
         with interrupts.installed():
             state = regenerate_completions(config, return_state=True)
+            if interrupts.received is None:  # a stop asked for is not kept waiting
+                # Before Prefect stops it at exit: a server cut mid-write prints tracebacks.
+                settle_ephemeral_server()
     except KeyboardInterrupt as err:
         return _interrupted(interrupts, config, signal_of(err))
     if interrupts.received is not None:
@@ -149,11 +164,17 @@ def _outcome(state: State[Any], config: RegenConfig) -> int:
         print(f"audit: {summary.verdict} (report: {key_url(summary.output, AUDIT_MARKDOWN_KEY)})")
         return 0
     ended = (state.name or state.type.value).lower()
-    first, *more = failure_lines(state)
+    raised = state.result(raise_on_failure=False) if state.is_failed() else None
+    if isinstance(raised, GenerationStopped):
+        # Its line says what is kept and how to resume: with the command typed here.
+        first, *more = raised.message(resume_command(argv())).splitlines()
+    else:
+        first, *more = failure_lines(state)
     print(f"regen: run {ended}: {first}", file=sys.stderr)
     for line in more:  # a failed gate's checks, one a line, and where its data is
         print(f"  {line}", file=sys.stderr)
-    print(f"dataset: {config.output} (committed shards are kept)", file=sys.stderr)
+    if not isinstance(raised, GenerationStopped):
+        print(f"dataset: {config.output} (committed shards are kept)", file=sys.stderr)
     return 1
 
 

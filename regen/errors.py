@@ -32,3 +32,8 @@ class FleetError(Exception):
 
 class FleetUnauthorized(FleetError):
     """A server answered 401: the API key is wrong, so every request would fail."""
+
+
+class FleetGone(FleetError):
+    """No server is healthy and none can come back: the run stops generating. The message
+    says what died, when, and what its log says."""

@@ -30,13 +30,19 @@ Why this shape:
   attempt (they did not fail, their server did). The failures themselves do count, so a
   prompt that crashes every server it touches ends as an error row instead of taking the
   whole fleet down. A quarantined server is re-probed with backoff and comes back when
-  the probe passes. No healthy server for `generation.fleet_dead_s` fails every pending
+  the probe passes (a 401 to its probe stops the run, as a request's does: the server came
+  back with another key). No healthy server for `generation.fleet_dead_s` fails every pending
   future with `FleetError`; shards already returned are unaffected.
 - Quarantine by the caller (`quarantine(server, reason)`): the live audit found a server
   whose answers are bad (a broken GPU, a corrupted staged copy) although it answers fast
   and passes every probe. It leaves the same way, its in-flight rows re-sent to the others
   at no attempt's cost (their answers would be suspect), but it is never re-probed: it
   stays out for the run, with its reason in `stats()`.
+- Relaunch (`supervised`). The fleet's supervisor takes a server it relaunches out (`hold`:
+  its in-flight rows re-sent elsewhere at no attempt's cost) and back once its probes pass
+  (`restore`), or out for good (`retire`). Such a fleet is gone only when no server can serve
+  and none can come back, and then at once (`FleetGone`), not after `fleet_dead_s`: a server
+  being relaunched is not gone. `stats()` gives each server's last answer, its evidence.
 - Conversations (`regeneration.turns: all`). A row's next turn is sent the moment its
   previous answer arrives, ahead of fresh rows, so a conversation never waits on other rows
   and slots stay full. Each turn has its own attempts and rid (`turn_request_id`).
@@ -80,7 +86,7 @@ from regen.client.stats import DispatchStats, ServerState, ServerStats
 from regen.client.timeouts import RequestTimeout
 from regen.client.tuning import DispatchTuning
 from regen.config import GenerationConfig, RegenerationConfig, SamplingConfig
-from regen.errors import FleetError, FleetUnauthorized
+from regen.errors import FleetError, FleetGone, FleetUnauthorized
 from regen.sglang_api.answer import Answer, read_answer
 from regen.sglang_api.endpoint import Endpoint
 from regen.sglang_api.probe import ProbeSettings, ProbeTarget, reprobe
@@ -130,6 +136,7 @@ class _Server:
         "consecutive_failures",
         "endpoint",
         "failed_attempts",
+        "last_answer",
         "last_failure",
         "output_tokens",
         "probe",
@@ -159,6 +166,7 @@ class _Server:
         self.samples = 0
         self.consecutive_failures = 0
         self.last_failure = ""
+        self.last_answer: float | None = None
         self.completed = 0
         self.failed_attempts = 0
         self.output_tokens = 0
@@ -188,6 +196,7 @@ class Dispatcher:
         tuning: DispatchTuning | None = None,
         session: SessionFactory = keepalive_session,
         slot_cap: int | None = None,
+        supervised: bool = False,
     ) -> None:
         if not endpoints:
             raise ValueError("Dispatcher needs at least one endpoint")
@@ -204,6 +213,8 @@ class Dispatcher:
         self._tuning = tuning or DispatchTuning()
         self._reprobe = reprobe
         self._make_session = session
+        self._supervised = supervised
+        self._last_out: _Server | None = None  # the last server taken out for good
         self._api_key = api_key
         self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
         self._timeout = RequestTimeout(
@@ -346,17 +357,43 @@ class Dispatcher:
         if self._loop is None or self._closed:
             target.slots = slots
             return
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def apply() -> None:
-            try:
-                with self._lock:
-                    target.slots = slots
-                self._pump()
-            finally:
-                done.set_result(None)
+            with self._lock:
+                target.slots = slots
+            self._pump()
 
-        self._loop.call_soon_threadsafe(apply)
+        self._on_loop(apply)
+
+    def hold(self, server: str | int, reason: str) -> None:
+        """Take a server out until `restore` (its owner relaunches it): its in-flight rows go
+        to the others at no attempt's cost, and it is not gone. No-op once out for good."""
+        self._on_loop(lambda: self._hold(self._server(server), reason))
+
+    def restore(self, server: str | int) -> None:
+        """Put a held server back (its relaunch passed its probes)."""
+        self._on_loop(lambda: self._restore(self._server(server)))
+
+    def retire(self, server: str | int, reason: str) -> None:
+        """Take a server out for good, the last one too (its owner could not bring it back):
+        with no server left that can serve or come back, every pending row fails at once
+        with `FleetGone`, whose message is the last one's `reason`."""
+        self._on_loop(lambda: self._hold_out(self._server(server), reason, retired=True))
+
+    def _on_loop(self, apply: Callable[[], None]) -> None:
+        """Run `apply` on the loop thread and wait for it; a no-op once closed."""
+        if self._loop is None or self._closed:
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                apply()
+                done.set_result(None)
+            except Exception as err:
+                done.set_exception(err)
+
+        self._loop.call_soon_threadsafe(run)
         done.result()
 
     def stats(self) -> DispatchStats:
@@ -374,6 +411,7 @@ class Dispatcher:
                     output_tokens=s.output_tokens,
                     quarantines=s.quarantines,
                     quarantine_reason=s.quarantine_reason,
+                    last_answer=s.last_answer,
                 )
                 for s in self._servers
             )
@@ -553,6 +591,8 @@ class Dispatcher:
             log.exception("unexpected error sending %s to %s", rid, server.endpoint.name)
             unexpected = f"unexpected {type(err).__name__}: {err}"
         latency = time.monotonic() - started
+        if status:
+            server.last_answer = started + latency  # alive, whatever it answered
         task = asyncio.current_task()
         if server.running.pop(task, None) is None:  # type: ignore[arg-type]
             return  # quarantine or shutdown took this row back while we waited
@@ -617,9 +657,10 @@ class Dispatcher:
             self._fail_row(work, answer.reason, server, latency)
         elif kind is ResponseKind.UNAUTHORIZED:
             self._die(
+                # Where the key came from is the run's to say (a config, a block, generated).
                 FleetUnauthorized(
-                    f"{server.endpoint.name} ({server.endpoint.url}) answered 401 Unauthorized: "
-                    "the API key is wrong or missing (engine.api_key); stopping the run"
+                    f"{server.endpoint.name} ({server.endpoint.url}) answered 401 to a request: "
+                    "the API key is wrong"
                 )
             )
         else:
@@ -790,8 +831,15 @@ class Dispatcher:
             if self._current is job:
                 self._current = None
 
-    def _quarantine(self, server: _Server, reason: str = "", *, reprobe: bool = True) -> None:
-        server.state = ServerState.QUARANTINED
+    def _quarantine(
+        self,
+        server: _Server,
+        reason: str = "",
+        *,
+        reprobe: bool = True,
+        state: ServerState = ServerState.QUARANTINED,
+    ) -> None:
+        server.state = state
         taken = list(server.running.items())
         with self._lock:
             server.quarantines += 1
@@ -808,8 +856,9 @@ class Dispatcher:
         if not reason:
             reason = f"{server.consecutive_failures} consecutive failures ({server.last_failure})"
         log.warning(
-            "%s quarantined: %s; %d requests moved elsewhere",
+            "%s %s: %s; %d requests moved elsewhere",
             server.endpoint.name,
+            "quarantined" if state is ServerState.QUARANTINED else "taken out",
             reason,
             len(taken),
         )
@@ -826,12 +875,12 @@ class Dispatcher:
         known = ", ".join(s.endpoint.name for s in self._servers)
         raise ValueError(f"no server {name!r} in this dispatcher ({known})")
 
-    def _hold_out(self, server: _Server, reason: str) -> None:
+    def _hold_out(self, server: _Server, reason: str, *, retired: bool = False) -> None:
         if server.quarantine_reason is not None:
             return  # already out: the first reason stands
         # A transport-quarantined server may come back; one held out never does.
         left = [s for s in self._servers if s is not server and s.quarantine_reason is None]
-        if not left:
+        if not left and not retired:
             raise ValueError(
                 f"{server.endpoint.name} is the last server that can serve; stop the run instead"
             )
@@ -840,17 +889,44 @@ class Dispatcher:
             server.probe = None
         with self._lock:
             server.quarantine_reason = reason
+        self._last_out = server
         if server.healthy:
             self._quarantine(server, reason, reprobe=False)
         else:
-            log.warning("%s held out for the rest of the run: %s", server.endpoint.name, reason)
+            server.state = ServerState.QUARANTINED
+            if not retired:  # a retiring owner has said why, in its one line
+                log.warning("%s held out for the rest of the run: %s", server.endpoint.name, reason)
+            self._check_fleet()
+
+    def _hold(self, server: _Server, reason: str) -> None:
+        if server.quarantine_reason is not None or server.state is ServerState.RELAUNCHING:
+            return
+        if server.probe is not None:
+            server.probe.cancel()  # its owner brings it back, not a re-probe
+            server.probe = None
+        if server.healthy:
+            self._quarantine(server, reason, reprobe=False, state=ServerState.RELAUNCHING)
+        else:
+            server.state = ServerState.RELAUNCHING
+            self._check_fleet()
+
+    def _restore(self, server: _Server) -> None:
+        if server.state is ServerState.RELAUNCHING and server.quarantine_reason is None:
+            self._readmit(server, "is back in the fleet")
 
     async def _reprobe_until_healthy(self, server: _Server) -> None:
         t = self._tuning
         delay = t.probe_backoff_s
         while True:
             await asyncio.sleep(delay * self._random.uniform(0.8, 1.2))
-            passed = await self._probe(server.endpoint)
+            try:
+                passed = await self._probe(server.endpoint)
+            except FleetUnauthorized as err:
+                # Back, but refusing the key (restarted with another one): every request
+                # would be refused too, so the run stops rather than re-probe it for ever.
+                if not self._closed:
+                    self._die(err)
+                return
             if self._closed:
                 # _shutdown cancelled this task, but a cancel that lands as its probe
                 # finishes can be lost (Python 3.11's wait_for, bpo-42130): the loop went on
@@ -859,10 +935,13 @@ class Dispatcher:
             if passed:
                 break
             delay = min(delay * 2, t.probe_backoff_max_s)
+        server.probe = None
+        self._readmit(server, "passed its probe and is back in the fleet")
+
+    def _readmit(self, server: _Server, how: str) -> None:
         server.state = ServerState.HEALTHY
         server.consecutive_failures = 0
-        server.probe = None
-        log.warning("%s passed its probe and is back in the fleet", server.endpoint.name)
+        log.warning("%s %s", server.endpoint.name, how)
         self._check_fleet()
         self._pump()
 
@@ -883,23 +962,33 @@ class Dispatcher:
             target = ProbeTarget(self._model, self._api_key, self._sampling)
             async with asyncio.timeout(timeout):
                 result = await reprobe(endpoint, target, settings, self._session)
-        except (TimeoutError, FleetUnauthorized):
+        except TimeoutError:
             return False
         return result.ok
 
     def _check_fleet(self) -> None:
-        """Arm the fleet-dead timer when the last healthy server goes, disarm when one returns."""
+        """Arm the fleet-dead timer when the last healthy server goes, disarm when one returns;
+        a fleet none of whose servers can come back is gone at once, and a supervised one
+        only then (its supervisor brings each server back or retires it)."""
         assert self._loop is not None
         if any(s.healthy for s in self._servers):
             self._dead_since = None
             if self._dead_timer is not None:
                 self._dead_timer.cancel()
                 self._dead_timer = None
-        elif self._dead_since is None:
+        elif all(s.quarantine_reason is not None for s in self._servers):
+            self._die(FleetGone(self._gone_line()))
+        elif self._dead_since is None and not self._supervised:
             self._dead_since = time.monotonic()
             self._dead_timer = self._loop.call_later(
                 self._generation.fleet_dead_s, self._fleet_dead
             )
+
+    def _gone_line(self) -> str:
+        last = self._last_out or self._servers[-1]
+        others = [s.endpoint.name for s in self._servers if s is not last]
+        before = f"; out before it: {', '.join(others)}" if others else ""
+        return f"fleet gone: {last.endpoint.name} {last.quarantine_reason}{before}"
 
     def _fleet_dead(self) -> None:
         reasons = "; ".join(f"{s.endpoint.name}: {s.last_failure}" for s in self._servers)

@@ -9,6 +9,9 @@ from enum import StrEnum
 class ServerState(StrEnum):
     HEALTHY = "healthy"
     QUARANTINED = "quarantined"
+    RELAUNCHING = "relaunching"
+    """Taken out by its owner (`Dispatcher.hold`) until it is back (`restore`) or out for
+    good (`retire`): not gone, so the fleet is not dead while one is coming back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,9 @@ class ServerStats:
     # Set when a caller took the server out (`Dispatcher.quarantine`): out for the rest of
     # the run, whatever its probes say. None for a transport quarantine, which re-probes.
     quarantine_reason: str | None = None
+    last_answer: float | None = None
+    """When it last answered a request (any HTTP status), on this process's monotonic clock:
+    the evidence a supervisor judges a hang by. None before its first answer."""
 
 
 @dataclass(frozen=True, slots=True)

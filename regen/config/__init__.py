@@ -13,6 +13,7 @@ from regen.config.engine import (
     EmulatorConfig,
     EngineConfig,
     Port,
+    RelaunchConfig,
     SpeculativeConfig,
 )
 from regen.config.export import (
@@ -34,6 +35,7 @@ from regen.config.load import (
     set_dotted,
 )
 from regen.config.model import ModelConfig
+from regen.config.publish import PublishConfig
 from regen.config.sampling import (
     ReasoningEffort,
     RegenerationConfig,
@@ -61,9 +63,11 @@ __all__ = [
     "InputConfig",
     "ModelConfig",
     "Port",
+    "PublishConfig",
     "ReasoningEffort",
     "RegenConfig",
     "RegenerationConfig",
+    "RelaunchConfig",
     "RowCheck",
     "SamplingConfig",
     "SamplingSetting",

@@ -106,6 +106,39 @@ class BenchConfig(Section):
     )
 
 
+class RelaunchConfig(Section):
+    """How a server regen launched comes back when it exits or hangs during generation.
+
+    Not part of the fingerprint: it decides which server answers a row, never the answer.
+    """
+
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        description="Relaunches one server may have within window_s; a server that would "
+        "need one more stays out for the rest of the run (0: never relaunch, a server that "
+        "exits or hangs is out at once).",
+    )
+    window_s: float = Field(
+        default=3600.0, gt=0, description="The span max_restarts counts relaunches over."
+    )
+    backoff_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="Wait before a relaunch, doubled for each earlier one in the window (up "
+        "to 8x): what broke it (a GPU freeing its memory, a full disk) may take a moment.",
+    )
+    hang_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="A server with requests in flight is hung once it has given no sign of "
+        "life for this long (no request answered, /health not 200, no token generated per "
+        "its /metrics) while another server answered (alone: while its /health fails); a "
+        "server its requests' failures took out and whose probes have failed this long is "
+        "hung too. SGLang's own watchdog kills a stuck forward pass at 300 s.",
+    )
+
+
 class EngineConfig(Section):
     """How the fleet is launched: one server per GPU (or `servers` on the CPU), each on
     base_port + index."""
@@ -167,6 +200,10 @@ class EngineConfig(Section):
     )
     urls: list[str] = Field(default_factory=list, description="Server URLs for kind: external.")
     bench: BenchConfig = BenchConfig()
+    relaunch: RelaunchConfig = Field(
+        default_factory=RelaunchConfig,
+        description="Launched servers (not kind external) that exit or hang are relaunched.",
+    )
     emulator: EmulatorConfig = EmulatorConfig()
 
     @model_validator(mode="after")

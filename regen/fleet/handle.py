@@ -1,5 +1,7 @@
 """`Fleet`: the servers of one run, their report, and the one way to stop them.
 
+A server is started again (`restart`, the supervisor's relaunch) under the same lock as the
+teardown, so a relaunch racing a teardown either is stopped by it or never starts.
 Teardown is idempotent, takes a re-entrant lock (so a signal handler that interrupts a
 teardown on the same thread finishes it instead of deadlocking) and never blocks without a
 timeout, so it is safe from a `finally`, a Prefect hook on another thread, atexit, or a
@@ -18,6 +20,7 @@ from types import TracebackType
 
 from pydantic import SecretStr
 
+from regen.errors import FleetUnauthorized
 from regen.fleet.process import ServerProcess, stop_processes
 from regen.fleet.report import FleetRow
 from regen.machine.ports import port_is_free
@@ -39,12 +42,20 @@ class Member:
 class Fleet:
     """Healthy servers to send work to; a context manager that tears the fleet down on exit."""
 
-    def __init__(self, members: list[Member], target: ProbeTarget, settings: ProbeSettings) -> None:
+    def __init__(
+        self,
+        members: list[Member],
+        target: ProbeTarget,
+        settings: ProbeSettings,
+        fleet_id: str = "",
+    ) -> None:
         self._members = members
         self._target = target
         self._settings = settings
+        self._fleet_id = fleet_id
         self._lock = threading.RLock()
         self._probes: dict[int, asyncio.Task[bool]] = {}
+        self._closing = False
         self._torn_down = False
         if self._processes():
             atexit.register(self.teardown)
@@ -61,6 +72,33 @@ class Fleet:
     def report(self) -> list[FleetRow]:
         """One row per configured server, healthy or not, in index order."""
         return [m.row for m in self._members]
+
+    @property
+    def launched(self) -> list[Member]:
+        """The servers regen started (none on an external fleet): the supervisor's charge."""
+        return [m for m in self._members if m.process is not None]
+
+    @property
+    def closing(self) -> bool:
+        """Teardown has begun: a server that exits now was stopped, not crashed."""
+        return self._closing
+
+    @property
+    def settings(self) -> ProbeSettings:
+        return self._settings
+
+    def restart(self, member: Member) -> ServerProcess | None:
+        """Start `member`'s server again from its recorded command (same port, GPU and
+        environment; its key file rewritten, its log appended); None once the fleet is torn
+        down. The caller has stopped the old process."""
+        with self._lock:
+            if self._closing or member.process is None:
+                return None
+            return ServerProcess.start(
+                member.process.command,
+                self._fleet_id,
+                on_started=lambda process: setattr(member, "process", process),
+            )
 
     @property
     def api_key(self) -> SecretStr:
@@ -88,7 +126,9 @@ class Fleet:
     async def _probe(self, endpoint: Endpoint) -> bool:
         try:
             result = await reprobe(endpoint, self._target, self._settings)
-        except Exception as err:  # a 401 now means the key changed under a running server
+        except FleetUnauthorized:
+            raise  # the key changed under the server: the dispatcher stops the run on it
+        except Exception as err:
             log.error("%s reprobe failed: %s", endpoint.name, err)
             return False
         if not result.ok:
@@ -100,6 +140,7 @@ class Fleet:
         with self._lock:
             if self._torn_down:
                 return
+            self._closing = True
             processes = self._processes()
             survivors = stop_processes(processes, grace_s)
             for proc in survivors:

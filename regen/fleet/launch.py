@@ -26,11 +26,12 @@ from regen.fleet.process import ServerProcess, stop_processes
 from regen.fleet.report import FleetRow
 from regen.machine.ports import taken_ports
 from regen.sglang_api.endpoint import Endpoint
-from regen.sglang_api.probe import ProbeSettings, ProbeTarget, probe_server
+from regen.sglang_api.probe import ProbeResult, ProbeSettings, ProbeTarget, probe_server
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
+_EXIT_POLL_S = 0.2  # how often a probe that waits checks that its server still runs
 
 
 class FleetPortInUse(FleetError, UserError):
@@ -47,7 +48,7 @@ def _row(endpoint: Endpoint, **fields: object) -> FleetRow:
     )
 
 
-async def _await_ready(
+async def await_ready(
     session: aiohttp.ClientSession,
     endpoint: Endpoint,
     target: ProbeTarget,
@@ -55,7 +56,10 @@ async def _await_ready(
     timeout_s: float,
     process: ServerProcess | None,
 ) -> FleetRow:
-    """Probe one server until it passes, fails for good, exits, or its deadline passes."""
+    """Probe one server until it passes, fails for good, exits, or its deadline passes.
+
+    Its process is watched while a probe waits too: a relaunched server that lost its port
+    exits while a probe hangs on whatever holds the port."""
     start = process.started_mono if process is not None else time.monotonic()
     deadline = start + timeout_s
     last = "no answer yet"
@@ -77,11 +81,12 @@ async def _await_ready(
                 reason=f"not ready within {timeout_s:g} s (last probe: {last})",
             )
         try:
-            result = await asyncio.wait_for(
-                probe_server(session, endpoint, target, settings), remaining
-            )
+            async with asyncio.timeout(remaining):
+                result = await _probe_while_alive(session, endpoint, target, settings, process)
         except TimeoutError:
             continue
+        if result is None:
+            continue  # it exited: said at the top of the loop
         if result.ok:
             return _row(
                 endpoint,
@@ -95,6 +100,27 @@ async def _await_ready(
         await asyncio.sleep(min(settings.interval_s, max(0.0, deadline - time.monotonic())))
 
 
+async def _probe_while_alive(
+    session: aiohttp.ClientSession,
+    endpoint: Endpoint,
+    target: ProbeTarget,
+    settings: ProbeSettings,
+    process: ServerProcess | None,
+) -> ProbeResult | None:
+    """One probe, or None as soon as `process` has exited."""
+    probe = asyncio.ensure_future(probe_server(session, endpoint, target, settings))
+    try:
+        while not probe.done():
+            await asyncio.wait({probe}, timeout=_EXIT_POLL_S)
+            if not probe.done() and process is not None and process.exit_code() is not None:
+                return None
+        return probe.result()
+    finally:
+        if not probe.done():
+            probe.cancel()
+            await asyncio.gather(probe, return_exceptions=True)
+
+
 async def _await_all(
     members: list[Member],
     target: ProbeTarget,
@@ -106,7 +132,7 @@ async def _await_all(
     async with aiohttp.ClientSession() as session:
         tasks = {
             asyncio.create_task(
-                _await_ready(session, m.endpoint, target, settings, timeout_s, m.process)
+                await_ready(session, m.endpoint, target, settings, timeout_s, m.process)
             ): m
             for m in members
         }
@@ -218,7 +244,7 @@ def launch_fleet(
             # Read at argument parsing: a ready server no longer needs its key on disk.
             member.process.command.key_file.unlink(missing_ok=True)
             member.process.record_cmdline()
-    return Fleet(members, target, settings)
+    return Fleet(members, target, settings, fleet_id)
 
 
 def _enlist(members: list[Member], endpoint: Endpoint, process: ServerProcess) -> None:

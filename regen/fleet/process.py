@@ -26,6 +26,7 @@ from regen.fleet.commands import ServerCommand
 from regen.machine.owned import group_alive, signal_group
 
 FLEET_ID_ENV = "REGEN_FLEET_ID"
+_TAIL_BYTES = 1 << 20
 
 
 def write_private(path: Path, data: bytes, *, append: bool = False) -> None:
@@ -151,7 +152,8 @@ class ServerProcess:
         in engine.extra_args): blank our key wherever it shows, and any key-named value."""
         try:
             with open(self.command.log_path, "rb") as f:
-                f.seek(self.log_offset)
+                # Only the end is read: a three-day server's log is large.
+                f.seek(max(self.log_offset, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
                 tail = deque(f, maxlen=lines)
         except OSError:
             return "(no log)"

@@ -12,7 +12,9 @@ from regen.dataset.keys import FLEET_KEY
 from regen.display.figures import NONE, markdown_table, sig
 from regen.storage import Storage
 
-ServerStatus = Literal["healthy", "exited", "timed_out", "unhealthy"]
+ServerStatus = Literal["healthy", "exited", "timed_out", "unhealthy", "relaunching", "out"]
+"""How a server came up (the first four), or where its relaunches left it: `relaunching`, or
+`out` for the rest of the run once they could not bring it back."""
 
 
 class FleetRow(BaseModel):
@@ -39,6 +41,10 @@ class FleetRow(BaseModel):
     concurrency: int | None = None
     """Requests regen kept in flight on it: its measured best (or the fixed setting), written
     when generation ends."""
+    relaunches: int = 0
+    """Times it was started again during generation (`engine.relaunch`)."""
+    relaunch_causes: tuple[str, ...] = ()
+    """Why, one line each: when, and its exit code with its log's last words, or the hang."""
 
     def summary(self) -> str:
         """One log line; numbers left out until measured."""
@@ -57,6 +63,8 @@ class FleetRow(BaseModel):
             parts.append(f"kv_tokens={self.kv_tokens}")
         if self.flagged:
             parts.append("FLAGGED")
+        if self.relaunches:
+            parts.append(f"relaunched={self.relaunches}")
         if self.reason:
             parts.append(f"({self.reason.splitlines()[0]})")
         return " ".join(parts)
@@ -138,6 +146,10 @@ def fleet_markdown(rows: list[FleetRow]) -> str:
     if reasons:
         lines += ["", "Notes:", ""]
         lines += [f"- {r.server}: {r.reason.splitlines()[0]}" for r in reasons]
+    relaunched = [r for r in rows if r.relaunch_causes]
+    if relaunched:
+        lines += ["", "Relaunched:", ""]
+        lines += [f"- {r.server}: {cause}" for r in relaunched for cause in r.relaunch_causes]
     lines += ["", "`probe tok/s`: each server's micro-benchmark at startup (`engine.bench`)."]
     lines += [
         "`concurrency`: requests regen kept in flight on the server (measured per server "

@@ -21,10 +21,12 @@ from regen.config import RegenConfig
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
 from regen.fleet.report import write_fleet_report
+from regen.fleet.supervisor import Supervisor
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan
-from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.progress.fleet_live import LiveReport, LiveWatch
+from regen.progress.snapshot import ProgressSnapshot
+from regen.progress.writer import ProgressWriter
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,9 @@ def dispatcher_for(
         generation=config.generation,
         concurrency_per_server=config.concurrency,
         reprobe=fleet.reprobe,
+        # Launched servers are relaunched (`Supervisor`): the fleet is gone only once none
+        # can come back; an external fleet keeps generation.fleet_dead_s.
+        supervised=bool(fleet.launched),
         slot_cap=slot_cap,
     )
 
@@ -121,8 +126,9 @@ def feeding(
     on_progress: Callable[[ProgressSnapshot], None] | None = None,
     on_live: Callable[[LiveReport], None],
 ) -> Iterator[Feed]:
-    """Dispatcher, progress writer (at `progress_key`) and live watch for the length of the
-    `with` block."""
+    """Dispatcher, progress writer (at `progress_key`), live watch and the fleet's supervisor
+    (which rewrites `report/fleet.json` at each relaunch) for the length of the `with` block;
+    the supervisor stops first, so it never calls a closed dispatcher."""
     caps = concurrency_caps(config, fleet)
     with (
         dispatcher_for(config, fleet, api_key, slot_cap=max(caps.values())) as dispatcher,
@@ -140,6 +146,14 @@ def feeding(
             FleetScraper(fleet.endpoints),
             interval_s=config.generation.live_interval_s,
             on_update=on_live,
+            fleet=lambda: fleet.report,
+        ),
+        Supervisor(
+            fleet,
+            dispatcher,
+            config.engine.relaunch,
+            startup_timeout_s=config.engine.startup_timeout_s,
+            on_change=lambda rows: write_fleet_report(storage, rows),
         ),
         tuning(config, fleet, dispatcher, caps),
     ):

@@ -1,21 +1,24 @@
 """The fleet's live figures: progress beside each server's own `/metrics`, every few seconds.
 
-Apart from `regen.progress` (what `progress.json` holds): these are read from the servers, not
-the dispatcher, and only a log line and an artifact show them.
+Apart from `regen.progress.snapshot` (what `progress.json` holds): these are read from the
+servers, not the dispatcher, and only a log line and an artifact show them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
 from regen.display.figures import NONE, markdown_table, pct, sig
+from regen.display.progress import audit_line, progress_card, progress_headline
 from regen.fleet.metrics import FleetScraper, ServerFigures
+from regen.fleet.report import FleetRow
 from regen.machine.ticker import Ticker
-from regen.progress import ProgressSnapshot, ProgressWriter
+from regen.progress.snapshot import ProgressSnapshot
+from regen.progress.writer import ProgressWriter
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,23 @@ class LiveReport:
     progress: ProgressSnapshot
     servers: tuple[ServerFigures, ...]
     history: tuple[Interval, ...] = ()
+    fleet: tuple[FleetRow, ...] = ()
+    """The fleet report as it stands: each server's relaunches, and which are out."""
+
+    @property
+    def relaunches(self) -> int:
+        return sum(r.relaunches for r in self.fleet)
+
+    def relaunch_lines(self) -> list[str]:
+        """`server-1: relaunched 2x (last: <cause>)` or `server-1: out: <why>`, per server."""
+        lines = []
+        for row in self.fleet:
+            if row.status == "out":
+                lines.append(f"{row.server}: out for the rest of the run: {row.reason}")
+            elif row.relaunches:
+                last = row.relaunch_causes[-1] if row.relaunch_causes else ""
+                lines.append(f"{row.server}: relaunched {row.relaunches}x (last: {last})")
+        return lines
 
     def history_table(self, max_rows: int = HISTORY_ROWS) -> list[dict[str, str]]:
         """How throughput moved over the run: one row per interval, or per span of
@@ -88,12 +108,16 @@ class LiveReport:
         return NONE
 
     def card(self) -> str:
-        """The card's figure: the progress's, as the progress artifact says it."""
-        return self.progress.card()
+        """The card's figure: the progress's, as the progress artifact says it, then the
+        servers relaunched or out, if any."""
+        out = sum(r.status == "out" for r in self.fleet)
+        notes = [f"{self.relaunches} relaunched"] if self.relaunches else []
+        notes += [f"{out} server{'s' if out > 1 else ''} out"] if out else []
+        return " · ".join([progress_card(self.progress), *notes])
 
     def log_line(self) -> str:
         """One line for the run's log; a server without metrics says so."""
-        parts = [f"live: {self.progress.headline()}"]
+        parts = [f"live: {progress_headline(self.progress)}"]
         for s in self.servers:
             m = s.metrics
             if m is None:
@@ -105,15 +129,17 @@ class LiveReport:
                 f"{_count(m.queued)} queued, KV {pct(m.token_usage)}, "
                 f"accept {sig(m.accept_length)}"
             )
+        if self.relaunches:
+            parts.append(f"{self.relaunches} relaunch(es)")
         return "; ".join(parts)
 
     def to_markdown(self) -> str:
         """Headline, a narrow table (fits a ~1000 px pane), and missing servers named below."""
         stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.at))
         lines = [
-            f"**{self.progress.headline()}**",
+            f"**{progress_headline(self.progress)}**",
             "",
-            self.progress.audit_line(),
+            audit_line(self.progress),
             "",
             f"Updated {stamp}; per-server figures from each server's `/metrics`"
             + (", tok/s the run's average." if self.progress.ended else "."),
@@ -141,6 +167,9 @@ class LiveReport:
         if missing:
             lines += ["", "No `/metrics` answer (not counted as zero):", ""]
             lines += [f"- {s.name}: `{s.url}/metrics`" for s in missing]
+        if relaunched := self.relaunch_lines():
+            lines += ["", "Relaunched (`engine.relaunch`):", ""]
+            lines += [f"- {line}" for line in relaunched]
         return "\n".join(lines) + "\n"
 
 
@@ -160,8 +189,10 @@ class LiveWatch:
         *,
         interval_s: float,
         on_update: Callable[[LiveReport], None],
+        fleet: Callable[[], Sequence[FleetRow]] = tuple,
     ) -> None:
         self._progress = progress
+        self._fleet = fleet
         self._scraper = scraper
         self._on_update = on_update
         self._ticker = Ticker("regen-live", interval_s, self.tick)
@@ -187,7 +218,9 @@ class LiveWatch:
         at, progress, servers = time.time(), self._progress.snapshot(), self._scraper.scrape()
         rates = tuple(s.tokens_per_s for s in servers)
         self._history.append(Interval(at, progress.done, progress.tokens_per_s, rates))
-        report = LiveReport(at, progress, tuple(servers), tuple(self._history))
+        report = LiveReport(
+            at, progress, tuple(servers), tuple(self._history), tuple(self._fleet())
+        )
         try:
             self._on_update(report)
         except Exception as err:
