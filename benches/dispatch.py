@@ -99,6 +99,8 @@ def fleet(
             *(["--enable-deterministic-inference"] if same_draws else []),
             "--emu-load-s", "0", "--emu-seed", str(0 if same_draws else i),
             "--emu-tokens-per-s", str(setup.tokens_per_s),
+            # The linear model: its ideal is every slot at tokens_per_s (Setup.capacity).
+            "--emu-batch-knee", "0",
             "--emu-time-scale", str(setup.time_scale),
             "--emu-reasoning-tokens", setup.reasoning, "--emu-answer-tokens", setup.answer,
             *(["--emu-fault", f"slow={slow}"] if slow is not None and i == 0 else []),

@@ -2,7 +2,7 @@
 library and the flows.
 
 This module builds the one parser. The verbs that run a flow or touch the flows or Prefect
-(rehearse, run, check, blocks) are here, above the library; `regen.verbs.add_library_verbs`
+(rehearse, run, check, blocks, notify) are here, above the library; `regen.cli.add_library_verbs`
 adds the others to it, as regen/ may not import upwards. Prefect is imported only by the
 verbs that run a flow, so `regen emulator` and `regen --help` start fast and a config error
 is reported before Prefect loads.
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from regen.cli import add_config, add_library_verbs, positive_int
 from regen.errors import ConfigError, UserError
-from regen.verbs import add_config, add_library_verbs, positive_int
 
 if TYPE_CHECKING:
     from regen.config import RegenConfig
@@ -140,6 +140,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("action", choices=["register"], help="register: make the blocks known.")
     p.set_defaults(func=_blocks)
+
+    p = verbs.add_parser(
+        "notify",
+        help="Tell people how runs end: Prefect automations sending to a notification block.",
+        description="setup: create (or replace) the automations on the Prefect server "
+        "PREFECT_API_URL names that send a run's one line to the notification block --block "
+        "(Slack webhook, custom webhook, email...; create it first) when a run of regen's "
+        "flows ends: done (Completed: rows committed, verdict, where it went), stopped by the "
+        "live gate, failed, or crashed (where its committed shards are, how to resume). "
+        "--deployment narrows them to named deployments.",
+    )
+    p.add_argument("action", choices=["setup"], help="setup: create the automations.")
+    p.add_argument(
+        "--block",
+        required=True,
+        metavar="NAME",
+        help="The notification block's name (SLUG/NAME when several types have one).",
+    )
+    p.add_argument(
+        "--deployment",
+        action="append",
+        default=[],
+        metavar="FLOW/NAME",
+        help="Only this deployment's runs (repeatable; default every regen run).",
+    )
+    p.set_defaults(func=_notify)
     return parser
 
 
@@ -248,6 +274,17 @@ def _blocks(args: argparse.Namespace) -> int:
 
     for name in register_blocks():
         print(f"registered block type {name}")
+    return 0
+
+
+def _notify(args: argparse.Namespace) -> int:
+    prefect_env()
+    from blocks import require_api
+    from flows.notify import setup_notifications
+
+    require_api()
+    for name, ident in setup_notifications(args.block, args.deployment):
+        print(f"automation {name!r} ({ident})")
     return 0
 
 

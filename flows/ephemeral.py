@@ -21,6 +21,9 @@ command itself, because of what that costs a run (PREFECT_NOTES.md; issue 48):
   stops it at once, and a run killed with -9 leaves it to the next run's reaper
   (`flows.runner`).
 
+- Stopped only once it has recorded the run (`settle`): cut mid-write, it printed tracebacks
+  after the run's last line.
+
 A fresh Prefect home still pays the database's creation (every migration, ~10 CPU s) once.
 """
 
@@ -161,3 +164,42 @@ def _point_prefect_at(api_url: str) -> None:
     # is gone after the run), so no `View at http://127.0.0.1:.../runs/...` line names one.
     os.environ.setdefault("PREFECT_UI_URL", "")
     refresh_global_settings_context()
+
+
+def settle(server: TemporaryServer | None, timeout_s: float = 60.0) -> None:
+    """Wait until the run's temporary server has recorded every task run it was sent.
+
+    The server writes task-run states from the events the run sends, one write per event, and
+    is stopped at exit whether or not it has caught up: a run that ended on a burst of task
+    runs (a dead fleet failed 58 shards in one second) had it cut mid-write, and the server
+    printed four tracebacks (`Error flushing 1 events`) after the run's last line. Events are
+    sent and recorded in order, so once a task run started after the run's last one is
+    recorded Completed, the server has nothing left to write and stops cleanly. Bounded by
+    `timeout_s` (then it is stopped as before); a no-op without a running temporary server.
+    """
+    if server is None or server.process is None or server.process.poll() is not None:
+        return
+    from prefect import get_client, task
+    from prefect.cache_policies import NONE
+    from prefect.client.schemas.objects import StateType
+    from prefect.exceptions import ObjectNotFound
+    from prefect.logging.loggers import disable_run_logger
+
+    @task(name="regen-settle", persist_result=False, cache_policy=NONE)
+    def last_event() -> None:
+        """A task run whose events are sent after every other of this process's."""
+
+    with disable_run_logger():  # its own lines would be the run's last
+        marked = last_event(return_state=True)
+    task_run_id = marked.state_details.task_run_id
+    if task_run_id is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            try:
+                if client.read_task_run(task_run_id).state_type == StateType.COMPLETED:
+                    return
+            except ObjectNotFound:
+                pass  # not recorded yet: the server is still behind
+            time.sleep(0.1)

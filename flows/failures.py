@@ -26,6 +26,9 @@ from prefect.states import Failed, State
 
 from regen.canary.stop import read_stop_record
 from regen.errors import UserError
+from regen.generation.run_plan import RunPlan
+from regen.generation.stopped import generation_stopped
+from regen.run import OpenedRun
 from regen.storage import Storage
 
 # Prefect's loggers of a flow run's and a task run's lines (prefect.logging.loggers).
@@ -83,6 +86,20 @@ def failed_with(state: State[Any]) -> State[None] | None:
             return Failed(message=state.message)
         raise
     raise AssertionError(f"the result of a run that did not complete did not raise: {state!r}")
+
+
+def generation_failure(
+    run: OpenedRun, plan: RunPlan, err: Exception, node: str | None = None
+) -> State[None]:
+    """The Failed state of a run (or a node of a multi-node run) whose generation stopped for
+    a cause no shard gets past (`regen.generation.shard.stops_run`): its one line as the
+    message, the stop as its data (the command line reads it to name its own resume command),
+    returned rather than raised: no `Encountered exception` and no traceback."""
+    stop = generation_stopped(
+        run.storage, plan.fingerprint, plan.num_shards, err, output=run.output,
+        key_source=run.key_source, node=node,
+    )  # fmt: skip
+    return Failed(message=stop.message(), data=stop)
 
 
 def stop_failure(storage: Storage, stopped: str) -> State[None]:

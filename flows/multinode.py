@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 from prefect.context import get_run_context
-from prefect.states import State
+from prefect.states import Completed, Failed, State
 from pydantic import BaseModel
 
 from flows.failures import failed_with, quiet_failures
@@ -19,7 +19,7 @@ from flows.params import open_run
 from regen.audit import AuditResult
 from regen.config import RegenConfig
 from regen.display.naming import run_name, run_tags
-from regen.errors import UserError
+from regen.display.outcome import done_line
 from regen.multinode.nodes import (
     NodeAssignment,
     NodeConfig,
@@ -103,10 +103,14 @@ def regenerate_multinode(
                 children[node.name] = str(start_node(node, read, assignment, blocks, parent).id)
             report = watch_nodes(run, plan, children, lease_s, poll_s)
             if not report.complete:
-                raise UserError(
+                # An outcome, not a crash: each node's own line (a fleet gone, a refused key)
+                # under the headline, returned Failed without a traceback (`flows.failures`).
+                headline = (
                     f"dataset incomplete: node(s) {', '.join(report.failed) or 'none'} failed and "
                     f"no node is left working; run again to resume ({shared.output})"
                 )
+                why = [f"- {n.name}: {n.problem}" for n in report.nodes if n.problem]
+                return Failed(message="\n".join([headline, *why]))
             outcomes, failed = report.nodes, report.failed
         else:
             outcomes, failed = [], []
@@ -120,7 +124,7 @@ def regenerate_multinode(
             return ended
         result = judged.result()
         assert isinstance(result, AuditResult), "a passed or warned audit returns its result"
-        return MultinodeSummary(
+        summary = MultinodeSummary(
             output=shared.output,
             rows_ok=result.rows - result.failed_rows,
             rows_failed=result.failed_rows,
@@ -128,3 +132,11 @@ def regenerate_multinode(
             failed_nodes=failed,
             verdict=result.verdict,
         )
+        # The run's one line as the Completed message: what a notification sends.
+        line = done_line(
+            shared.output,
+            rows_ok=summary.rows_ok,
+            rows_failed=summary.rows_failed,
+            verdict=result.verdict,
+        )
+        return Completed(message=line, data=summary)

@@ -46,8 +46,11 @@ def open_run(
     data: dict[str, Any] = config.model_dump()
     hf_token = None
     storage = None
+    key_from = None  # named by a 401, so the user knows which key to fix
     if fleet_block:
         data["engine"] = load_block(FleetConfig, fleet_block).engine.model_dump()
+        if data["engine"].get("api_key") is not None:
+            key_from = f"engine.api_key of the FleetConfig block {fleet_block!r}"
     if model_block:
         source = load_block(ModelSource, model_block)
         data["model"] = source.model().model_dump()
@@ -59,4 +62,7 @@ def open_run(
         data["output"] = storage.uri
     if api_key_secret:
         data["engine"]["api_key"] = SecretStr(str(load_block(Secret, api_key_secret).get()))
-    return OpenedRun(RegenConfig.model_validate(data), opened=storage, hf_token=hf_token)
+        key_from = f"the Secret block {api_key_secret!r} that api_key_secret names"
+    return OpenedRun(
+        RegenConfig.model_validate(data), opened=storage, hf_token=hf_token, key_from=key_from
+    )

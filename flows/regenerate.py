@@ -8,15 +8,17 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
 
 from flows import CODE_PACKAGES
-from flows.failures import failed_with, quiet_failures, stop_failure
+from flows.failures import failed_with, generation_failure, quiet_failures, stop_failure
 from flows.hooks import reap_fleet_on_exit
 from flows.labels import label_flow_run, regenerate_name
 from flows.params import open_run
+from flows.publish import finish_run
 from regen.audit import AuditResult
-from regen.config import RegenConfig
+from regen.config import PublishConfig, RegenConfig
 from regen.display.naming import run_name, run_tags
-from regen.fleet import generate_api_key
+from regen.fleet import Fleet, generate_api_key
 from regen.generation.outcome import GenerationSummary
+from regen.generation.shard import stops_run
 from regen.multinode.loop import shard_source
 from regen.multinode.nodes import NodeAssignment
 from regen.run import StagedModel
@@ -64,6 +66,7 @@ def regenerate_completions(
     storage_block: str | None = None,
     api_key_secret: str | None = None,
     node: NodeAssignment | None = None,
+    publish: PublishConfig | None = None,
 ) -> RunSummary | State[None]:
     """Regenerate every prompt's completion with the target model and gate the dataset.
 
@@ -71,8 +74,11 @@ def regenerate_completions(
     `config` (engine, model, output, engine.api_key), so secrets stay out of the parameters.
     With `node` this run is one node of `regenerate_multinode`: it claims shards shared with
     the other nodes and leaves the audit to the parent, which sees the whole dataset.
+    With `publish` a run whose audit passes (or warns) publishes its dataset to that Hub repo.
     A failed gate or provisioning check ends the run Failed with the reason as its message,
-    one line per failing check, and no traceback (`flows.failures`); the data is kept.
+    one line per failing check, and no traceback (`flows.failures`); the data is kept. So does
+    a generation that stopped for a cause no shard gets past (a fleet gone or refusing the key,
+    a full disk): one line with the cause, what is committed and how to resume.
     """
     quiet_failures()
     # Every stage below shares this run: its config with the named blocks folded in, and its
@@ -106,8 +112,18 @@ def regenerate_completions(
         model: StagedModel | None = None
         if plan.pending and not plan.stopped:
             model = stage_model(run)
-            with start_fleet(run, model, api_key) as fleet:
-                generation = generate(run, plan, fleet, api_key, model.tokenizer, source)
+            try:
+                # A fleet that did not come up: the error its task returned, raised here.
+                fleet = start_fleet(run, model, api_key, return_state=True).result()
+                assert isinstance(fleet, Fleet), "a launch that failed raised its error"
+                with fleet:
+                    generation = generate(run, plan, fleet, api_key, model.tokenizer, source)
+            except Exception as err:
+                # A fleet gone or refusing the key, a full disk: one line, the unstarted shards
+                # left pending; a node stops alone and the others take its shards.
+                if not stops_run(err):
+                    raise
+                return generation_failure(run, plan, err, source.node)
         # A node of a multi-node run leaves the audit to its parent, which sees every shard.
         if not source.whole_run:
             return (
@@ -141,7 +157,7 @@ def regenerate_completions(
         captured = None
         if config.features is not None:
             captured = features(run, model or stage_model(run), api_key)
-        return RunSummary(
+        summary = RunSummary(
             output=config.output,
             rows_ok=report.rows - report.failed_rows,
             rows_failed=report.failed_rows,
@@ -152,3 +168,6 @@ def regenerate_completions(
             exports=[dest for dest, _ in targets],
             features=captured,
         )
+        # Its provenance recorded, published when asked, and the run's one line as the
+        # Completed state's message (what a notification sends).
+        return finish_run(run, summary, report, tokenizer, publish, summary.exports)

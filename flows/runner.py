@@ -14,7 +14,15 @@ from regen.dataset.keys import AUDIT_MARKDOWN_KEY, key_url
 from regen.display.figures import sig
 from regen.errors import UserError
 from regen.fleet import reap_orphans
-from regen.machine.interrupt import Interrupts, argv, exit_code, resume_line, signal_of
+from regen.generation.stopped import GenerationStopped
+from regen.machine.interrupt import (
+    Interrupts,
+    argv,
+    exit_code,
+    resume_command,
+    resume_line,
+    signal_of,
+)
 from regen.machine.owned import reap_owned, tag_children
 
 # What Prefect 3.9.1 sets in the environment of the temporary API server it starts in a
@@ -94,6 +102,7 @@ def run_regenerate(config: RegenConfig) -> int:
     server = _start_prefect()
     interrupts = _interrupts(config, server)
     _quiet_tracebacks(interrupts)
+    from flows.ephemeral import settle
     from flows.regenerate import regenerate_completions
 
     if server is not None:
@@ -101,6 +110,9 @@ def run_regenerate(config: RegenConfig) -> int:
     try:
         with interrupts.installed():
             state = regenerate_completions(config, return_state=True)
+            if interrupts.received is None:  # a stop asked for is not kept waiting
+                # Before it is stopped at exit: a server cut mid-write prints tracebacks.
+                settle(server)
     except KeyboardInterrupt as err:
         return _interrupted(interrupts, config, signal_of(err))
     if interrupts.received is not None:
@@ -159,11 +171,17 @@ def _outcome(state: State[Any], config: RegenConfig) -> int:
         print(f"audit: {summary.verdict} (report: {key_url(summary.output, AUDIT_MARKDOWN_KEY)})")
         return 0
     ended = (state.name or state.type.value).lower()
-    first, *more = failure_lines(state)
+    raised = state.result(raise_on_failure=False) if state.is_failed() else None
+    if isinstance(raised, GenerationStopped):
+        # Its line says what is kept and how to resume: with the command typed here.
+        first, *more = raised.message(resume_command(argv())).splitlines()
+    else:
+        first, *more = failure_lines(state)
     print(f"regen: run {ended}: {first}", file=sys.stderr)
     for line in more:  # a failed gate's checks, one a line, and where its data is
         print(f"  {line}", file=sys.stderr)
-    print(f"dataset: {config.output} (committed shards are kept)", file=sys.stderr)
+    if not isinstance(raised, GenerationStopped):
+        print(f"dataset: {config.output} (committed shards are kept)", file=sys.stderr)
     return 1
 
 

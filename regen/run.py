@@ -38,6 +38,17 @@ class OpenedRun:
     """Storage opened before the run (an S3Bucket block, with the block's credentials)."""
     hf_token: str | None = field(default=None, repr=False)
     """The ModelSource block's Hub token, for a Hub prompt set too (None: HF_TOKEN)."""
+    key_from: str | None = None
+    """The block `engine.api_key` was loaded from (a Secret, a FleetConfig); None: the config."""
+
+    @property
+    def key_source(self) -> str:
+        """Where the servers' API key comes from, as a 401 names it (the key never is)."""
+        engine = self.config.engine
+        if engine.api_key is None:
+            for_whom = "sent to engine.urls" if engine.kind == "external" else "for its servers"
+            return f"the key regen generated {for_whom}, as engine.api_key is not set"
+        return self.key_from or "engine.api_key in the run's config"
 
     @cached_property
     def storage(self) -> Storage:

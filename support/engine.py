@@ -12,10 +12,29 @@ from typing import Any
 from support.driver import REPO, required
 from support.tiny_model import build as build_tiny_model
 
-__all__ = ["MISSING", "SGLANG_PYTHON", "build_tiny_model", "engine_config", "env_ready", "required"]
+__all__ = [
+    "HANG_GUARD_S",
+    "MISSING",
+    "SGLANG_PYTHON",
+    "TEST_TIMEOUT_S",
+    "build_tiny_model",
+    "engine_config",
+    "env_ready",
+    "required",
+]
 
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
 MISSING = "engine tests skipped: no .venv-sglang that serves on a CPU; build it: make engine-env"
+# The lane's one budget per test: its pytest-timeout, its module's fixture included (signal
+# method, so finalizers and support/reaper.py stop what it started). Sized from the lane's own
+# steps on the 2-core CI machine, loaded by other test runs: the slowest, a run killed -9,
+# `regen check` and the rerun (test_real_server.py's `resumed`), took 281 s before its
+# start-up costs were cut; a machine three times slower still fits, with room to spare.
+TEST_TIMEOUT_S = 1200
+# Waits inside a test (a subprocess, a state) are hang guards, never budgets: as long as the
+# test's own limit, so pytest-timeout fires first with its stack dump; they matter only with
+# pytest-timeout off (`--timeout 0` while debugging).
+HANG_GUARD_S = TEST_TIMEOUT_S
 # Checks the real server cannot pass on a random-weight model's one planted answer: the text is
 # the same 16 tokens for every prompt. Measured and shown, never graded (audit.not_judged).
 RANDOM_TEXT_CHECKS = ["answer_collapse", "tiny_length", "loss_mask"]
@@ -49,7 +68,8 @@ def engine_config(
             "context_length": 2048,
             "max_running_requests": 8,
             "speculative": {"enabled": False},  # the tiny model has no MTP head
-            "startup_timeout_s": 240,
+            # A hang guard: two servers start in about a minute on this loaded machine.
+            "startup_timeout_s": 900,
             "bench": {"concurrency": 4, "max_tokens": 16, "budget_s": 3},
         },
         "sampling": {"max_tokens": 48},

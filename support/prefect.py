@@ -55,6 +55,15 @@ class Server:
     env: dict[str, str]
     log: Path
 
+    @property
+    def home(self) -> Path:
+        """Its PREFECT_HOME (the log is written there)."""
+        return self.log.parent
+
+    def env_now(self) -> dict[str, str]:
+        """`env` from this process's environment as it is now, not as it was at the start."""
+        return prefect_env(self.home, self.api_url)
+
     def prefect(
         self, *args: str, cwd: Path, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:

@@ -26,6 +26,7 @@ from pydantic import SecretStr
 from regen.display.figures import compact, duration
 from regen.display.naming import artifact, dataset_markdown, described
 from regen.display.plots import live_plots
+from regen.display.progress import progress_card, progress_markdown, rows_line
 from regen.fleet import Fleet
 from regen.generation import run_plan
 from regen.generation import shard as shards
@@ -35,8 +36,8 @@ from regen.generation.loop import ShardSource
 from regen.generation.outcome import GenerationSummary, ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.generation.shard import Fence, OnCommit, RowSource
-from regen.progress import ProgressSnapshot
 from regen.progress.fleet_live import LiveReport
+from regen.progress.snapshot import ProgressSnapshot
 from regen.run import OpenedRun
 from regen.storage import Storage
 from tasks.cards import publish_markdown
@@ -128,11 +129,20 @@ def generate_shard(
     went to another node, another run committed it first) ends Cancelled, not Completed, with
     the reason as its message and its outcome as its data: its box is not green beside a log
     that says it was not committed, and the run still reads the outcome (`as_future`).
+    So does a shard in flight when the run stopped (`shards.stops_run`: the fleet is gone,
+    refused the key, the disk is full), with the cause as its data, which its future raises:
+    the run ends on that cause once, not on one failure per shard.
     """
-    outcome = shards.generate_shard(
-        shard, plan, dispatcher, storage, retry_errors=retry_errors, lease=lease,
-        on_commit=on_commit, log=get_run_logger(),
-    )  # fmt: skip
+    try:
+        outcome = shards.generate_shard(
+            shard, plan, dispatcher, storage, retry_errors=retry_errors, lease=lease,
+            on_commit=on_commit, log=get_run_logger(),
+        )  # fmt: skip
+    except Exception as err:
+        if not shards.stops_run(err):
+            raise
+        stopped = f"not committed: the run stopped ({shards.stop_reason(err)})"
+        return Cancelled(message=f"shard {shard:06d} {stopped}", data=err)
     if outcome.committed:
         return outcome
     return Cancelled(message=f"shard {shard:06d} {outcome.reason}", data=outcome)
@@ -164,7 +174,7 @@ def _feeding(
         update_progress_artifact(
             artifact_id=progress_id,
             progress=round(100 * snapshot.shown_fraction, 2),
-            description=described(f"{snapshot.card()} · {snapshot.rows_line()}", run.output),
+            description=described(f"{progress_card(snapshot)} · {rows_line(snapshot)}", run.output),
         )
 
     def live(report: LiveReport) -> None:
@@ -193,8 +203,8 @@ def _feeding(
         yield feed
     assert feed.final is not None
     markdown(
-        feed.final.to_markdown(),
-        **artifact("generation-summary", run.output, feed.final.card()),
+        progress_markdown(feed.final),
+        **artifact("generation-summary", run.output, progress_card(feed.final)),
     )
 
 
@@ -223,9 +233,15 @@ def generate(
         )  # fmt: skip
 
     with _feeding(run, plan, fleet, api_key, source.progress_key) as feed:
-        summary = generate_plan(
-            run, plan, feed, start, source, tokenizer_path=tokenizer_path, log=get_run_logger()
-        )
+        try:
+            summary = generate_plan(
+                run, plan, feed, start, source, tokenizer_path=tokenizer_path,
+                log=get_run_logger(),
+            )  # fmt: skip
+        except Exception as err:
+            if shards.stops_run(err):  # the progress card and `regen status`: over, not ETA –
+                feed.progress.end(f"stopped: {shards.stop_reason(err)}")
+            raise
         # Said by the last progress and live reports, written as the feed closes.
         feed.progress.end(f"stopped: {summary.stopped}" if summary.stopped else "finished")
     assert feed.final is not None

@@ -14,7 +14,9 @@ from pydantic import SecretStr
 
 import regen.fleet
 import regen.staging
+from regen.display.figures import byte_size
 from regen.display.naming import artifact
+from regen.errors import FleetError
 from regen.fleet import Fleet, ServerCommand
 from regen.fleet.report import fleet_markdown
 from regen.fleet.up import bring_up_fleet
@@ -84,8 +86,8 @@ def stage_model(run: OpenedRun) -> StagedModel:
             logger.info("model already staged at %s (%d files)", result.path, result.files)
         else:
             logger.info(
-                "staged %d files, %.1f GB in %.1f s to %s",
-                *(result.files, result.bytes / 1e9, result.seconds, result.path),
+                "staged %d files, %s in %.1f s to %s",
+                *(result.files, byte_size(result.bytes), result.seconds, result.path),
             )
         path = Path(result.path)
     # Asked once the model is in place: the staged directory is then its answer.
@@ -93,8 +95,13 @@ def stage_model(run: OpenedRun) -> StagedModel:
 
 
 @task(name="launch-fleet", persist_result=False, cache_policy=NONE)
-def start_fleet(run: OpenedRun, model: StagedModel, api_key: SecretStr) -> Fleet:
-    """Servers that answered a real generation; the caller owns teardown (a `with` block)."""
+def start_fleet(run: OpenedRun, model: StagedModel, api_key: SecretStr) -> Fleet | State[None]:
+    """Servers that answered a real generation; the caller owns teardown (a `with` block).
+
+    A fleet that did not come up (a server refused the key, too few became ready) ends the
+    task Failed with the reason as its message and the error as its data, returned rather than
+    raised (an outcome, not a crash: no traceback): the flow ends on it in one line.
+    """
     logger, config = get_run_logger(), run.config
 
     def launching(commands: list[ServerCommand]) -> None:
@@ -115,7 +122,10 @@ def start_fleet(run: OpenedRun, model: StagedModel, api_key: SecretStr) -> Fleet
 
     # The flow run's id keys the servers' private files: a second run from this checkout
     # (another model on the node's other GPUs) shares none of them.
-    return bring_up_fleet(
-        config, model.path, api_key, run.storage, on_launch=launching, on_ready=publish,
-        run_id=str(flow_run.id),
-    )  # fmt: skip
+    try:
+        return bring_up_fleet(
+            config, model.path, api_key, run.storage, on_launch=launching, on_ready=publish,
+            run_id=str(flow_run.id),
+        )  # fmt: skip
+    except FleetError as err:
+        return Failed(message=str(err), data=err)

@@ -146,10 +146,10 @@ def test_a_request_aborted_in_the_queue_is_answered_at_once_with_nothing() -> No
                 return loop.run_in_executor(None, _chat, emu, body)
 
             first = ask("running")
-            while scheduler.slots.running < 1:
+            while scheduler.batch.running < 1:
                 await asyncio.sleep(0.005)
             second = ask("queued")
-            while scheduler.slots.queued < 1:
+            while scheduler.batch.queued < 1:
                 await asyncio.sleep(0.005)
             assert scheduler.abort("queued") == 1
             queued = await second
@@ -166,7 +166,7 @@ def test_a_request_aborted_in_the_queue_is_answered_at_once_with_nothing() -> No
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (0, 0)
     assert read_answer(*queued).kind is ResponseKind.RETRY
     assert json.loads(running[1])["choices"][0]["finish_reason"] == "abort"
-    assert scheduler.slots.running == 0 and scheduler.tokens_in_use == 0
+    assert scheduler.batch.running == 0 and scheduler.tokens_in_use == 0
 
 
 @pytest.mark.parametrize(

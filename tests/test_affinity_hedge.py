@@ -166,7 +166,7 @@ def test_abort_matches_rids_by_prefix_as_sglang_does() -> None:
                 return str(answer["choices"][0]["finish_reason"])
 
             tasks = [asyncio.ensure_future(one(r)) for r in ("x1", "x10", "y")]
-            while scheduler.slots.running < 3:
+            while scheduler.batch.running < 3:
                 await asyncio.sleep(0.005)
             assert scheduler.abort("x") == 0  # not a rid in flight: nothing
             assert scheduler.abort("x1") == 2  # x1 and x10
@@ -315,7 +315,7 @@ def test_a_straggler_on_a_slow_server_is_hedged_and_stored_once() -> None:
             out = d.submit_shard(0, rows).result(timeout=120)
             _wait("every copy ended", lambda: d.stats().servers[0].in_flight == 0)
             stats = d.stats()
-        _wait("the slow server's slots free", lambda: slow.server.scheduler.slots.running == 0)
+        _wait("the slow server's slots free", lambda: slow.server.scheduler.batch.running == 0)
     assert out["id"].to_list() == rows["id"].to_list()  # each row once, in order
     assert out["error"].null_count() == rows.height
     assert stats.hedged >= 1 and stats.hedge_wins >= 1

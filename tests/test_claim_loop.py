@@ -5,7 +5,8 @@ and a thread pool standing in for the flow's task runner; shards go through the 
 generate-and-commit (`regen.generation.shard.generate_shard`) with an in-process row source
 in place of the fleet. What matters: every shard is committed exactly once, a fast node does
 more, a node that stops renewing (cut off from storage) loses its shards to the others and
-commits nothing when it comes back, and a failed shard does not stop the rest.
+commits nothing when it comes back, a failed shard does not stop the rest, and a fleet that is
+gone stops its node (or run) at once, its shards left to the others.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import pytest
 
 from regen.config import parse_config
 from regen.dataset import manifested_shards, read_manifest
-from regen.errors import UserError
+from regen.errors import FleetGone, FleetUnauthorized, UserError
 from regen.generation.loop import NodeResult, run_all
 from regen.generation.outcome import ShardOutcome, summarize
 from regen.generation.run_plan import RunPlan, plan_run
-from regen.generation.shard import Commit, Fence, generate_shard
+from regen.generation.shard import Commit, Fence, generate_shard, stops_run, worth_retrying
+from regen.multinode.claims import ShardClaims
 from regen.multinode.loop import run_claimed
 from regen.multinode.nodes import NodeAssignment, split_ranges
 from regen.rehearsal import bundled
@@ -284,3 +286,61 @@ def test_run_all_starts_no_shard_once_stopped(tmp_path: Path) -> None:
     assert started == [0, 1, 2], "a window of 2: the third starts as one ends, then none"
     assert sorted(o.shard for o in result.outcomes) == [0, 1, 2] and not result.failures
     assert manifested_shards(storage) == {0, 1, 2}
+
+
+class GoneFleet(Model):
+    """A fleet that is gone: every answer raises what the dispatcher raises then."""
+
+    def _answer(self, shard: int, rows: pl.DataFrame) -> pl.DataFrame:
+        raise FleetGone("server-0 exited at 03:27:27 (SIGKILL); no server can come back")
+
+
+def test_run_all_starts_no_shard_once_the_fleet_is_gone_and_says_it_once(
+    tmp_path: Path,
+) -> None:
+    """Before, each later shard was submitted and failed alike: 57 failures for one cause."""
+    p = plan(tmp_path)
+    storage = LocalStorage(tmp_path / "out")
+    model, pool = GoneFleet(), futures.ThreadPoolExecutor(4)
+    started: list[int] = []
+
+    def submit(shard: int, lease: Fence | None) -> futures.Future[ShardOutcome]:
+        started.append(shard)
+        return pool.submit(generate_shard, shard, p, model, storage)
+
+    result = run_all(p.pending, submit, window=3)
+    assert started == [0, 1, 2], "a shard started after the fleet was gone"
+    assert isinstance(result.fatal, FleetGone) and result.failures == []
+    assert result.outcomes == [] and manifested_shards(storage) == set()
+    assert stops_run(result.fatal) and not worth_retrying(result.fatal)
+    assert stops_run(FleetUnauthorized("server-0 answered 401: the API key is wrong"))
+    assert not stops_run(RuntimeError("a storage hiccup"))
+
+
+def test_a_node_whose_fleet_is_gone_stops_alone_and_leaves_its_shards_to_the_others(
+    tmp_path: Path,
+) -> None:
+    p = plan(tmp_path)
+    root = tmp_path / "out"
+    ranges = split_ranges(p.pending, {"a": 1.0, "b": 1.0})
+    log: list[tuple[int, str]] = []
+    # A lease far longer than the test: a shard `a` kept hold of would stall `b` visibly.
+    lease_s = 600.0
+    a = Node("a", LocalStorage(root), GoneFleet(), log)
+    a.run(p, ranges, lease_s)
+    assert a.error is None and a.result is not None
+    assert isinstance(a.result.fatal, FleetGone) and a.result.failures == []
+    tried = sorted(set(a.model.received))
+    assert tried == ranges["a"][:2], "a claimed past its first window once its fleet was gone"
+    claims = ShardClaims(LocalStorage(root), "b", lease_s)
+    for shard in tried:
+        latest = claims.latest(shard)
+        assert latest is not None and latest.holder is None, f"a kept its claim on {shard}"
+    assert manifested_shards(LocalStorage(root)) == set()
+
+    b = Node("b", LocalStorage(root), Model(), log)
+    b.run(p, ranges, lease_s)
+    assert b.error is None and b.result is not None and b.result.fatal is None
+    counts = Counter(shard for shard, _ in log)
+    assert sorted(counts) == list(range(NUM_SHARDS)) and set(counts.values()) == {1}
+    assert {node for _, node in log} == {"b"}

@@ -337,6 +337,8 @@ def test_bring_up_tears_the_fleet_down_when_publishing_it_fails(tmp_path: Path) 
         )  # fmt: skip
     assert len(launched) == 2 and len(seen) == 1
     assert [r.status for r in seen[0].report] == ["healthy", "healthy"]
+    # Each server's own limits, from its /server_info: what the tuner keeps under.
+    assert all(r.max_running_requests and r.kv_tokens for r in seen[0].report), seen[0].report
     assert storage.exists(FLEET_KEY)
     _assert_stopped(config, pids, launched)
 

@@ -37,8 +37,10 @@ def _common(port: int, key_file: Path) -> list[str]:
     ]  # fmt: skip
 
 
+# With speculative decoding and no engine.max_running_requests, explicit: 0.5.23 silently
+# forces 48 otherwise (speculative_hook.py); SGLang still caps it at half its KV pool.
 TAIL = [
-    "--max-running-requests", "64",
+    "--max-running-requests", "4096",
     "--context-length", "40960",
     "--mem-fraction-static", "0.88",
     "--enable-metrics",
@@ -72,6 +74,14 @@ def test_mtp_off_drops_speculative_flags_but_keeps_max_running_explicit(tmp_path
     assert not [a for a in cmd.argv if a.startswith("--speculative")]
     at = cmd.argv.index("--max-running-requests")
     assert cmd.argv[at + 1] == "48"
+
+
+def test_mtp_off_and_no_cap_lets_sglang_size_max_running(tmp_path: Path) -> None:
+    (cmd,) = _build(tmp_path, servers=1, speculative={"enabled": False})
+    assert "--max-running-requests" not in cmd.argv
+    with pytest.raises(ConfigError, match="--max-running-requests is set by regen"):
+        _build(tmp_path, servers=1, speculative={"enabled": False},
+               extra_args=["--max-running-requests", "8"])  # fmt: skip
 
 
 def test_draft_model_path_and_no_reasoning_parser(tmp_path: Path) -> None:
@@ -165,6 +175,8 @@ def test_emulator_gets_the_same_flags_plus_emu_flags(tmp_path: Path) -> None:
             "answer_tokens": "1:2",
             "faults": ["http500=0.1"],
             "server_faults": {1: ["slow=0.25", "crash-after=3"]},
+            # A mixed fleet: server 1 another GPU (its own knee and KV pool).
+            "server_gpus": {1: {"batch_knee": 48, "kv_tokens": 50_000}},
         },
     }
     config = fleet_config(tmp_path, 2, kind="sglang", engine=engine)
@@ -173,20 +185,23 @@ def test_emulator_gets_the_same_flags_plus_emu_flags(tmp_path: Path) -> None:
     emulated = build_server_commands(
         config.model_copy(update={"engine": as_emulator}), STAGED, KEY, tmp_path
     )
-    emu_common = [
-        "--emu-load-s", "2.0", "--emu-tokens-per-s", "100.0", "--emu-accept-length", "3.6",
-        "--emu-time-scale", "0.5",
-        "--emu-seed", "7", "--emu-reasoning-tokens", "10:20", "--emu-answer-tokens", "1:2",
-        "--emu-fault", "http500=0.1",
-    ]  # fmt: skip
+    def emu_common(knee: str, kv: str) -> list[str]:
+        return [
+            "--emu-load-s", "2.0", "--emu-tokens-per-s", "100.0", "--emu-batch-knee", knee,
+            "--emu-kv-tokens", kv, "--emu-prefill-tokens-per-s", "10000.0",
+            "--emu-accept-length", "3.6", "--emu-time-scale", "0.5",
+            "--emu-seed", "7", "--emu-reasoning-tokens", "10:20", "--emu-answer-tokens", "1:2",
+            "--emu-fault", "http500=0.1",
+        ]  # fmt: skip
+
     for s, e in zip(sglang, emulated, strict=True):
         assert e.argv[:3] == [PY, "-m", "regen.emulator"]
         n = len(s.argv) - 3
         assert e.argv[3 : 3 + n] == s.argv[3:]
         assert e.env == s.env
-    assert emulated[0].argv[3 + n :] == emu_common
+    assert emulated[0].argv[3 + n :] == emu_common("128", "400000")
     assert emulated[1].argv[3 + n :] == [
-        *emu_common, "--emu-fault", "slow=0.25", "--emu-fault", "crash-after=3"
+        *emu_common("48", "50000"), "--emu-fault", "slow=0.25", "--emu-fault", "crash-after=3"
     ]  # fmt: skip
 
 

@@ -17,8 +17,8 @@ import yaml
 
 from regen.display.naming import artifact_key
 from regen.fleet.metrics import FleetScraper, ServerFigures
-from regen.progress import ProgressSnapshot
 from regen.progress.fleet_live import Interval, LiveReport
+from regen.progress.snapshot import ProgressSnapshot
 from regen.rehearsal import rehearsal_config
 from regen.sglang_api.endpoint import Endpoint
 from support.emulator import emulators as launch_emulators
@@ -62,7 +62,9 @@ def test_each_server_figures_come_from_its_own_metrics(emulators: list[str]) -> 
     )  # fmt: skip
     report = LiveReport(time.time(), progress, (with_metrics, without))
     markdown = report.to_markdown()
-    assert re.search(r"\| server-0 \| [\d.,]+ \| 0 \| 0 \| [\d.]+ % \| 2.50 \|", markdown), markdown
+    assert re.search(r"\| server-0 \| [\d.,]+ \| – \| 0 \| 0 \| [\d.]+ % \| 2.50 \|", markdown), (
+        markdown
+    )
     assert "| server-1 | **metrics missing** |" in markdown
     assert f"- server-1: `{emulators[1]}/metrics`" in markdown
     assert "server-1 metrics missing" in report.log_line()
@@ -103,9 +105,10 @@ def test_throughput_history_keeps_every_interval_or_their_means() -> None:
     assert len(LiveReport(time.time(), progress, (server,), history[:5]).history_table()) == 5
 
 
-# | server | tok/s | running | queued | KV cache | accept length |
+# | server | tok/s | concurrency | running | queued | KV cache | accept length |
 ROW = re.compile(
-    r"^\| (server-\d) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", re.M
+    r"^\| (server-\d) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$",
+    re.M,
 )
 
 
@@ -160,8 +163,9 @@ def test_live_artifact_is_updated_while_a_slowed_rehearsal_runs(tmp_path: Path) 
     for data in seen:
         rows = {m[1]: m.groups() for m in ROW.finditer(data)}
         assert set(rows) == {"server-0", "server-1"}, data
-        assert all(row[5].strip() == "2.50" for row in rows.values()), data
-    running = [float(m[3]) for data in seen for m in ROW.finditer(data)]
+        assert all(row[6].strip() == "2.50" for row in rows.values()), data
+        assert all(row[2].strip() == "4" for row in rows.values()), data  # the fixed 4
+    running = [float(m[4]) for data in seen for m in ROW.finditer(data)]
     assert any(r > 0 for r in running), "no update saw a request running"
     # Throughput over the run drawn in, small enough to redraw at every scrape (regen.display).
     chart = re.search(r"!\[throughput\]\(data:image/png;base64,([^)]+)\)", seen[-1])

@@ -2,8 +2,9 @@
 node plus one for the parent, each child with its own emulator fleet, the dataset on moto S3.
 
 One server, one deploy and one set of workers serve the module; the killed-worker test runs
-last because it kills node-2's worker. The parent is started as a user starts it, with
-`prefect deployment run regenerate-multinode/multinode`.
+last because it kills node-2's worker. A node whose fleet is gone (its servers killed, its
+worker alive) stops alone and the other completes the dataset. The parent is started as a user
+starts it, with `prefect deployment run regenerate-multinode/multinode`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from regen.fleet import reap_orphans
 from regen.generation.loop import shards_in_flight
 from regen.storage import Storage
 from support import REPO
+from support.chaos import kill_servers, server_records, surviving_servers
 from support.multinode import parent_params, start_parent, write_prompts
 from support.prefect import Server, Worker, prefect_server, prefect_worker, stop_worker
 from support.s3 import MotoS3, moto_server
@@ -284,6 +286,98 @@ def test_the_parent_audits_an_s3_model_with_its_tokenizer(cluster: Cluster) -> N
     fetched = root / "parent" / "tokenizer"
     assert (fetched / "tokenizer.json").is_file() and not (fetched / "model.safetensors").exists()
     assert not (root / "parent-stage").exists()
+
+
+def _node_committed_and_holds_more(storage: Storage, node: str) -> bool:
+    """The node has committed a shard and holds others: it is mid-generation."""
+    if not storage.exists(f"nodes/{node}.json"):
+        return False
+    held = json.loads(storage.read_bytes(f"nodes/{node}.json")).get("held", [])
+    manifests = [k for k in storage.list("shards/") if k.endswith(".json")]
+    return bool(held) and any(
+        json.loads(storage.read_bytes(k)).get("node") == node for k in manifests
+    )
+
+
+def test_a_node_whose_fleet_is_gone_stops_alone_and_the_other_finishes(cluster: Cluster) -> None:
+    """Before, one node's dead fleet failed every shard it claimed, one by one, and the run
+    ended with both nodes failed; now that node stops at once, its claims released, and the
+    other takes its shards and completes the dataset."""
+    rows = 200
+    params, bucket = _params(
+        cluster, "gone", rows=rows, shard_size=5, lease_s=6.0, tokens_per_s=250.0
+    )
+    # Relaunch off: a server that exits is out at once, and with it the node's one-server fleet.
+    params["config"]["engine"]["relaunch"] = {"max_restarts": 0}
+    storage = cluster.s3.storage(bucket, "run")
+    work_dir = cluster.root / "gone" / "node-2"
+    log = cluster.workers["node-2"].log
+    said_before = log.stat().st_size
+    run_id = start_parent(cluster.server, params)
+    deadline = time.monotonic() + 240
+    while not _node_committed_and_holds_more(storage, "node-2"):
+        assert time.monotonic() < deadline, f"node-2 never got going\n{_logs(cluster)}"
+        time.sleep(0.3)
+    servers = server_records(work_dir)
+    assert servers, "node-2 runs no server"
+    kill_servers(servers)  # its only server, with SIGKILL: its worker and flow run live on
+    killed_at = time.time()
+
+    run = _wait_final(cluster, run_id, timeout=300)
+    assert run.state.is_completed(), f"{run.state_name}: {run.state.message}\n{_logs(cluster)}"
+    manifests = _assert_exactly_once(storage, rows)
+    taken_over = [
+        s for s, m in manifests.items() if m.node == "node-1" and _stamp(m.written_at) > killed_at
+    ]
+    assert taken_over, "node-1 committed nothing after node-2's fleet died"
+    children = _children(cluster, run_id)
+    assert children["node-1"].state.is_completed(), children["node-1"].state
+    stopped = children["node-2"].state
+    assert stopped.is_failed() and not stopped.is_crashed(), stopped
+    message = stopped.message or ""
+    assert "; node node-2 stopped and left its unfinished shards to the other nodes; " in message
+    assert re.search(r"\d+ of 40 shards committed \(", message), message
+    table = _artifact(cluster, run_id, "multinode-nodes", bucket).data
+    assert re.search(r"\| node-2 \|[^\n]*node node-2 stopped", table), table
+    assert surviving_servers(servers) == [], "node-2's servers outlived its stop"
+    said = log.read_bytes()[said_before:].decode(errors="replace")
+    assert "Traceback" not in said and "Encountered exception" not in said, said[-6000:]
+    failed_shards = re.findall(r"'generate-shard-\d{6}' - Finished in state Failed", said)
+    assert not failed_shards, said[-6000:]
+    print(f"\nnode-2 stopped: {message}\nnode-1 took over {len(taken_over)} shard(s)")
+
+
+def test_when_every_nodes_fleet_is_gone_the_parent_fails_in_a_line_per_node(
+    cluster: Cluster,
+) -> None:
+    """No node left working and the dataset incomplete: the parent ends Failed, returned (no
+    traceback), its headline then each node's own line; the committed shards stay."""
+    params, bucket = _params(cluster, "all-gone", rows=200, shard_size=5, tokens_per_s=250.0)
+    params["config"]["engine"]["relaunch"] = {"max_restarts": 0}
+    storage = cluster.s3.storage(bucket, "run")
+    run_id = start_parent(cluster.server, params)
+    deadline = time.monotonic() + 240
+    servers: dict[str, list[dict[str, Any]]] = {}
+    while len(servers) < len(NODES):
+        for node in NODES:
+            found = server_records(cluster.root / "all-gone" / node)
+            if found and node not in servers and _node_committed_and_holds_more(storage, node):
+                servers[node] = found
+                kill_servers(found)
+        assert time.monotonic() < deadline, f"{servers} got going\n{_logs(cluster)}"
+        time.sleep(0.3)
+
+    run = _wait_final(cluster, run_id, timeout=300)
+    assert run.state.is_failed() and not run.state.is_crashed(), run.state
+    lines = (run.state.message or "").splitlines()
+    assert lines[0].startswith("dataset incomplete: node(s) node-1, node-2 failed"), lines
+    for node, line in zip(NODES, lines[1:], strict=True):
+        assert line.startswith(f"- {node}: Failed: "), line
+        assert f"; node {node} stopped and left its unfinished shards to the other" in line
+    data, _ = _dataset(storage)
+    assert data["id"].n_unique() == data.height > 0, "committed shards are kept, each id once"
+    for found in servers.values():
+        assert surviving_servers(found) == []
 
 
 def _kill_node(cluster: Cluster, node: str, work_dir: Path) -> None:

@@ -62,3 +62,73 @@ def test_a_failed_gate_is_told_on_its_first_line_then_a_line_per_check(
     assert said[0] == f"regen: run failed: {message.splitlines()[0]}"
     assert said[1:4] == [f"  {line}" for line in message.splitlines()[1:]]
     assert said[4] == "dataset: /out (committed shards are kept)"
+
+
+def test_a_stopped_generation_is_one_line_with_the_command_that_resumes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet gone, a key refused, a full disk: the cause, what is kept, and the command the
+    user typed to run it again; no `dataset:` line after it (the line said it)."""
+    from flows.runner import _outcome
+    from regen.generation.stopped import GenerationStopped
+
+    stop = GenerationStopped(
+        "server-0 exited at 03:27:27 (SIGKILL); no server can come back",
+        output="/out", committed=2, shards=60, rows=100,
+    )  # fmt: skip
+    assert stop.line() == (
+        "server-0 exited at 03:27:27 (SIGKILL); no server can come back; 2 of 60 shards "
+        "committed (100 rows) in /out, kept; run it again to resume"
+    )
+    monkeypatch.setattr("sys.argv", ["regen", "rehearse", "--out", "/my out"])
+    config = cast("RegenConfig", SimpleNamespace(output="/out"))
+    assert _outcome(Failed(message=stop.message(), data=stop), config) == 1
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "regen: run failed: server-0 exited at 03:27:27 (SIGKILL); no server can come back; "
+        "2 of 60 shards committed (100 rows) in /out, kept; run `regen rehearse --out '/my out'` "
+        "again to resume"
+    ]
+    refused = GenerationStopped(
+        "server-0 answered 401 on /v1/models: the API key is wrong (the key is engine.api_key "
+        "in the run's config)", output="/out", committed=0, shards=3, rows=0, fix="fix the key",
+    )  # fmt: skip
+    assert refused.line("regen run -c n.yaml").endswith(
+        "; 0 of 3 shards committed in /out; fix the key, then run `regen run -c n.yaml` again "
+        "to resume"
+    )
+    lost = GenerationStopped(
+        "/out: shard 000001 not committed: output lease lost to pid 5120 on gpu-3; this run "
+        "stops here, what it committed stays", output="/out", committed=1, shards=6, rows=20,
+        resumes=False,
+    )  # fmt: skip
+    assert lost.line("regen run").endswith("stays; 1 of 6 shards committed (20 rows) in /out")
+    node = GenerationStopped(
+        "gone", output="s3://b/run", committed=7, shards=40, rows=35, node="n2"
+    )
+    assert node.line() == (
+        "gone; node n2 stopped and left its unfinished shards to the other nodes; 7 of 40 "
+        "shards committed (35 rows) in s3://b/run"
+    )
+
+
+def test_a_refused_key_is_named_by_where_it_came_from_never_by_its_value() -> None:
+    from pydantic import SecretStr
+
+    from regen.config import parse_config
+    from regen.run import OpenedRun
+
+    base = {"model": {"source": "/m", "served_name": "m"}, "prompts": "/p.jsonl", "output": "/o"}
+    launched = parse_config(base)
+    assert OpenedRun(launched).key_source == (
+        "the key regen generated for its servers, as engine.api_key is not set"
+    )
+    external = parse_config({**base, "engine": {"kind": "external", "urls": ["http://h:1"]}})
+    assert "the key regen generated sent to engine.urls" in OpenedRun(external).key_source
+    keyed = launched.model_copy(
+        update={"engine": launched.engine.model_copy(update={"api_key": SecretStr("s3cr3t")})}
+    )
+    assert OpenedRun(keyed).key_source == "engine.api_key in the run's config"
+    secret = "the Secret block 'regen-key' that api_key_secret names"
+    assert OpenedRun(keyed, key_from=secret).key_source == secret
+    assert "s3cr3t" not in OpenedRun(keyed).key_source

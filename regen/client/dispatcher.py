@@ -30,7 +30,8 @@ Why this shape:
   attempt (they did not fail, their server did). The failures themselves do count, so a
   prompt that crashes every server it touches ends as an error row instead of taking the
   whole fleet down. A quarantined server is re-probed with backoff and comes back when
-  the probe passes. No healthy server for `generation.fleet_dead_s` fails every pending
+  the probe passes (a 401 to its probe stops the run, as a request's does: the server came
+  back with another key). No healthy server for `generation.fleet_dead_s` fails every pending
   future with `FleetError`; shards already returned are unaffected.
 - Quarantine by the caller (`quarantine(server, reason)`): the live audit found a server
   whose answers are bad (a broken GPU, a corrupted staged copy) although it answers fast
@@ -194,6 +195,7 @@ class Dispatcher:
         reprobe: Reprobe | None = None,
         tuning: DispatchTuning | None = None,
         session: SessionFactory = keepalive_session,
+        slot_cap: int | None = None,
         supervised: bool = False,
     ) -> None:
         if not endpoints:
@@ -201,6 +203,8 @@ class Dispatcher:
         if concurrency_per_server < 1:
             raise ValueError("concurrency_per_server must be >= 1")
         self._servers = [_Server(e, concurrency_per_server) for e in endpoints]
+        # The most slots set_slots may give a server: the connection pool is sized for it.
+        self._slot_cap = max(slot_cap or concurrency_per_server, concurrency_per_server)
         self._model = model
         self._sampling = sampling
         self._regeneration = regeneration or RegenerationConfig()
@@ -343,6 +347,25 @@ class Dispatcher:
         self._loop.call_soon_threadsafe(apply)
         done.result()
 
+    def set_slots(self, server: str | int, slots: int) -> None:
+        """Keep `slots` requests in flight on a server from now on (by name or index), applied
+        when this returns: the concurrency tuner's one lever. More start at once; fewer take
+        effect as its requests end, none is cut. ValueError for an unknown server or a count
+        outside [1, slot_cap]."""
+        if not 1 <= slots <= self._slot_cap:
+            raise ValueError(f"slots must be in [1, {self._slot_cap}], got {slots}")
+        target = self._server(server)
+        if self._loop is None or self._closed:
+            target.slots = slots
+            return
+
+        def apply() -> None:
+            with self._lock:
+                target.slots = slots
+            self._pump()
+
+        self._on_loop(apply)
+
     def hold(self, server: str | int, reason: str) -> None:
         """Take a server out until `restore` (its owner relaunches it): its in-flight rows go
         to the others at no attempt's cost, and it is not gone. No-op once out for good."""
@@ -420,7 +443,7 @@ class Dispatcher:
         loop.run_forever()
 
     async def _open(self) -> None:
-        slots = sum(s.slots for s in self._servers)
+        slots = len(self._servers) * self._slot_cap
         self._session = self._make_session(slots + len(self._servers), self._headers)
 
     async def _shutdown(self) -> None:
@@ -636,9 +659,10 @@ class Dispatcher:
             self._fail_row(work, answer.reason, server, latency)
         elif kind is ResponseKind.UNAUTHORIZED:
             self._die(
+                # Where the key came from is the run's to say (a config, a block, generated).
                 FleetUnauthorized(
-                    f"{server.endpoint.name} ({server.endpoint.url}) answered 401 Unauthorized: "
-                    "the API key is wrong or missing (engine.api_key); stopping the run"
+                    f"{server.endpoint.name} ({server.endpoint.url}) answered 401 to a request: "
+                    "the API key is wrong"
                 )
             )
         else:
@@ -897,7 +921,14 @@ class Dispatcher:
         delay = t.probe_backoff_s
         while True:
             await asyncio.sleep(delay * self._random.uniform(0.8, 1.2))
-            passed = await self._probe(server.endpoint)
+            try:
+                passed = await self._probe(server.endpoint)
+            except FleetUnauthorized as err:
+                # Back, but refusing the key (restarted with another one): every request
+                # would be refused too, so the run stops rather than re-probe it for ever.
+                if not self._closed:
+                    self._die(err)
+                return
             if self._closed:
                 # _shutdown cancelled this task, but a cancel that lands as its probe
                 # finishes can be lost (Python 3.11's wait_for, bpo-42130): the loop went on
@@ -933,7 +964,7 @@ class Dispatcher:
             target = ProbeTarget(self._model, self._api_key, self._sampling)
             async with asyncio.timeout(timeout):
                 result = await reprobe(endpoint, target, settings, self._session)
-        except (TimeoutError, FleetUnauthorized):
+        except TimeoutError:
             return False
         return result.ok
 

@@ -35,6 +35,7 @@ from regen.config.load import (
     set_dotted,
 )
 from regen.config.model import ModelConfig
+from regen.config.publish import PublishConfig
 from regen.config.sampling import (
     ReasoningEffort,
     RegenerationConfig,
@@ -62,6 +63,7 @@ __all__ = [
     "InputConfig",
     "ModelConfig",
     "Port",
+    "PublishConfig",
     "ReasoningEffort",
     "RegenConfig",
     "RegenerationConfig",

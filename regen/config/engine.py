@@ -17,6 +17,10 @@ from regen.config.section import Section
 Port = Annotated[int, Field(ge=1, le=65535)]
 # A CPU server's KV cache unless engine.kv_cache_tokens says otherwise (see there).
 CPU_KV_CACHE_TOKENS = 65536
+# --max-running-requests with speculative decoding and no cap: the top of SGLang's own sizing
+# without speculative decoding (resolve_max_num_reqs: 512 per context of KV, in [2048, 4096]),
+# which SGLang still caps at half the KV pool. regen keeps fewer in flight where that is faster.
+SPECULATIVE_MAX_RUNNING = 4096
 
 
 class SpeculativeConfig(Section):
@@ -30,11 +34,54 @@ class SpeculativeConfig(Section):
     draft_model_path: Path | None = None
 
 
+class EmulatedGpu(Section):
+    """One server's emulated GPU where it differs from the fleet's (a fleet can mix GPUs);
+    an unset field keeps the fleet's value."""
+
+    tokens_per_s: float | None = Field(
+        default=None, gt=0, description="A lone request's decode speed (simulated tokens/s)."
+    )
+    batch_knee: int | None = Field(
+        default=None,
+        ge=0,
+        description="Running requests past which a decode step slows with the batch (0: none).",
+    )
+    kv_tokens: int | None = Field(default=None, ge=1, description="The GPU's KV pool in tokens.")
+    prefill_tokens_per_s: float | None = Field(
+        default=None, gt=0, description="Uncached prompt tokens prefilled per simulated second."
+    )
+
+
 class EmulatorConfig(Section):
-    """Settings only the emulator reads: simulated speed, load time and injected faults."""
+    """Settings only the emulator reads: simulated speed and batch curve, load time and
+    injected faults. The curve's defaults and their sources: regen/emulator/gpu.py."""
 
     load_s: float = Field(default=0.5, ge=0)
-    tokens_per_s: float = Field(default=250.0, gt=0)
+    tokens_per_s: float = Field(
+        default=250.0, gt=0, description="A lone request's decode speed (simulated tokens/s)."
+    )
+    batch_knee: int = Field(
+        default=128,
+        ge=0,
+        description="Running requests past which a decode step slows with the batch, as on a "
+        "GPU past its memory-bound regime; 0: no knee (every request at tokens_per_s however "
+        "many run, the emulator's linear model).",
+    )
+    kv_tokens: int = Field(
+        default=400_000,
+        ge=1,
+        description="The emulated GPU's KV pool in tokens (SGLang's max_total_num_tokens; "
+        "engine.kv_cache_tokens can only lower it): past it requests queue or are retracted.",
+    )
+    prefill_tokens_per_s: float = Field(
+        default=10_000.0,
+        gt=0,
+        description="Uncached prompt tokens a server prefills per simulated second.",
+    )
+    server_gpus: dict[int, EmulatedGpu] = Field(
+        default_factory=dict,
+        description="Per-server GPUs by server index, where a server differs from the fleet.",
+    )
     accept_length: float = Field(
         default=3.6, gt=0, description="MTP accept length the emulator reports on /metrics."
     )
@@ -130,7 +177,13 @@ class EngineConfig(Section):
         "without it a call stays text in the answer.",
     )
     speculative: SpeculativeConfig = SpeculativeConfig()
-    max_running_requests: int = Field(default=64, ge=1)
+    max_running_requests: int | None = Field(
+        default=None,
+        ge=1,
+        description="A cap on every server's running requests (--max-running-requests) and on "
+        "the requests regen keeps in flight on each; default: SGLang sizes it from the KV pool "
+        "and regen measures each server's best concurrency below it.",
+    )
     context_length: int = Field(default=40960, ge=256)
     mem_fraction_static: float = Field(default=0.88, gt=0, le=1)
     kv_cache_tokens: int | None = Field(
@@ -194,6 +247,15 @@ class EngineConfig(Section):
     @property
     def num_servers(self) -> int:
         return len(self.urls) if self.kind == "external" else len(self.slots)
+
+    @property
+    def launch_max_running(self) -> int | None:
+        """--max-running-requests as regen passes it: the cap when set; with speculative
+        decoding and no cap, SPECULATIVE_MAX_RUNNING, because 0.5.23 silently forces 48
+        there unless it is told a number (speculative_hook.py); None: SGLang sizes it."""
+        if self.max_running_requests is not None:
+            return self.max_running_requests
+        return SPECULATIVE_MAX_RUNNING if self.speculative.enabled else None
 
     @property
     def max_total_tokens(self) -> int | None:

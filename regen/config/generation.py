@@ -34,6 +34,13 @@ class GenerationConfig(Section):
         "everywhere (servers that ignore the seed keep the first of two draws, the shorter "
         "more often); off: never.",
     )
+    concurrency_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between two measurements of each server's best concurrency "
+        "(without a fixed concurrency_per_server): a raise is judged one interval after the "
+        "one it took to settle.",
+    )
     new_output: bool = Field(
         default=False, description="Allow a changed fingerprint: start a fresh dataset."
     )

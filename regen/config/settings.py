@@ -23,6 +23,10 @@ from regen.config.section import Section
 from regen.config.uris import HubUri
 from regen.errors import ConfigError
 
+# Where the concurrency tuner starts each server: the fixed default regen used before it
+# measured, so a run is never slower than it was while the first measurements come in.
+START_CONCURRENCY = 64
+
 
 class RegenConfig(Section):
     """Everything a run needs; the Prefect flow takes it as its parameter (a form in the UI)."""
@@ -40,7 +44,11 @@ class RegenConfig(Section):
     regeneration: RegenerationConfig = RegenerationConfig()
     shard_size: int = Field(default=500, gt=0)
     concurrency_per_server: int | None = Field(
-        default=None, gt=0, description="Default: engine.max_running_requests."
+        default=None,
+        gt=0,
+        description="Requests kept in flight on every server, fixed. Default: measured per "
+        "server while it generates, from 64 up to the server's own max_running_requests "
+        "and engine.max_running_requests.",
     )
     generation: GenerationConfig = GenerationConfig()
     audit: AuditConfig = AuditConfig()
@@ -82,4 +90,14 @@ class RegenConfig(Section):
 
     @property
     def concurrency(self) -> int:
-        return self.concurrency_per_server or self.engine.max_running_requests
+        """Requests in flight per server at the start: the fixed number, else where the
+        tuner starts (today's fixed default, below any cap)."""
+        if self.concurrency_per_server is not None:
+            return self.concurrency_per_server
+        cap = self.engine.max_running_requests
+        return START_CONCURRENCY if cap is None else min(cap, START_CONCURRENCY)
+
+    @property
+    def tuned(self) -> bool:
+        """Whether each server's concurrency is measured (no fixed concurrency_per_server)."""
+        return self.concurrency_per_server is None

@@ -44,3 +44,32 @@ class HubUri:
         """How messages name the repo: as the user wrote it, revision included."""
         at = f"@{self.revision}" if self.revision else ""
         return f"{PREFIX}{self.repo_id}{at}"
+
+
+@dataclass(frozen=True)
+class HubRepoTarget:
+    """Where a dataset is published: `hf://datasets/ORG/NAME`, or `hf://ORG/NAME`, which
+    huggingface_hub's own `hf://` paths read as a model repo and regen as the dataset repo
+    of that name (`named_dataset` says which form was given)."""
+
+    repo_id: str
+    named_dataset: bool
+
+    @classmethod
+    def parse(cls, spec: str) -> HubRepoTarget:
+        usage = f"{spec}: publish to hf://datasets/ORG/NAME (or hf://ORG/NAME)"
+        if not spec.startswith("hf://"):
+            raise ConfigError(usage)
+        parts = spec.removeprefix("hf://").strip("/").split("/")
+        named = parts[0] == "datasets"
+        if parts[0] in ("models", "spaces", "kernels"):
+            raise ConfigError(f"{spec}: not a dataset repo; {usage.partition(': ')[2]}")
+        if named:
+            parts = parts[1:]
+        if len(parts) != 2 or not all(parts) or any("@" in p for p in parts):
+            raise ConfigError(f"{usage}; the branch is its own option (revision)")
+        return cls("/".join(parts), named)
+
+    @property
+    def uri(self) -> str:
+        return f"{PREFIX}{self.repo_id}"

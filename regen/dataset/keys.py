@@ -6,7 +6,8 @@ A root holds `run.json` and `plan.parquet` (what the run is), `rejects/`, `progr
 `nodes/` (a multi-node run's leases and heartbeats), `lease/` (the one run that holds the
 root, `regen.storage.output_lease`), `superseded/<fingerprint>/` (an older
 run moved aside), `audit/` (each shard's audit summary), `canary/` (the canary's rows) and
-`report/` (the audit report; `report/stopped.json` when the live gate stopped the run) and
+`report/` (the audit report; `report/stopped.json` when the live gate stopped the run;
+`report/provenance.json`, how the dataset was made) and
 `features/` (the target's hidden states: `features.json` what they are, a manifest
 `shards/shard-NNNNNN.json` per dataset shard, written last, and its samples' files under
 `samples/shard-NNNNNN/`, apart so that finding the manifests lists no sample).
@@ -37,6 +38,9 @@ FLEET_KEY = f"{REPORT_PREFIX}fleet.json"
 """The fleet that made the dataset, beside the audit's report."""
 # Beside report/audit.json: the first file a person opens after a run stopped.
 STOP_KEY = f"{REPORT_PREFIX}stopped.json"
+PROVENANCE_KEY = f"{REPORT_PREFIX}provenance.json"
+"""How the dataset was made, in one machine-readable file (`regen.publish.provenance`): what a
+published card shows, for a trainer's pipeline to check."""
 _PROGRESS = "progress.json"
 FEATURES_PREFIX = "features/"
 FEATURES_RECORD_KEY = f"{FEATURES_PREFIX}features.json"

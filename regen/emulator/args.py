@@ -23,10 +23,16 @@ from typing import Any
 import yaml
 
 from regen.emulator.faults import Faults, parse_faults
+from regen.emulator.gpu import (
+    DEFAULT_KNEE,
+    DEFAULT_KV_TOKENS,
+    DEFAULT_TOKENS_PER_S,
+    capped_max_running,
+    sglang_max_running,
+)
 from regen.sglang_api.flags import sglang_flags
 
 DEFAULT_CONTEXT_LENGTH = 40960
-DEFAULT_MAX_RUNNING = 64
 # A 27B model's prefill on one H100-class GPU is of the order of 10K tokens/s; a cache miss on a
 # long conversation then costs its history / 10K seconds of the server's prefill.
 DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
@@ -80,7 +86,7 @@ class EmuArgs:
     api_key: str | None
     reasoning_parser: str | None
     speculative_algorithm: str | None
-    max_running_requests: int
+    max_running_requests: int | None  # as resolved at launch: None lets the KV pool size it
     max_queued_requests: int | None
     context_length: int | None  # None: the model's config.json decides
     enable_metrics: bool
@@ -90,6 +96,8 @@ class EmuArgs:
     tokens_per_s: float
     time_scale: float
     prefill_tokens_per_s: float
+    batch_knee: int | None  # None: no knee, the linear model
+    gpu_kv_tokens: int  # the KV pool the emulated GPU has room for
     seed: int
     accept_length: float
     reasoning_tokens: tuple[int, int]
@@ -97,6 +105,20 @@ class EmuArgs:
     faults: Faults
     # The launch arguments as SGLang names them, for /server_info.
     server_args: dict[str, Any] = field(default_factory=dict)
+
+    def kv_tokens(self) -> int:
+        """The KV pool in tokens (max_total_num_tokens): the GPU's room, or less where
+        --max-total-tokens asks for less, as SGLang takes the smaller of the two."""
+        asked = self.server_args.get("max_total_tokens")
+        return min(self.gpu_kv_tokens, asked) if asked else self.gpu_kv_tokens
+
+    def effective_max_running(self, context_length: int) -> int:
+        """max_running_requests as SGLang resolves it: the flag (or 48 with speculative
+        decoding) capped at half the pool, else its own sizing from the pool."""
+        kv = self.kv_tokens()
+        if self.max_running_requests is not None:
+            return capped_max_running(self.max_running_requests, kv)
+        return sglang_max_running(kv, context_length)
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -144,7 +166,26 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(**_DEFAULTS)
     emu = p.add_argument_group("emulator")
     emu.add_argument("--emu-load-s", type=float, default=0.5, help="Simulated load time.")
-    emu.add_argument("--emu-tokens-per-s", type=_positive, default=250.0)
+    emu.add_argument(
+        "--emu-tokens-per-s",
+        type=_positive,
+        default=DEFAULT_TOKENS_PER_S,
+        help="A lone request's decode speed (simulated tokens/s).",
+    )
+    emu.add_argument(
+        "--emu-batch-knee",
+        type=int,
+        default=DEFAULT_KNEE,
+        help="Running requests past which a decode step slows with the batch (0: never, "
+        "every request at --emu-tokens-per-s however many run).",
+    )
+    emu.add_argument(
+        "--emu-kv-tokens",
+        type=human_readable_int,
+        default=DEFAULT_KV_TOKENS,
+        help="The KV pool the emulated GPU has room for, in tokens (--max-total-tokens "
+        "can only lower it).",
+    )
     emu.add_argument(
         "--emu-prefill-tokens-per-s",
         type=_positive,
@@ -203,10 +244,14 @@ def parse_args(argv: list[str]) -> EmuArgs:
     if ns.emu_load_s < 0:
         parser.error("--emu-load-s must be >= 0")
     running = ns.max_running_requests
-    if running is None:
-        running = SPECULATIVE_MAX_RUNNING if ns.speculative_algorithm else DEFAULT_MAX_RUNNING
-    if running < 1:
+    if running is None and ns.speculative_algorithm:
+        running = SPECULATIVE_MAX_RUNNING
+    if running is not None and running < 1:
         parser.error("--max-running-requests must be >= 1")
+    if ns.emu_batch_knee < 0:
+        parser.error("--emu-batch-knee must be >= 0")
+    if ns.emu_kv_tokens < 1:
+        parser.error("--emu-kv-tokens must be >= 1")
     if not isinstance(getattr(logging, ns.log_level.upper(), None), int):
         parser.error(f"--log-level: unknown level {ns.log_level!r}")
     served = ns.served_model_name or ns.model_path
@@ -232,6 +277,8 @@ def parse_args(argv: list[str]) -> EmuArgs:
         tokens_per_s=ns.emu_tokens_per_s,
         time_scale=ns.emu_time_scale,
         prefill_tokens_per_s=ns.emu_prefill_tokens_per_s,
+        batch_knee=ns.emu_batch_knee or None,
+        gpu_kv_tokens=ns.emu_kv_tokens,
         seed=ns.emu_seed,
         # As 0.5.23 exports it with speculative decoding off.
         accept_length=ns.emu_accept_length if ns.speculative_algorithm else 0.0,

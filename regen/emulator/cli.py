@@ -88,5 +88,6 @@ async def serve(args: EmuArgs) -> int:
     await stop.wait()
     log.info("Shutting down. Served %d requests.", server.counters.requests)
     reporter.cancel()
+    server.scheduler.close()
     await runner.cleanup()
     return 0

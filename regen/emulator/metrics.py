@@ -9,6 +9,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from regen.emulator.batch import Batch
+
 # SGLang's default buckets for sglang:e2e_request_latency_seconds.
 LATENCY_BUCKETS = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0,
@@ -46,19 +48,11 @@ def _labels(model: str, **extra: str) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in zip(pairs, escaped, strict=True)) + "}"
 
 
-def render(
-    counters: Counters,
-    *,
-    model: str,
-    running: int,
-    queued: int,
-    gen_throughput: float,
-    token_usage: float,
-    accept_length: float,
-    cache_hit_rate: float = 0.0,
-) -> str:
-    """The exposition text, one sample per series, each labelled with model_name."""
+def render(counters: Counters, batch: Batch, *, model: str, accept_length: float) -> str:
+    """The exposition text, one sample per series, each labelled with model_name; the gauges
+    and the scheduler's counters are the batch's (regen.emulator.batch)."""
     base = _labels(model)
+    running, queued = batch.running, batch.queued
     req = _labels(model, is_streaming="false")
     lines: list[str] = []
 
@@ -82,20 +76,56 @@ def render(
         "sglang:gen_throughput",
         "gauge",
         "The generation throughput (token/s).",
-        [("", base, gen_throughput)],
+        [("", base, batch.gen_throughput)],
     )
-    series("sglang:token_usage", "gauge", "The token usage.", [("", base, token_usage)])
+    series("sglang:token_usage", "gauge", "The token usage.", [("", base, batch.token_usage)])
+    series(
+        "sglang:num_used_tokens",
+        "gauge",
+        "The number of used tokens.",
+        [("", base, float(round(batch.kv_used)))],
+    )
     series(
         "sglang:cache_hit_rate",
         "gauge",
         "The prefix cache hit rate.",
-        [("", base, cache_hit_rate)],
+        [("", base, batch.cache_hit_rate)],
     )
     series(
         "sglang:spec_accept_length",
         "gauge",
         "The average acceptance length of speculative decoding.",
         [("", base, accept_length)],
+    )
+    series(
+        "sglang:num_retracted_reqs",
+        "gauge",
+        "The number of retracted requests.",
+        [("", base, batch.retracted_last)],
+    )
+    series(
+        "sglang:num_retracted_requests_total",
+        "counter",
+        "Total number of retracted requests.",
+        [("", base, batch.retracted_total)],
+    )
+    # Counted at every decode step (prefill batch), where generation_tokens_total counts a
+    # request's tokens only when it ends: the rate of the batch as it runs.
+    realtime: list[tuple[str, str, float]] = [
+        ("", _labels(model, mode=mode), float(value))
+        for mode, value in (
+            ("prefill_compute", batch.prefill_tokens),
+            ("prefill_cache", batch.prefill_cache_tokens),
+            ("decode", float(int(batch.decoded_now))),
+        )
+        if value  # a labelled counter has no sample until its first increment
+    ]
+    series(
+        "sglang:realtime_tokens_total",
+        "counter",
+        "Total number of tokens processed (updated on each log interval). "
+        "mode: prefill_compute, prefill_cache, decode.",
+        realtime,
     )
     series(
         "sglang:prompt_tokens_total",

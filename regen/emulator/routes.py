@@ -162,14 +162,22 @@ class EmulatorServer:
         """Launch args as SGLang names them (api_key included, as the real one does)."""
         if request.path == "/get_server_info":
             log.warning("Endpoint '/get_server_info' is deprecated; use '/server_info'.")
+        scheduler = self.scheduler
+        # internal_states[0] as 0.5.23's scheduler reports it (internal_state.py): the
+        # running cap it resolved and the KV pool, the limits a client sizes its load by.
         state: dict[str, Any] = {
-            "last_gen_throughput": self.scheduler.last_gen_throughput,
-            "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": 0},
-        }
+            "effective_max_running_requests_per_dp": scheduler.max_running,
+            "last_gen_throughput": scheduler.last_gen_throughput,
+            "memory_usage": {
+                "weight": 0.0, "kvcache": 0.0, "token_capacity": scheduler.kv_tokens,
+            },
+        }  # fmt: skip
         if self.args.speculative_algorithm:
             state["avg_spec_accept_length"] = self.args.accept_length
         info = {
             **self.args.server_args,
+            # The scheduler's init info, merged in at the top (utils/common.build_server_info).
+            "max_total_num_tokens": scheduler.kv_tokens,
             "context_length": self.context_length,
             "startup_time": self.startup_time,
             "internal_states": [state],
@@ -179,24 +187,19 @@ class EmulatorServer:
         return web.json_response(info)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        slots = self.scheduler.slots
         text = render(
             self.counters,
+            self.scheduler.batch,
             model=self.args.served_model_name,
-            running=slots.running,
-            queued=slots.queued,
-            gen_throughput=self.scheduler.last_gen_throughput,
-            token_usage=self.scheduler.token_usage,
             accept_length=self.args.accept_length,
-            cache_hit_rate=self.scheduler.cache_hit_rate,
         )
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     # -- control -----------------------------------------------------------------------
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        slots = self.scheduler.slots
-        if slots.running or slots.queued:
+        batch = self.scheduler.batch
+        if batch.running or batch.queued:
             return web.Response(status=400, text="Cache not flushed: requests are running.\n")
         if self.scheduler.cache is not None:
             self.scheduler.cache.clear()
@@ -373,7 +376,6 @@ class EmulatorServer:
                 "meta_info": self._meta_info(rid, out, prompt, latency, cached),
             }
         )
-
 
     async def _capture(self, body: dict[str, Any], started: float) -> web.Response:
         """A capture request (regen.emulator.features): the prefill's time, then its states."""

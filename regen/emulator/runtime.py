@@ -8,15 +8,15 @@ are the ones that depend on what the server has served so far.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
 import random
 
 from regen.emulator.args import EmuArgs
-from regen.emulator.capacity import Slots
+from regen.emulator.batch import Batch, Job
 from regen.emulator.faults import Faults
+from regen.emulator.gpu import DEFAULT_CHUNKED_PREFILL, BatchCurve
 from regen.emulator.model import EmulatedModel, Generation, Plan
 from regen.emulator.prefix_cache import PrefixCache
 from regen.emulator.wire import RequestError
@@ -30,57 +30,64 @@ class QueuedAbort(Exception):
 
 
 class Scheduler:
-    """Slots, prefill and decode time, the prefix cache and aborts: a request holds a slot for
-    its prefill (the uncached part of its prompt, one prefill at a time per server, as SGLang
-    prefills between decode steps) and then one sleep of its decode."""
+    """One server's requests on its emulated GPU (`regen.emulator.batch`): admission against
+    the KV pool, prefill, a decode step that slows as the batch grows, retraction, the
+    prefix cache and aborts."""
 
     def __init__(self, args: EmuArgs, model: EmulatedModel, context_length: int) -> None:
         self.model = model
-        self.slots = Slots(args.max_running_requests)
         self.max_queued = args.max_queued_requests
         self.context_length = context_length
         self.accept_length = args.accept_length
-        # Per-request decode speed in simulated tokens/s, and wall seconds per token.
-        self.speed = args.tokens_per_s * args.faults.slow
-        self.wall_per_token = args.time_scale / self.speed
-        # The server's prefill rate (a slow GPU prefills slowly too), wall seconds per token.
-        self.wall_per_prefill_token = args.time_scale / (
-            args.prefill_tokens_per_s * args.faults.slow
+        # A slow GPU (the slow fault) decodes and prefills slowly alike.
+        curve = BatchCurve(args.tokens_per_s * args.faults.slow, args.batch_knee)
+        self.kv_tokens = args.kv_tokens()
+        self.max_running = args.effective_max_running(context_length)
+        cache = None if args.server_args.get("disable_radix_cache") else PrefixCache(self.kv_tokens)
+        self.batch = Batch(
+            curve,
+            kv_tokens=self.kv_tokens,
+            max_running=self.max_running,
+            time_scale=args.time_scale,
+            prefill_tokens_per_s=args.prefill_tokens_per_s * args.faults.slow,
+            chunk_tokens=args.server_args.get("chunked_prefill_size") or DEFAULT_CHUNKED_PREFILL,
+            cache=cache,
         )
-        self._prefill = asyncio.Lock()
-        capacity = args.server_args.get("max_total_tokens") or (
-            args.max_running_requests * context_length
-        )
-        self.cache = None if args.server_args.get("disable_radix_cache") else PrefixCache(capacity)
-        self.last_gen_throughput = 0.0
-        self.tokens_in_use = 0
+        self.cache = cache
+        self.wall_per_token = self.batch.wall_step_s(1)
         self.activity = False
-        self.cache_hit_rate = 0.0  # the last prefill's, as sglang:cache_hit_rate
-        self._aborts: dict[str, asyncio.Future[bool]] = {}
+        self._jobs: dict[str, Job] = {}
 
     @property
     def token_usage(self) -> float:
-        """The KV cache's share in use, as SGLang's `token usage` reports it."""
-        return self.tokens_in_use / (self.slots.limit * self.context_length)
+        """The KV pool's share in use, as SGLang's `token usage` reports it."""
+        return self.batch.token_usage
+
+    @property
+    def tokens_in_use(self) -> int:
+        return round(self.batch.kv_used)
+
+    @property
+    def last_gen_throughput(self) -> float:
+        return self.batch.gen_throughput
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """The last prefill's, as sglang:cache_hit_rate."""
+        return self.batch.cache_hit_rate
 
     def in_flight(self, rid: str) -> bool:
-        return rid in self._aborts
+        return rid in self._jobs
 
     def abort(self, rid: str | None) -> int:
         """Cut requests short (None: every one), as /abort_request does in 0.5.23: the
         tokenizer manager passes an abort on only for a rid it has in flight (an empty or
         unknown rid does nothing), and the scheduler then cuts every request whose rid *starts
         with* it (scheduler.py abort_request). Returns how many it cut."""
-        if rid is not None and rid not in self._aborts:
+        if rid is not None and rid not in self._jobs:
             return 0
-        rids = [r for r in self._aborts if rid is None or r.startswith(rid)]
-        cut = 0
-        for each in rids:
-            future = self._aborts.get(each)
-            if future is not None and not future.done():
-                future.set_result(True)
-                cut += 1
-        return cut
+        jobs = [job for r, job in self._jobs.items() if rid is None or r.startswith(rid)]
+        return sum(self.batch.cut(job) for job in jobs)
 
     async def run(
         self,
@@ -91,104 +98,64 @@ class Scheduler:
         thinking: bool,
         cut_at: float | None = None,
     ) -> tuple[Generation, int]:
-        """Queue for a slot, prefill what the cache lacks, then sleep the decode time once; an
-        abort cuts it short (finish_reason abort), and `cut_at` is the share of the decode after
-        which the server aborts it itself (the abort fault). Returns the output and the
-        prompt's cached tokens; raises QueuedAbort for an abort before it had a slot."""
+        """Queue, prefill what the cache lacks, decode in the batch; an abort cuts it short
+        (finish_reason abort), and `cut_at` is the share of the decode after which the server
+        aborts it itself (the abort fault). Returns the output and the prompt's cached tokens;
+        raises QueuedAbort for an abort before it was admitted."""
         out = self.model.generate(plan, budget=budget, thinking=thinking)
-        prompt = len(prompt_ids)
-        full = self.slots.running >= self.slots.limit
-        if self.max_queued is not None and full and self.slots.queued >= self.max_queued:
+        batch = self.batch
+        full = batch.running >= batch.limit
+        if self.max_queued is not None and full and batch.queued >= self.max_queued:
             raise RequestError("The request queue is full.", 503, "ServiceUnavailableError")
         loop = asyncio.get_running_loop()
-        aborted: asyncio.Future[bool] = loop.create_future()
-        self._aborts[rid] = aborted
-        cached = 0
+        n = out.completion_tokens
+        job = Job(
+            prompt_ids,
+            n,
+            budget,
+            loop.create_future(),
+            cut_at=None if cut_at is None else int(n * cut_at),
+        )
+        self._jobs[rid] = job
+        self.activity = True
         try:
-            await self._acquire(aborted)
-            self.activity = True
-            held = prompt + out.completion_tokens  # out is replaced when cut: give back this
-            self.tokens_in_use += held
-            self._note_throughput()
+            batch.submit(job)
             try:
-                if not aborted.done():
-                    cached = await self._prefill_once(prompt_ids, aborted)
-                started = loop.time()
-                seconds = out.completion_tokens * self.wall_per_token
-                timers = [loop.call_later(seconds, _settle, aborted, False)]
-                if cut_at is not None:
-                    timers.append(loop.call_later(seconds * cut_at, _settle, aborted, True))
-                try:
-                    if await aborted:
-                        done = int((loop.time() - started) / self.wall_per_token)
-                        cut = self.model.generate(plan, budget=min(done, budget), thinking=thinking)
-                        out = dataclasses.replace(cut, finish_reason="abort")
-                finally:
-                    for timer in timers:
-                        timer.cancel()
-                if self.cache is not None:
-                    self.cache.insert(prompt_ids + out.token_ids)
-            finally:
-                self.tokens_in_use -= held
-                self.slots.release()
-                self._note_throughput()
+                ended = await job.ended
+            except asyncio.CancelledError:  # the handler's own cancel: give the slot back
+                batch.cut(job)
+                raise
         finally:
-            self._aborts.pop(rid, None)
-        return out, cached
-
-    async def _acquire(self, aborted: asyncio.Future[bool]) -> None:
-        """A slot, unless an abort comes first: the scheduler drops a queued request from its
-        waiting queue at once (scheduler.py abort_request) and it never runs."""
-        acquire: asyncio.Future[None] = asyncio.ensure_future(self.slots.acquire())
-        try:
-            await asyncio.wait((acquire, aborted), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the handler's own cancel: no slot may stay taken
-            if acquire.done():
-                self.slots.release()
-            acquire.cancel()
-            raise
-        if acquire.done():
-            return
-        acquire.cancel()  # Slots.acquire gives back a slot handed over as it is cancelled
-        with contextlib.suppress(asyncio.CancelledError):
-            await acquire
-        raise QueuedAbort
-
-    async def _prefill_once(self, prompt_ids: list[int], aborted: asyncio.Future[bool]) -> int:
-        """Match the cache, then compute the rest, one prefill at a time per server; the
-        prompt is in the cache from then on (SGLang inserts it once prefilled)."""
-        async with self._prefill:
-            cached = self.cache.match(prompt_ids) if self.cache is not None else 0
-            prompt = len(prompt_ids)
-            self.cache_hit_rate = cached / prompt if prompt else 0.0
-            seconds = (prompt - cached) * self.wall_per_prefill_token
-            if seconds > 0 and not aborted.done():
-                await asyncio.wait([aborted], timeout=seconds)
-            if self.cache is not None:
-                self.cache.insert(prompt_ids)
-        return cached
-
-    def _note_throughput(self) -> None:
-        # The decode rate the running batch gives, in simulated tokens/s; kept when idle,
-        # like SGLang's "last" gen throughput.
-        if self.slots.running:
-            self.last_gen_throughput = self.slots.running * self.speed
+            self._jobs.pop(rid, None)
+        if ended.queued:
+            raise QueuedAbort
+        if ended.cut:
+            cut = self.model.generate(plan, budget=min(ended.decoded, budget), thinking=thinking)
+            out = dataclasses.replace(cut, finish_reason="abort")
+        if self.cache is not None:
+            self.cache.insert(prompt_ids + out.token_ids)
+        return out, job.cached
 
     async def report_loop(self) -> None:
         """SGLang-like 'Decode batch' lines, so a server log shows load as a real one does."""
+        batch = self.batch
         while True:
             await asyncio.sleep(5.0)
-            if self.activity or self.slots.running:
+            if self.activity or batch.running:
                 self.activity = False
                 log.info(
-                    "Decode batch, #running-req: %d, #queue-req: %d, token usage: %.2f, "
-                    "accept len: %.2f, gen throughput (token/s): %.2f",
-                    self.slots.running,
-                    self.slots.queued,
+                    "Decode batch, #running-req: %d, #token: %d, token usage: %.2f, "
+                    "accept len: %.2f, gen throughput (token/s): %.2f, #queue-req: %d",
+                    batch.running,
+                    self.tokens_in_use,
                     self.token_usage,
                     self.accept_length,
                     self.last_gen_throughput,
+                    batch.queued,
                 )
+
+    def close(self) -> None:
+        self.batch.close()
 
 
 class FaultRuntime:
@@ -254,8 +221,3 @@ class FaultRuntime:
             log.error("Scheduler hit an exception (emulated fault crash-after); exiting.")
             # A moment for the answer just written to leave the socket buffer.
             asyncio.get_running_loop().call_later(0.05, os._exit, 1)
-
-
-def _settle(future: asyncio.Future[bool], value: bool) -> None:
-    if not future.done():
-        future.set_result(value)

@@ -1,9 +1,12 @@
 """Run by path inside the engine's interpreter: SGLang's own parser on each launch argv.
 
-`python argcheck.py check` reads a JSON list of argvs on stdin and prints, for each, either
-the parsed values or the parser's own error, exactly as `sglang serve` would have exited at
-launch; nothing is launched (0.5.23's `prepare_server_args` parses and merges `--config`;
-resolution against the model and the GPUs happens later, in `resolve_once`).
+`python argcheck.py probe` reads a JSON list of argvs on stdin, imports sglang (its version
+and how long that took: preflight's engine row) and prints, for each argv, either the parsed
+values or the parser's own error, exactly as `sglang serve` would have exited at launch
+(preflight's flags row): one start of the interpreter, one import of sglang (10-25 s on a
+small CPU), for both rows. Nothing is launched (0.5.23's `prepare_server_args` parses and
+merges `--config`; resolution against the model and the GPUs happens later, in
+`resolve_once`). `verdicts` is null where sglang has no server parser to ask.
 `python argcheck.py flags` prints every flag of the parser: regen/sglang_api/sglang_flags.json.
 
 Standard library only, no `regen` import: the engine's interpreter has sglang, not regen.
@@ -16,6 +19,7 @@ import contextlib
 import io
 import json
 import sys
+import time
 from typing import Any
 
 SECRET_DESTS = ("api_key", "admin_api_key")
@@ -105,15 +109,33 @@ def check(argv: list[str]) -> dict[str, Any]:
     return {"ok": True, "values": values}
 
 
+def probe(argvs: list[list[str]]) -> dict[str, Any]:
+    """sglang's version, its import time and its parser's verdict on each of `argvs`."""
+    start = time.monotonic()
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the answer alone
+        import sglang
+
+        took = time.monotonic() - start
+        try:
+            verdicts: list[dict[str, Any]] | None = [check(argv) for argv in argvs]
+        except ImportError:  # an sglang without its server (srt) has no parser to ask
+            verdicts = None
+    return {
+        "version": str(getattr(sglang, "__version__", "ok")),
+        "import_s": took,
+        "verdicts": verdicts,
+    }
+
+
 def main() -> int:
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command == "flags":
         # One flag a line: a new sglang's diff reads as the flags it added or changed.
         print("[\n" + ",\n".join(json.dumps(f) for f in flags()) + "\n]")
-    elif command == "check":
-        json.dump([check(argv) for argv in json.load(sys.stdin)], sys.stdout)
+    elif command == "probe":
+        json.dump(probe(json.load(sys.stdin)), sys.stdout)
     else:
-        print("usage: argcheck.py check|flags", file=sys.stderr)
+        print("usage: argcheck.py probe|flags", file=sys.stderr)
         return 2
     return 0
 

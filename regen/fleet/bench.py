@@ -2,13 +2,16 @@
 
 Each server gets one round of `concurrency` chat completions of `max_tokens`; speed is the
 completion tokens of the requests that finished within `budget_s`, divided by the time the
-last of them finished. Small values make it cheap enough for rehearsals.
+last of them finished. Small values make it cheap enough for rehearsals. Each server's own
+limits (its resolved max_running_requests and KV pool, from /server_info) are recorded beside:
+they bound the concurrency regen measures for it during the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import aiohttp
 
@@ -18,6 +21,7 @@ from regen.fleet.report import FleetRow, flag_slow
 from regen.sglang_api.endpoint import Endpoint
 from regen.sglang_api.probe import ProbeTarget
 from regen.sglang_api.request import chat_request_body, request_id
+from regen.sglang_api.server_info import server_limits
 
 BENCH_MESSAGES = [{"role": "user", "content": "Explain how a hash map works, step by step."}]
 
@@ -38,9 +42,10 @@ async def _one(
     return int(answer["usage"]["completion_tokens"])
 
 
-async def _accept_length(
+async def _server_info(
     session: aiohttp.ClientSession, endpoint: Endpoint, target: ProbeTarget
-) -> float | None:
+) -> dict[str, Any]:
+    """The server's `/server_info` ({} when it cannot be read: the figures stay unknown)."""
     try:
         async with session.get(
             endpoint.url_of("/server_info"),
@@ -48,12 +53,19 @@ async def _accept_length(
             timeout=aiohttp.ClientTimeout(total=10),
         ) as resp:
             if resp.status != 200:
-                return None
+                return {}
             info = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _accept_length(info: dict[str, Any]) -> float | None:
+    try:
         value = info["internal_states"][0].get("avg_spec_accept_length")
-    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, TypeError, ValueError):
+        return float(value) if value is not None else None
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         return None
-    return float(value) if value is not None else None
 
 
 async def _bench_server(
@@ -79,7 +91,13 @@ async def _bench_server(
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     ok = [t for t in done if t.exception() is None]
-    update: dict[str, object] = {"accept_length": await _accept_length(session, endpoint, target)}
+    info = await _server_info(session, endpoint, target)
+    limits = server_limits(info)
+    update: dict[str, object] = {
+        "accept_length": _accept_length(info),
+        "max_running_requests": limits.max_running_requests,
+        "kv_tokens": limits.max_total_num_tokens,
+    }
     if ok and finished:
         tokens = sum(t.result() for t in ok)
         update |= {"tok_s": round(tokens / max(finished), 1), "first_response_s": min(finished)}

@@ -115,15 +115,16 @@ def _sglang_flags(config: RegenConfig, model_path: Path, port: int, key_file: Pa
         ]  # fmt: skip
         if spec.draft_model_path is not None:
             flags += ["--speculative-draft-model-path", str(spec.draft_model_path)]
-    # Always explicit: with speculative decoding on, 0.5.23 silently forces 48 otherwise.
     if engine.device == "cpu":
         flags += CPU_FLAGS
     if engine.deterministic:
         flags += [DETERMINISTIC_FLAG]
     if engine.max_total_tokens is not None:
         flags += ["--max-total-tokens", str(engine.max_total_tokens)]
+    # Explicit with speculative decoding on, which 0.5.23 otherwise silently forces to 48.
+    if engine.launch_max_running is not None:
+        flags += ["--max-running-requests", str(engine.launch_max_running)]
     flags += [
-        "--max-running-requests", str(engine.max_running_requests),
         "--context-length", str(engine.context_length),
         "--mem-fraction-static", str(engine.mem_fraction_static),
         "--enable-metrics",
@@ -133,9 +134,18 @@ def _sglang_flags(config: RegenConfig, model_path: Path, port: int, key_file: Pa
 
 
 def _emulator_flags(emu: EmulatorConfig, index: int) -> list[str]:
+    gpu = emu.server_gpus.get(index)
+    own = gpu.model_dump(exclude_none=True) if gpu is not None else {}
+    curve = {
+        k: own.get(k, getattr(emu, k))
+        for k in ("tokens_per_s", "batch_knee", "kv_tokens", "prefill_tokens_per_s")
+    }
     flags = [
         "--emu-load-s", str(emu.load_s),
-        "--emu-tokens-per-s", str(emu.tokens_per_s),
+        "--emu-tokens-per-s", str(curve["tokens_per_s"]),
+        "--emu-batch-knee", str(curve["batch_knee"]),
+        "--emu-kv-tokens", str(curve["kv_tokens"]),
+        "--emu-prefill-tokens-per-s", str(curve["prefill_tokens_per_s"]),
         "--emu-accept-length", str(emu.accept_length),
         "--emu-time-scale", str(emu.time_scale),
         "--emu-seed", str(emu.seed),
@@ -217,7 +227,9 @@ def build_server_commands(
         key_file = work_dir / "secrets" / f"server-{index}.yaml"
         flags = _sglang_flags(config, model_path, port, key_file)
         if index == 0:
-            check_extra_args(engine.extra_args, {f for f in flags if f.startswith("--")})
+            # --max-running-requests is regen's even where SGLang sizes it (no flag passed).
+            owned = {f for f in flags if f.startswith("--")} | {"--max-running-requests"}
+            check_extra_args(engine.extra_args, owned)
         argv = [*program(engine), *flags, *engine.extra_args]
         if engine.kind == "emulator":
             argv += _emulator_flags(engine.emulator, index)

@@ -5,6 +5,9 @@ argparse exit 2 at launch, seconds after the GPUs are paid for. Here the same ar
 first: by `prepare_server_args` inside `engine.python` when that interpreter has sglang
 (`argcheck.py`, run by path: it needs no regen), else by the emulator's parser, which holds
 0.5.23's vendored flag set. A refusal names the flag and the config key it came from.
+
+Asking `engine.python` costs an import of sglang (10-25 s on a small CPU): `ask_sglang` makes
+that one start answer the preflight's engine row too (sglang's version, its import time).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,32 +75,57 @@ def _explain(error: str, extra_args: list[str]) -> str:
     return f"{_config_key(flag, extra_args)}: {flag}: {message}"
 
 
-def _flags(commands: list[ServerCommand], engine: EngineConfig, key_file: Path) -> list[list[str]]:
-    """The argvs without the program, each reading a placeholder key file that exists now."""
+@contextlib.contextmanager
+def _flags(commands: list[ServerCommand], engine: EngineConfig) -> Iterator[list[list[str]]]:
+    """The argvs without the program, each reading a placeholder key file that exists
+    meanwhile (the parser reads `--config`)."""
     skip = len(program(engine))
-    out = []
-    for command in commands:
-        argv = command.argv[skip:]
-        out.append([str(key_file) if a == str(command.key_file) else a for a in argv])
-    return out
+    with tempfile.TemporaryDirectory(prefix="regen-flags-") as tmp:
+        key_file = Path(tmp) / "key.yaml"
+        key_file.write_text("api-key: preflight-placeholder\n")
+        out = []
+        for command in commands:
+            argv = command.argv[skip:]
+            out.append([str(key_file) if a == str(command.key_file) else a for a in argv])
+        yield out
 
 
-def _real_parser(python: str, argvs: list[list[str]], timeout_s: float) -> list[str | None] | None:
-    """sglang's verdict per argv from `python`, or None when that interpreter has no sglang."""
-    try:
-        proc = subprocess.run(
-            [python, str(ARGCHECK), "check"],
-            input=json.dumps(argvs),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return None  # no sglang there (or a broken one): the engine row says which
-    return [None if r["ok"] else str(r["error"]) for r in json.loads(proc.stdout)]
+@dataclass(frozen=True)
+class SglangAnswer:
+    """What one start of `engine.python` said: sglang's version and import time and its
+    parser's verdict per argv (None: no server parser there), or why it could not answer."""
+
+    version: str | None = None
+    import_s: float = 0.0
+    verdicts: list[str | None] | None = None
+    failure: str | None = None  # the last line it wrote to stderr, or why it did not start
+    timed_out: bool = False
+
+
+def ask_sglang(
+    python: str, commands: list[ServerCommand], engine: EngineConfig, timeout_s: float
+) -> SglangAnswer:
+    """Start `python` once: import sglang, then parse each command's argv with it."""
+    with _flags(commands, engine) as argvs:
+        try:
+            proc = subprocess.run(
+                [python, str(ARGCHECK), "probe"],
+                input=json.dumps(argvs),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return SglangAnswer(timed_out=True)
+        except OSError as err:
+            return SglangAnswer(failure=f"{type(err).__name__}: {err}")
+    if proc.returncode != 0:  # no sglang there, or a broken one
+        return SglangAnswer(failure=(proc.stderr.strip().splitlines() or ["(no output)"])[-1])
+    answer = json.loads(proc.stdout)
+    results = answer["verdicts"]
+    verdicts = None if results is None else [None if r["ok"] else str(r["error"]) for r in results]
+    return SglangAnswer(str(answer["version"]), float(answer["import_s"]), verdicts)
 
 
 def _emulator_parser(argvs: list[list[str]]) -> list[str | None]:
@@ -117,19 +146,21 @@ def _emulator_parser(argvs: list[list[str]]) -> list[str | None]:
 
 
 def check_argvs(
-    commands: list[ServerCommand], engine: EngineConfig, timeout_s: float = 120.0
+    commands: list[ServerCommand],
+    engine: EngineConfig,
+    timeout_s: float = 120.0,
+    answer: SglangAnswer | None = None,
 ) -> FlagVerdict:
-    """Parse every launch argv as the server will, launching nothing."""
-    with tempfile.TemporaryDirectory(prefix="regen-flags-") as tmp:
-        key_file = Path(tmp) / "key.yaml"
-        key_file.write_text("api-key: preflight-placeholder\n")
-        argvs = _flags(commands, engine, key_file)
-        verdicts = None
-        judge = "the emulator's parser (sglang 0.5.23 flags)"
-        if engine.kind == "sglang":
-            verdicts = _real_parser(engine.python, argvs, timeout_s)
-            judge = "sglang's own parser" if verdicts is not None else "vendored 0.5.23 flags"
-        if verdicts is None:
+    """Parse every launch argv as the server will, launching nothing; `answer` is what
+    `ask_sglang` already said of these commands (asked here when None)."""
+    verdicts = None
+    judge = "the emulator's parser (sglang 0.5.23 flags)"
+    if engine.kind == "sglang":
+        answer = answer or ask_sglang(engine.python, commands, engine, timeout_s)
+        verdicts = answer.verdicts
+        judge = "sglang's own parser" if verdicts is not None else "vendored 0.5.23 flags"
+    if verdicts is None:
+        with _flags(commands, engine) as argvs:
             verdicts = _emulator_parser(argvs)
     for verdict in verdicts:
         if verdict is not None:

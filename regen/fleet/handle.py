@@ -20,6 +20,7 @@ from types import TracebackType
 
 from pydantic import SecretStr
 
+from regen.errors import FleetUnauthorized
 from regen.fleet.process import ServerProcess, stop_processes
 from regen.fleet.report import FleetRow
 from regen.machine.ports import port_is_free
@@ -125,7 +126,9 @@ class Fleet:
     async def _probe(self, endpoint: Endpoint) -> bool:
         try:
             result = await reprobe(endpoint, self._target, self._settings)
-        except Exception as err:  # a 401 now means the key changed under a running server
+        except FleetUnauthorized:
+            raise  # the key changed under the server: the dispatcher stops the run on it
+        except Exception as err:
             log.error("%s reprobe failed: %s", endpoint.name, err)
             return False
         if not result.ok:

@@ -27,7 +27,13 @@ _SERIES: dict[str, Callable[[list[float]], float]] = {
     "sglang:token_usage": max,
     "sglang:spec_accept_length": fmean,
     "sglang:generation_tokens_total": sum,
+    "sglang:num_retracted_requests_total": sum,
+    # Tokens decoded, counted at every decode step (only its mode="decode" samples): the rate
+    # of the running batch as it runs, where generation_tokens_total counts at each request's
+    # end (the concurrency tuner's measure).
+    "sglang:realtime_tokens_total": sum,
 }
+_MODE = {"sglang:realtime_tokens_total": "decode"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,8 @@ class ServerMetrics:
     token_usage: float | None
     accept_length: float | None
     generation_tokens: float | None
+    decode_tokens: float | None = None
+    retracted: float | None = None
 
 
 def parse_metrics(text: str) -> ServerMetrics | None:
@@ -47,7 +55,8 @@ def parse_metrics(text: str) -> ServerMetrics | None:
     found: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in _SERIES:
+            mode = _MODE.get(sample.name)
+            if sample.name in _SERIES and (mode is None or sample.labels.get("mode") == mode):
                 found.setdefault(sample.name, []).append(float(sample.value))
     if not found:
         return None
@@ -63,6 +72,8 @@ def parse_metrics(text: str) -> ServerMetrics | None:
         # 0.5.23 exports 0.0 with speculative decoding off; an accept length is at least 1.
         accept_length=accept if accept else None,
         generation_tokens=value["sglang:generation_tokens_total"],
+        decode_tokens=value["sglang:realtime_tokens_total"],
+        retracted=value["sglang:num_retracted_requests_total"],
     )
 
 

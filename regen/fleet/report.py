@@ -34,6 +34,13 @@ class FleetRow(BaseModel):
     first_response_s: float | None = None
     accept_length: float | None = None
     flagged: bool = False
+    max_running_requests: int | None = None
+    """The server's own running cap (/server_info), the most regen keeps in flight on it."""
+    kv_tokens: int | None = None
+    """The server's KV pool in tokens (max_total_num_tokens)."""
+    concurrency: int | None = None
+    """Requests regen kept in flight on it: its measured best (or the fixed setting), written
+    when generation ends."""
     relaunches: int = 0
     """Times it was started again during generation (`engine.relaunch`)."""
     relaunch_causes: tuple[str, ...] = ()
@@ -50,6 +57,10 @@ class FleetRow(BaseModel):
         ):
             if value is not None:
                 parts.append(f"{label}={value:.2f}{unit}")
+        if self.max_running_requests is not None:
+            parts.append(f"max_running={self.max_running_requests}")
+        if self.kv_tokens is not None:
+            parts.append(f"kv_tokens={self.kv_tokens}")
         if self.flagged:
             parts.append("FLAGGED")
         if self.relaunches:
@@ -112,6 +123,7 @@ def fleet_markdown(rows: list[FleetRow]) -> str:
                 "probe latency",
                 "probe tok/s",
                 "accept length",
+                "concurrency",
             ],
             (
                 (
@@ -123,6 +135,7 @@ def fleet_markdown(rows: list[FleetRow]) -> str:
                     _secs(r.probe_latency_s),
                     sig(r.tok_s),
                     sig(r.accept_length),
+                    _concurrency(r),
                 )
                 for r in rows
             ),
@@ -138,7 +151,18 @@ def fleet_markdown(rows: list[FleetRow]) -> str:
         lines += ["", "Relaunched:", ""]
         lines += [f"- {r.server}: {cause}" for r in relaunched for cause in r.relaunch_causes]
     lines += ["", "`probe tok/s`: each server's micro-benchmark at startup (`engine.bench`)."]
+    lines += [
+        "`concurrency`: requests regen kept in flight on the server (measured per server "
+        "unless `concurrency_per_server` fixes it) / the server's own max running requests."
+    ]
     return "\n".join(lines) + "\n"
+
+
+def _concurrency(r: FleetRow) -> str:
+    """`chosen / server cap`, either part `–` while unknown."""
+    if r.concurrency is None and r.max_running_requests is None:
+        return NONE
+    return f"{_cell(r.concurrency)} / {_cell(r.max_running_requests)}"
 
 
 def _status(r: FleetRow) -> str:

@@ -6,5 +6,7 @@ shard, with a node's fence, an `on_commit` hook and `generate_rows` for any subs
 `regen.multinode`). `feed`: the one dispatcher and its progress. `live_gate`: the canary and
 the rolling audit (the live gate). `generate`: the whole stage, canary then shards, over a
 caller's way of starting a shard. `outcome`: what generation did (a shard's outcome, the run's
-summary). `tasks/generate.py` only wraps these.
+summary). `stopped`: the one line of a run whose generation stopped for a cause no shard gets
+past (a fleet gone, a key refused, a full disk; `shard.stops_run` judges). `tasks/generate.py`
+only wraps these.
 """

@@ -7,6 +7,7 @@ figures are shown (a Prefect artifact, a terminal) is the caller's: it passes ca
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from pydantic import SecretStr
 
 from regen.client import Dispatcher
 from regen.client.tuning import for_run
+from regen.concurrency import TunerSettings
+from regen.concurrency.tuner import ConcurrencyTuner
 from regen.config import RegenConfig
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
@@ -22,9 +25,12 @@ from regen.fleet.report import write_fleet_report
 from regen.fleet.supervisor import Supervisor
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan
-from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.progress.fleet_live import LiveReport, LiveWatch
+from regen.progress.snapshot import ProgressSnapshot
+from regen.progress.writer import ProgressWriter
 from regen.storage import Storage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,16 +38,37 @@ class Feed:
     dispatcher: Dispatcher
     progress: ProgressWriter
     slots: int
-    """Requests the fleet serves at once (servers x concurrency)."""
+    """Requests the fleet serves at once at the start (servers x concurrency)."""
+    max_slots: int = 0
+    """The most it may serve at once once each server's concurrency is measured (the sum of
+    their caps): the shards held open must hold enough rows for it. Default `slots`."""
     final: ProgressSnapshot | None = None
     """The last snapshot, taken as generation ends (set when the `with` block exits)."""
+
+    def __post_init__(self) -> None:
+        self.max_slots = max(self.max_slots, self.slots)
 
     def committed(self, outcome: ShardOutcome) -> None:
         """Count a committed shard's rows in the progress (the dispatcher counts answers)."""
         self.progress.shard_committed(outcome.rows, outcome.ok, outcome.failed)
 
 
-def dispatcher_for(config: RegenConfig, fleet: Fleet, api_key: SecretStr) -> Dispatcher:
+def concurrency_caps(config: RegenConfig, fleet: Fleet) -> dict[str, int]:
+    """The most requests regen may keep in flight on each server: the config's cap, the
+    server's own max_running_requests (its /server_info, in the fleet report) and the tuner's
+    ceiling; just the fixed number with concurrency_per_server."""
+    if not config.tuned:
+        return {e.name: config.concurrency for e in fleet.endpoints}
+    ceiling = TunerSettings().max_concurrency
+    if config.engine.max_running_requests is not None:
+        ceiling = min(ceiling, config.engine.max_running_requests)
+    own = {r.server: r.max_running_requests for r in fleet.report}
+    return {e.name: max(1, min(ceiling, own.get(e.name) or ceiling)) for e in fleet.endpoints}
+
+
+def dispatcher_for(
+    config: RegenConfig, fleet: Fleet, api_key: SecretStr, slot_cap: int | None = None
+) -> Dispatcher:
     """The run's dispatcher over `fleet` (not started: use it as a context manager)."""
     return Dispatcher(
         fleet.endpoints,
@@ -56,6 +83,36 @@ def dispatcher_for(config: RegenConfig, fleet: Fleet, api_key: SecretStr) -> Dis
         # Launched servers are relaunched (`Supervisor`): the fleet is gone only once none
         # can come back; an external fleet keeps generation.fleet_dead_s.
         supervised=bool(fleet.launched),
+        slot_cap=slot_cap,
+    )
+
+
+@contextmanager
+def tuning(
+    config: RegenConfig, fleet: Fleet, dispatcher: Dispatcher, caps: dict[str, int]
+) -> Iterator[ConcurrencyTuner | None]:
+    """Each server's concurrency measured while the block runs (None with a fixed one); the
+    levels it reached go into the fleet report."""
+    if not config.tuned:
+        yield None
+        _record_concurrency(fleet, {e.name: config.concurrency for e in fleet.endpoints})
+        return
+    settings = TunerSettings(interval_s=config.generation.concurrency_interval_s)
+    tuner = ConcurrencyTuner(
+        dispatcher, fleet.endpoints, caps, start=config.concurrency, settings=settings
+    )
+    with tuner:
+        yield tuner
+    _record_concurrency(fleet, tuner.levels())
+
+
+def _record_concurrency(fleet: Fleet, levels: dict[str, int]) -> None:
+    fleet.update_report(
+        [
+            row.model_copy(update={"concurrency": levels[row.server]})
+            for row in fleet.report
+            if row.server in levels
+        ]
     )
 
 
@@ -74,8 +131,9 @@ def feeding(
     """Dispatcher, progress writer (at `progress_key`), live watch and the fleet's supervisor
     (which rewrites `report/fleet.json` at each relaunch) for the length of the `with` block;
     the supervisor stops first, so it never calls a closed dispatcher."""
+    caps = concurrency_caps(config, fleet)
     with (
-        dispatcher_for(config, fleet, api_key) as dispatcher,
+        dispatcher_for(config, fleet, api_key, slot_cap=max(caps.values())) as dispatcher,
         ProgressWriter(
             storage,
             dispatcher,
@@ -99,7 +157,13 @@ def feeding(
             startup_timeout_s=config.engine.startup_timeout_s,
             on_change=lambda rows: write_fleet_report(storage, rows),
         ),
+        tuning(config, fleet, dispatcher, caps),
     ):
-        feed = Feed(dispatcher, progress, slots=len(fleet.endpoints) * config.concurrency)
+        slots = len(fleet.endpoints) * config.concurrency
+        feed = Feed(dispatcher, progress, slots=slots, max_slots=sum(caps.values()))
         yield feed
         feed.final = progress.snapshot()
+    try:
+        write_fleet_report(storage, fleet.report)  # with each server's concurrency now
+    except OSError as err:  # the rows are committed: a report is no reason to fail the run
+        log.warning("report/fleet.json not rewritten with each server's concurrency: %s", err)

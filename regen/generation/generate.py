@@ -42,7 +42,9 @@ def generate_plan(
     log: Log = _log,
 ) -> GenerationSummary:
     """Generate the shards of `source` through `feed`; raise if any shard failed after its
-    retries. A stop of the live gate is the summary's `stopped` (`report/stopped.json`)."""
+    retries, or the cause that stopped them all (`shard.stops_run`: the flow ends on it in one
+    line, `regen.generation.stopped`). A stop of the live gate is the summary's `stopped`
+    (`report/stopped.json`)."""
     began, config = time.monotonic(), run.config
     live = LiveGate.open(
         run.storage, plan, feed.dispatcher, config.audit, tokenizer_path,
@@ -54,7 +56,7 @@ def generate_plan(
         # busy until its verdict; a stop throws away what the fleet did meanwhile.
         live.start_canary(config.generation.canary_prompts, slots=feed.slots)
         feed.progress.reused(live.reused)
-    window = shards_in_flight(feed.slots, config.shard_size)
+    window = shards_in_flight(feed.max_slots, config.shard_size)
 
     def submit(shard: int, lease: Fence | None) -> futures.Future[ShardOutcome]:
         # A node claims only shards without a manifest: it never retries error rows.
@@ -65,8 +67,10 @@ def generate_plan(
         run.storage, plan, submit, window=window, on_outcome=feed.committed, stop=live.stopped,
         log=log,
     )  # fmt: skip
-    live.canary_verdict()  # in by now (every shard waited for it); raises what failed it
     if result.fatal is not None:
-        raise result.fatal  # a full disk: its one line, not "N shard(s) failed"
+        # A fleet gone or refusing the key, a full disk: its one line, not "N shard(s)
+        # failed"; the canary, if it was still out, failed on the same cause.
+        raise result.fatal
+    live.canary_verdict()  # in by now (every shard waited for it); raises what failed it
     stopped = live.record.gate_line() if live.record else None
     return summarize(result.outcomes, result.failures, began, stopped)

@@ -19,10 +19,8 @@ from typing import Protocol
 from regen.dataset.keys import progress_key
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan
-from regen.generation.shard import Fence, Log
+from regen.generation.shard import Fence, Log, stops_run
 from regen.storage import Storage
-from regen.storage.diskfull import DiskFull
-from regen.storage.output_lease import LeaseLost
 
 SubmitShard = Callable[[int, Fence | None], "futures.Future[ShardOutcome]"]
 """Start one shard (with the node's lease in a multi-node run); its future gives the outcome."""
@@ -44,20 +42,22 @@ class NodeResult:
 
     outcomes: list[ShardOutcome] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    fatal: DiskFull | LeaseLost | None = None
-    """A failure no other shard can get past (a full disk, the output's lease lost to another
-    run): no new shard starts after it."""
+    fatal: Exception | None = None
+    """The first failure no other shard can get past (`stops_run`: a full disk, a fleet gone
+    or refusing the key, the output's lease lost to another run): no new shard starts after
+    it, and it, not the shards it took down with it, is what the run ends with."""
 
     def settle(self, shard: int, future: futures.Future[ShardOutcome]) -> ShardOutcome | None:
         """The outcome, or None with the failure recorded: a shard that failed after its
-        retries does not stop the others from committing."""
+        retries does not stop the others from committing; one that failed for a cause that
+        stops the run is that cause, said once, not a failed shard."""
         try:
             return future.result()
-        except (DiskFull, LeaseLost) as err:
-            self.fatal = self.fatal or err
-            return None
         except Exception as err:
-            self.failures.append(f"shard {shard:06d}: {err}")
+            if stops_run(err):
+                self.fatal = self.fatal or err
+            else:
+                self.failures.append(f"shard {shard:06d}: {err}")
             return None
 
     def headline(self, node: str) -> str:

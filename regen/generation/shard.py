@@ -25,7 +25,7 @@ from regen.dataset import (
     read_manifest,
     replace_shard,
 )
-from regen.errors import FleetError
+from regen.errors import FleetError, FleetUnauthorized
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan, rows_to_redo
 from regen.storage import Storage
@@ -68,12 +68,31 @@ RETRY_DELAY_S = 5.0
 storage hiccup to pass, short beside a shard's minutes of generation."""
 
 
+def stops_run(err: BaseException) -> bool:
+    """Whether `err` ends the run's generation, not only its shard: a dead, unauthorised or
+    closed fleet (`FleetError`: `FleetGone`, `FleetUnauthorized`), a full disk or the output's
+    lease lost to another run fails every other shard alike. The one judge: no new shard
+    starts after one, the shards in flight end not committed, and the run ends in one line
+    (`regen.generation.stopped`)."""
+    return isinstance(err, (FleetError, DiskFull, LeaseLost)) or is_disk_full(err)
+
+
+def stop_reason(err: BaseException) -> str:
+    """A few words for what `stops_run`: each shard in flight says them, the run says the
+    cause whole, once."""
+    if isinstance(err, FleetUnauthorized):
+        return "the servers refused the API key"
+    if isinstance(err, FleetError):
+        return "the fleet stopped serving"
+    if isinstance(err, LeaseLost):
+        return "the output's lease went to another run"
+    return "the output's disk is full"
+
+
 def worth_retrying(err: BaseException) -> bool:
-    """Whether a shard that failed with `err` is tried again: a dead, unauthorised or closed
-    fleet fails every retry alike, as does a full disk or a lost output lease; a storage
-    hiccup may not; a shard another run committed stays committed."""
-    fatal = (FleetError, ShardCommitted, DiskFull, LeaseLost)
-    return not isinstance(err, fatal) and not is_disk_full(err)
+    """Whether a shard that failed with `err` is tried again: not after what stops the run
+    (`stops_run`); a storage hiccup may pass; a shard another run committed stays committed."""
+    return not stops_run(err) and not isinstance(err, ShardCommitted)
 
 
 def _bytes_per_row(storage: Storage, shard: int) -> float | None:

@@ -34,9 +34,14 @@ def signal_of(err: BaseException) -> signal.Signals:
     return signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGINT
 
 
+def resume_command(argv: list[str]) -> str:
+    """The command that resumes a run: the one typed, as a shell would take it back."""
+    return shlex.join(["regen", *argv])
+
+
 def resume_line(sig: signal.Signals, output: str | None, argv: list[str]) -> str:
     """The one line an interrupted run ends with: what stopped, what is kept, how to resume."""
-    command = shlex.join(["regen", *argv])
+    command = resume_command(argv)
     where = f" in {output}" if output else ""
     return (
         f"regen: interrupted by {sig.name}: the fleet was stopped and the committed shards"

@@ -16,7 +16,7 @@ from regen.config import RegenConfig
 from regen.machine.gpus import GpuProbe, NvmlProbe
 from regen.preflight.codecheck import check_code
 from regen.preflight.data import check_prompt_source, check_prompts, check_storage
-from regen.preflight.engine import check_config, check_engine, check_flags
+from regen.preflight.engine import SglangProbe, check_config, check_engine, check_flags
 from regen.preflight.machine import check_gpus, check_memory, check_ports
 from regen.preflight.model import check_model, check_stage_space, model_bytes
 from regen.preflight.report import CheckRow, PreflightReport, print_report
@@ -63,9 +63,10 @@ def run_checks(
     `lease_run`: a node of a multi-node run names its parent, whose lease it shares.
     """
     size = model_bytes(config)
+    probe = SglangProbe(config)  # one import of sglang for the flags and engine rows
     checks: list[tuple[str, Callable[[], CheckRow]]] = [
         ("config", lambda: check_config(config)),
-        ("flags", lambda: check_flags(config)),
+        ("flags", lambda: check_flags(config, probe)),
         ("code", lambda: check_code(packages)),
         ("model", lambda: check_model(config)),
         *(
@@ -75,7 +76,7 @@ def run_checks(
         ),
         ("prompts", lambda: check_prompts(config, hf_token=hf_token)),
         ("storage", lambda: check_storage(config, open_output, lease_run)),
-        ("engine", lambda: check_engine(config)),
+        ("engine", lambda: check_engine(config, probe=probe)),
         ("gpus", lambda: check_gpus(config, gpu_probe or NvmlProbe(), size)),
         ("ports", lambda: check_ports(config)),
         ("stage dir", lambda: check_stage_space(config, size)),

@@ -1,7 +1,7 @@
 """The fleet's live figures: progress beside each server's own `/metrics`, every few seconds.
 
-Apart from `regen.progress` (what `progress.json` holds): these are read from the servers, not
-the dispatcher, and only a log line and an artifact show them.
+Apart from `regen.progress.snapshot` (what `progress.json` holds): these are read from the
+servers, not the dispatcher, and only a log line and an artifact show them.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from regen.display.figures import NONE, markdown_table, pct, sig
+from regen.display.progress import audit_line, progress_card, progress_headline
 from regen.fleet.metrics import FleetScraper, ServerFigures
 from regen.fleet.report import FleetRow
 from regen.machine.ticker import Ticker
-from regen.progress import ProgressSnapshot, ProgressWriter
+from regen.progress.snapshot import ProgressSnapshot
+from regen.progress.writer import ProgressWriter
 
 log = logging.getLogger(__name__)
 
@@ -97,24 +99,33 @@ class LiveReport:
                     return s.tokens_per_s
         return server.tokens_per_s
 
+    def concurrency(self, server: ServerFigures) -> str:
+        """Requests regen keeps in flight on a server (its slots: measured per server unless
+        fixed), `–` for a server the dispatcher does not know."""
+        for s in self.progress.servers:
+            if s.name == server.name:
+                return f"{s.slots:,}"
+        return NONE
+
     def card(self) -> str:
         """The card's figure: the progress's, as the progress artifact says it, then the
         servers relaunched or out, if any."""
         out = sum(r.status == "out" for r in self.fleet)
         notes = [f"{self.relaunches} relaunched"] if self.relaunches else []
         notes += [f"{out} server{'s' if out > 1 else ''} out"] if out else []
-        return " · ".join([self.progress.card(), *notes])
+        return " · ".join([progress_card(self.progress), *notes])
 
     def log_line(self) -> str:
         """One line for the run's log; a server without metrics says so."""
-        parts = [f"live: {self.progress.headline()}"]
+        parts = [f"live: {progress_headline(self.progress)}"]
         for s in self.servers:
             m = s.metrics
             if m is None:
                 parts.append(f"{s.name} metrics missing")
                 continue
             parts.append(
-                f"{s.name} {sig(self.server_rate(s))} tok/s, {_count(m.running)} running, "
+                f"{s.name} {sig(self.server_rate(s))} tok/s, concurrency {self.concurrency(s)}, "
+                f"{_count(m.running)} running, "
                 f"{_count(m.queued)} queued, KV {pct(m.token_usage)}, "
                 f"accept {sig(m.accept_length)}"
             )
@@ -126,9 +137,9 @@ class LiveReport:
         """Headline, a narrow table (fits a ~1000 px pane), and missing servers named below."""
         stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.at))
         lines = [
-            f"**{self.progress.headline()}**",
+            f"**{progress_headline(self.progress)}**",
             "",
-            self.progress.audit_line(),
+            audit_line(self.progress),
             "",
             f"Updated {stamp}; per-server figures from each server's `/metrics`"
             + (", tok/s the run's average." if self.progress.ended else "."),
@@ -136,13 +147,14 @@ class LiveReport:
         ]
         missing = [s for s in self.servers if s.metrics is None]
         lines += markdown_table(
-            ["server", "tok/s", "running", "queued", "KV cache", "accept length"],
+            ["server", "tok/s", "concurrency", "running", "queued", "KV cache", "accept length"],
             (
-                (s.name, "**metrics missing**", NONE, NONE, NONE, NONE)
+                (s.name, "**metrics missing**", self.concurrency(s), NONE, NONE, NONE, NONE)
                 if (m := s.metrics) is None
                 else (
                     s.name,
                     sig(self.server_rate(s)),
+                    self.concurrency(s),
                     _count(m.running),
                     _count(m.queued),
                     pct(m.token_usage),
@@ -150,7 +162,7 @@ class LiveReport:
                 )
                 for s in self.servers
             ),
-            numeric={"tok/s", "running", "queued", "KV cache", "accept length"},
+            numeric={"tok/s", "concurrency", "running", "queued", "KV cache", "accept length"},
         )
         if missing:
             lines += ["", "No `/metrics` answer (not counted as zero):", ""]

@@ -97,7 +97,7 @@ def test_builder_argvs_parse_to_what_we_meant(
             "port": command.port,
             "api_key": "<set>",  # from the --config file: the key is not in argv
             "reasoning_parser": e.reasoning_parser,
-            "max_running_requests": e.max_running_requests,
+            "max_running_requests": e.launch_max_running,  # None: SGLang sizes it
             "context_length": e.context_length,
             "mem_fraction_static": e.mem_fraction_static,
             "enable_metrics": True,

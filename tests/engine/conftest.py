@@ -1,13 +1,37 @@
 """The engine lane needs .venv-sglang that serves on a CPU: skipped in one line without it,
-failed in CI (`make engine-env` builds it)."""
+failed in CI (`make engine-env` builds it).
+
+Every process a test here starts is stopped when the fixture or test that started it ends,
+a timeout included (support/reaper.py, whose hooks are re-exported below); each test has one
+budget, TEST_TIMEOUT_S on pytest-timeout's signal method, whose alarm unwinds through the
+finalizers; and the lane's `regen` subprocesses share one Prefect server (`regen_env`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from support.engine import MISSING, build_tiny_model, env_ready, required
+from regen.machine.ports import quiet_port_range
+from support.engine import (
+    MISSING,
+    TEST_TIMEOUT_S,
+    build_tiny_model,
+    engine_config,
+    env_ready,
+    required,
+    write_prompts,
+)
+from support.prefect import Server, prefect_server
+from support.reaper import pytest_fixture_post_finalizer as pytest_fixture_post_finalizer
+from support.reaper import pytest_fixture_setup as pytest_fixture_setup
+from support.reaper import pytest_runtest_call as pytest_runtest_call
+from support.reaper import pytest_runtest_setup as pytest_runtest_setup
+from support.reaper import pytest_sessionfinish as pytest_sessionfinish
+from support.reaper import pytest_terminal_summary as pytest_terminal_summary
+from tests.engine.live import LiveRun, running
 
 if not env_ready() and not required():
     # Nothing collected here; tests/conftest.py prints MISSING once in the summary.
@@ -18,6 +42,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/engine/" in str(item.path):
             item.add_marker(pytest.mark.engine)
+            # Appended: a test's own timeout mark, if it has one, is the closer one.
+            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S, method="signal"))
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +52,33 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not env_ready():
         pytest.fail(f"CI=true and {MISSING.removeprefix('engine tests skipped: ')}")
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def lane_prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One `prefect server` for the lane: each `regen` subprocess would otherwise start (and
+    set up the database of) a temporary one, ~20 s a run on this machine."""
+    with prefect_server(tmp_path_factory.mktemp("lane-prefect"), startup_timeout=240) as server:
+        yield server
+
+
+@pytest.fixture
+def regen_env(lane_prefect: Server) -> dict[str, str]:
+    """The environment of a `regen` subprocess here: the lane's Prefect server, no telemetry;
+    taken now, so what the test starts carries its scope (support/reaper.py)."""
+    return lane_prefect.env_now()
+
+
+@pytest.fixture
+def two_server_run(
+    tmp_path: Path, tiny_model: Path, regen_env: dict[str, str]
+) -> Iterator[LiveRun]:
+    """`regen run` on two real CPU servers over 300 one-turn prompts (two requests a server,
+    so generation lasts), handed over generating: `server_pids()` are its launchers,
+    `kill_server(port)` crashes one, `wait()` waits for the run's end. Whatever is left, a
+    relaunched server included, is stopped on the way out (tests/engine/live.py)."""
+    write_prompts(tmp_path / "prompts.jsonl", single=300, multi=0, too_long=0)
+    config = engine_config(tmp_path, tiny_model, tmp_path / "prompts.jsonl", quiet_port_range(2))
+    config["concurrency_per_server"] = 2
+    with running(tmp_path, config, regen_env) as run:
+        yield run

@@ -7,7 +7,6 @@ big model's config.json and weight index, no weights)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import polars as pl
@@ -16,7 +15,8 @@ import yaml
 from regen.dataset import read_committed
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage
-from support.engine import SGLANG_PYTHON
+from support.engine import HANG_GUARD_S, SGLANG_PYTHON
+from tests.support.cli import run_regen
 
 
 def _node(tmp: Path, model: str, served: str, **engine: object) -> Path:
@@ -39,11 +39,9 @@ def _node(tmp: Path, model: str, served: str, **engine: object) -> Path:
 
 
 def _rehearse(tmp: Path, node: Path, env: dict[str, str], *args: str) -> tuple[str, Path]:
-    import subprocess
-
-    cmd = [sys.executable, "-m", "flows.cli", "rehearse", "--config", str(node), "--engine",
-           "sglang", "--engine-python", str(SGLANG_PYTHON), *args]  # fmt: skip
-    done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    cmd = ["rehearse", "--config", str(node), "--engine", "sglang",
+           "--engine-python", str(SGLANG_PYTHON), *args]  # fmt: skip
+    done = run_regen(cmd, env, tmp, HANG_GUARD_S)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-5000:]
     output = tmp / "work" / "rehearsal" / "datasets-never-written-sglang"

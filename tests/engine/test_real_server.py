@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +28,13 @@ import yaml
 from regen.dataset import manifested_shards, read_committed
 from regen.fleet.process import FLEET_ID_ENV
 from regen.lossmask import samples_from_ids
-from regen.machine.owned import OWNER_ENV
 from regen.machine.ports import quiet_port_range
 from regen.storage import LocalStorage
 from support.dataset import dataset_ids, read_progress
-from support.engine import engine_config, write_prompts
-from tests.support.cli import run_regen
+from support.engine import HANG_GUARD_S, engine_config, write_prompts
+from support.prefect import Server
+from tests.engine.live import running
+from tests.support.cli import owned_by, regen_process, run_regen
 
 THINK_END = 84  # `</think>` in the bundled tokenizer (ids contiguous 0-85)
 
@@ -86,44 +86,32 @@ class Resumed:
 
 @pytest.fixture(scope="module")
 def resumed(
-    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, prefect_home: Path
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, lane_prefect: Server
 ) -> Resumed:
     """`regen run` on two real CPU servers, killed with SIGKILL once a shard has committed;
     `regen check`; then the same `regen run` again, to the end."""
-    from tests.support.cli import regen_env
-
     tmp = tmp_path_factory.mktemp("engine-run")
     ids = write_prompts(tmp / "prompts.jsonl", single=150, multi=4, too_long=1)
     base = quiet_port_range(2)
     # Two requests per server: slow enough that the kill lands with shards still to generate.
     config = engine_config(tmp, tiny_model, tmp / "prompts.jsonl", base)
     config["concurrency_per_server"] = 2
-    path = _write_config(tmp / "node.yaml", config)
-    env = regen_env(prefect_home)
-    storage = LocalStorage(Path(config["output"]))
-    first = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", "--config", str(path)],
-        cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 400
-    try:
-        while not manifested_shards(storage):
-            assert first.poll() is None, f"the first run ended first:\n{first.communicate()[0]}"
-            assert time.monotonic() < deadline, "no shard committed in 400 s"
-            time.sleep(0.1)
-        os.kill(first.pid, signal.SIGKILL)  # regen alone: its servers are in sessions of their own
+    env = lane_prefect.env_now()  # taken here: what it starts carries this fixture's scope
+    with running(tmp, config, env) as first:
+        assert sorted(first.servers()) == [base, base + 1]
+        # regen alone: its servers are in sessions of their own, orphaned for the rerun.
+        os.kill(first.proc.pid, signal.SIGKILL)
         first.wait(timeout=30)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    storage = first.storage
     committed = {
         s: storage.read_bytes(f"shards/shard-{s:06d}.json") for s in manifested_shards(storage)
     }
     killed = [p.pid for p in _fleet_processes(_fleet_ids_of(Path(config["work_dir"])))]
+    path = tmp / "node.yaml"
     # A wide terminal: the table's cells are not wrapped mid-phrase.
-    check = run_regen(["check", "--config", str(path)], {**env, "COLUMNS": "400"}, tmp, 300)
-    rerun = run_regen(["run", "--config", str(path)], env, tmp, timeout=600)
+    wide = {**env, "COLUMNS": "400"}
+    check = run_regen(["check", "--config", str(path)], wide, tmp, HANG_GUARD_S)
+    rerun = run_regen(["run", "--config", str(path)], env, tmp, HANG_GUARD_S)
     return Resumed(tmp, config, ids, killed, committed, check, rerun)
 
 
@@ -238,7 +226,7 @@ def test_the_emulator_answers_with_the_real_servers_row_shape(
                                                 "reasoning_tokens": "4:12"}})  # fmt: skip
     config["engine"].pop("servers")
     path = _write_config(tmp / "emu.yaml", config)
-    done = run_regen(["run", "--config", str(path)], regen_env, tmp, timeout=300)
+    done = run_regen(["run", "--config", str(path)], regen_env, tmp, HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr
     real = resumed.rows().sort("id")
     emulated = read_committed(LocalStorage(Path(config["output"]))).scan().collect().sort("id")
@@ -290,25 +278,11 @@ def test_a_wrong_api_key_stops_the_run_with_the_401(
                                    "api_key": f"not-{key}"})  # fmt: skip
     config["engine"].pop("servers")
     path = _write_config(tmp_path / "wrong-key.yaml", config)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", "--config", str(path)],
-        cwd=tmp_path, env=regen_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    out, _ = proc.communicate(timeout=300)
+    with regen_process(["run", "--config", str(path)], regen_env, tmp_path,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:  # fmt: skip
+        out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 1, out[-4000:]
     assert "401" in out and "API key" in out, out[-4000:]
     assert key not in out
-    # Nothing the run started is left (Prefect's temporary server, any helper it tagged).
-    assert not _owned_by(proc.pid)
-
-
-def _owned_by(pid: int) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(OWNER_ENV, "").startswith(f"{pid}:"):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+    # Nothing the run started is left (any helper it tagged).
+    assert not owned_by(proc.pid)

@@ -1,4 +1,4 @@
-"""The verbs of `regen` that need no Prefect: audit, export, status, estimate, emulator.
+"""The `regen` command line's Prefect-free half: audit, export, publish, status, estimate, emulator.
 
 They are the library's branches of the one `regen` parser, which `flows/cli.py` builds (it is
 the console script, and holds the verbs that run a flow or touch Prefect): it hands its verbs
@@ -69,8 +69,8 @@ def add_config(p: argparse.ArgumentParser, required: bool) -> None:
 
 
 def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
-    """Add audit, export, status, estimate and emulator to the `regen` parser's verbs, in
-    this order."""
+    """Add audit, export, publish, status, estimate and emulator to the `regen` parser's
+    verbs, in this order."""
     p = verbs.add_parser(
         "audit",
         help="Audit an existing dataset; exit 1 when the gate fails.",
@@ -153,6 +153,55 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=_export)
 
     p = verbs.add_parser(
+        "publish",
+        help="Push a finished dataset to a Hugging Face Hub dataset repo with its card.",
+        description="Publish a finished, audited dataset to hf://datasets/ORG/NAME: each ok "
+        "row's conversation as Parquet (config `default`, split `train`; with --tokenized "
+        "also the hf-dataset export's rows as config `tokenized`), the report's plots, "
+        "report/provenance.json and a dataset card made from what the run recorded. The repo "
+        "is created private unless --public; the files are staged under --staging and only "
+        "what the branch lacks is uploaded, so a rerun resumes and a second publish uploads "
+        "nothing. Refused (exit 1) for a run the live gate stopped, an incomplete one, an "
+        "audit older than the data, or a failed audit unless --allow-failed; exit 2 for a "
+        "usage mistake (not a dataset, never audited, no token or no write access). The "
+        "token is HF_TOKEN or `hf auth login`'s.",
+    )
+    p.add_argument("dataset", help="Dataset root, a directory or s3://bucket/prefix.")
+    p.add_argument("repo", help="hf://datasets/ORG/NAME (or hf://ORG/NAME).")
+    p.add_argument(
+        "--revision", default="main", help="The branch to commit to (created when missing)."
+    )
+    p.add_argument(
+        "--public", action="store_true", help="Create the repo public (default private)."
+    )
+    p.add_argument(
+        "--tokenized",
+        action="store_true",
+        help="Also publish config `tokenized`: id, input_ids, loss_mask, seq_len (the "
+        "hf-dataset export's rows).",
+    )
+    p.add_argument(
+        "--tokenizer",
+        type=_tokenizer,
+        help="With --tokenized: the model directory whose chat template renders turns stored "
+        "without token ids (else they are left out and counted); its template's hash goes "
+        "into a provenance the run did not record.",
+    )
+    p.add_argument(
+        "--license",
+        help="The card's license id (default: the prompt source's card's, else `unknown`).",
+    )
+    p.add_argument(
+        "--allow-failed", action="store_true", help="Publish even though the audit failed."
+    )
+    p.add_argument(
+        "--staging",
+        type=Path,
+        help="Where the repo's files are made first (default .regen/publish/ORG--NAME).",
+    )
+    p.set_defaults(func=_publish)
+
+    p = verbs.add_parser(
         "status",
         help="A run at a glance from its output alone: progress, ETA, tok/s, live gate, holder.",
         description="Read a dataset root (a directory or s3://bucket/prefix) as any shell or "
@@ -173,8 +222,9 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
         "measured on the node by the fleet's benchmark: --rate-from a dataset whose "
         "report/fleet.json has it) print the hours on each --gpus count (default the "
         "config's servers) and the output's size (regen check's estimate). Every answer at "
-        "sampling.max_tokens is an upper bound; --mean-tokens gives the likely time beside "
-        "it. Nothing is launched and the output is not touched.",
+        "sampling.max_tokens bounds the tokens, not the time (the rate is an estimate); "
+        "--mean-tokens gives the likely time beside it. Nothing is launched and the output "
+        "is not touched.",
     )
     add_config(p, required=True)
     rate = p.add_mutually_exclusive_group(required=True)
@@ -259,8 +309,50 @@ def _audit(args: argparse.Namespace) -> int:
     return 1 if result.verdict == "fail" else 0
 
 
+def _publish(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from regen.config import PublishConfig
+    from regen.publish import default_staging, publish_dataset
+    from regen.storage import open_storage
+
+    try:
+        options = PublishConfig(
+            repo=args.repo,
+            revision=args.revision,
+            private=not args.public,
+            tokenized=args.tokenized,
+            license=args.license,
+        )
+    except ValidationError as err:
+        raise ConfigError(f"regen publish: {err.errors()[0]['msg']}") from None
+    flags = [
+        *([f"--revision {args.revision}"] if args.revision != "main" else []),
+        *(["--public"] if args.public else []),
+        *(["--tokenized"] if args.tokenized else []),
+        *([f"--license {args.license}"] if args.license else []),
+        *(["--allow-failed"] if args.allow_failed else []),
+    ]
+    command = " ".join(["regen publish", args.dataset, args.repo, *flags])
+    staging = args.staging or default_staging(Path(".regen"), options.target)
+    try:
+        published = publish_dataset(
+            open_storage(args.dataset),
+            options,
+            staging=staging,
+            command=command,
+            allow_failed=args.allow_failed,
+            tokenizer=args.tokenizer,
+        )
+    except OSError as err:  # the staging folder cannot be written, a full disk
+        where = err.filename or staging
+        raise UserError(f"{where}: cannot stage the repo's files ({err.strerror or err})") from None
+    print("\n".join(published.lines()))
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
-    from regen.progress.glance import read_status
+    from regen.progress.status import read_status
     from regen.storage import open_storage
 
     print("\n".join(read_status(open_storage(args.dataset)).lines()))
