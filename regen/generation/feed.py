@@ -39,14 +39,15 @@ class Feed:
     progress: ProgressWriter
     slots: int
     """Requests the fleet serves at once at the start (servers x concurrency)."""
-    max_slots: int = 0
-    """The most it may serve at once once each server's concurrency is measured (the sum of
-    their caps): the shards held open must hold enough rows for it. Default `slots`."""
     final: ProgressSnapshot | None = None
     """The last snapshot, taken as generation ends (set when the `with` block exits)."""
 
-    def __post_init__(self) -> None:
-        self.max_slots = max(self.max_slots, self.slots)
+    def slots_now(self) -> int:
+        """Requests the fleet serves at once now: each server's concurrency as tuned so far.
+        The shards held open follow it, not the servers' caps: held for the caps, a whole run
+        was in flight at once and the rolling audit's stop came after every shard had been
+        generated."""
+        return sum(server.slots for server in self.dispatcher.stats().servers)
 
     def committed(self, outcome: ShardOutcome) -> None:
         """Count a committed shard's rows in the progress (the dispatcher counts answers)."""
@@ -160,7 +161,7 @@ def feeding(
         tuning(config, fleet, dispatcher, caps),
     ):
         slots = len(fleet.endpoints) * config.concurrency
-        feed = Feed(dispatcher, progress, slots=slots, max_slots=sum(caps.values()))
+        feed = Feed(dispatcher, progress, slots=slots)
         yield feed
         feed.final = progress.snapshot()
     try:

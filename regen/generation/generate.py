@@ -56,7 +56,9 @@ def generate_plan(
         # busy until its verdict; a stop throws away what the fleet did meanwhile.
         live.start_canary(config.generation.canary_prompts, slots=feed.slots)
         feed.progress.reused(live.reused)
-    window = shards_in_flight(feed.max_slots, config.shard_size)
+
+    def window() -> int:
+        return shards_in_flight(feed.slots_now(), config.shard_size)
 
     def submit(shard: int, lease: Fence | None) -> futures.Future[ShardOutcome]:
         # A node claims only shards without a manifest: it never retries error rows.

@@ -25,6 +25,17 @@ from regen.storage import Storage
 SubmitShard = Callable[[int, Fence | None], "futures.Future[ShardOutcome]"]
 """Start one shard (with the node's lease in a multi-node run); its future gives the outcome."""
 
+Window = int | Callable[[], int]
+"""Shards held running at once: a number, or read again as the fleet's slots change (each
+server's concurrency is tuned while the run goes)."""
+
+RECHECK_S = 1.0
+"""How often a running loop reads a changing window again while no shard ends."""
+
+
+def window_now(window: Window) -> int:
+    return window() if callable(window) else window
+
 
 def shards_in_flight(slots: int, shard_size: int) -> int:
     """Enough shards running to keep every slot busy past a shard's stragglers, and no more.
@@ -69,7 +80,7 @@ def run_all(
     shards: list[int],
     submit: SubmitShard,
     *,
-    window: int,
+    window: Window,
     on_outcome: Callable[[ShardOutcome], None] | None = None,
     stop: Callable[[], bool] = lambda: False,
 ) -> NodeResult:
@@ -82,14 +93,15 @@ def run_all(
         while (
             not stop()
             and result.fatal is None
-            and len(running) < window
+            and len(running) < window_now(window)
             and (shard := next(todo, None)) is not None
         ):
             running[submit(shard, None)] = shard
         if not running:
             result.outcomes.sort(key=lambda o: o.shard)
             return result
-        for future in futures.wait(running, return_when=futures.FIRST_COMPLETED).done:
+        ended = futures.wait(running, timeout=RECHECK_S, return_when=futures.FIRST_COMPLETED)
+        for future in ended.done:
             outcome = result.settle(running.pop(future), future)
             if outcome is not None and outcome.committed:
                 result.outcomes.append(outcome)
@@ -126,7 +138,7 @@ class ShardSource(Protocol):
         plan: RunPlan,
         submit: SubmitShard,
         *,
-        window: int,
+        window: Window,
         on_outcome: Callable[[ShardOutcome], None],
         stop: Callable[[], bool],
         log: Log,
@@ -161,7 +173,7 @@ class AllPending:
         plan: RunPlan,
         submit: SubmitShard,
         *,
-        window: int,
+        window: Window,
         on_outcome: Callable[[ShardOutcome], None],
         stop: Callable[[], bool],
         log: Log,

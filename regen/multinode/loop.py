@@ -13,7 +13,14 @@ from concurrent import futures
 from dataclasses import dataclass
 
 from regen.dataset.keys import progress_key
-from regen.generation.loop import AllPending, NodeResult, ShardSource, SubmitShard
+from regen.generation.loop import (
+    AllPending,
+    NodeResult,
+    ShardSource,
+    SubmitShard,
+    Window,
+    window_now,
+)
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.generation.shard import Log
@@ -30,7 +37,7 @@ def run_claimed(
     fingerprint: str,
     submit: SubmitShard,
     *,
-    window: int,
+    window: Window,
     info: dict[str, str] | None = None,
     on_outcome: Callable[[ShardOutcome], None] | None = None,
     stop: Callable[[], bool] = lambda: False,
@@ -51,7 +58,7 @@ def run_claimed(
             while (
                 not stop()
                 and result.fatal is None
-                and len(running) < window
+                and len(running) < window_now(window)
                 and (shard := picker.next()) is not None
             ):
                 keeper.hold(shard)
@@ -110,7 +117,7 @@ class ClaimedShards:
         plan: RunPlan,
         submit: SubmitShard,
         *,
-        window: int,
+        window: Window,
         on_outcome: Callable[[ShardOutcome], None],
         stop: Callable[[], bool],
         log: Log,
