@@ -13,18 +13,18 @@ import pytest
 
 from regen.audit import (
     AuditResult,
-    RollingGate,
+    RollingAudit,
     Summary,
     audit_rows,
-    gate_decision,
+    judge,
     merge,
     run_audit,
     settings_for,
 )
 from regen.audit.dataset import open_dataset
 from regen.audit.final import row_checks
-from regen.audit.gate import shown_over
 from regen.audit.lengths import quantile
+from regen.audit.rolling import shown_over
 from regen.audit.settings import AuditSettings
 from regen.config import AuditConfig
 from regen.dataset import REJECTS_KEY, commit_shard, read_manifest, read_shard, replace_shard
@@ -175,7 +175,7 @@ def _shard_stream(storage: LocalStorage, config: AuditConfig) -> list[Summary]:
 def test_live_gate_stops_on_the_incident_only_after_min_rows(tmp_path: Path) -> None:
     ds = make_dataset(tmp_path, rows=3000, shard_size=500, defects={"incident": 0.87})
     config = AuditConfig()
-    gate = RollingGate(_settings(ds.storage, config))
+    gate = RollingAudit(_settings(ds.storage, config))
     actions = [gate.update(s) for s in _shard_stream(ds.storage, config)]
     assert [d.action for d in actions] == ["go", "go", "go", "stop", "stop", "stop"]
     stop = actions[3]
@@ -188,10 +188,10 @@ def test_live_gate_stops_on_the_incident_only_after_min_rows(tmp_path: Path) -> 
     assert stop.figures["checks"]["empty_answer"]["status"] == "fail"
     json.dumps(stop.figures)  # progress.json takes it as it is
     # Under `warn` the same figures are reported and the run goes on; `off` judges nothing.
-    warn = RollingGate(_settings(ds.storage, AuditConfig(live="warn")))
+    warn = RollingAudit(_settings(ds.storage, AuditConfig(live="warn")))
     last = [warn.update(s) for s in _shard_stream(ds.storage, config)][-1]
     assert last.action == "go" and {f.check for f in last.failing} >= {"empty_answer"}
-    off = gate_decision(
+    off = judge(
         merge(_shard_stream(ds.storage, config)), _settings(ds.storage, AuditConfig(live="off"))
     )
     assert off.action == "go" and off.failing == [] and off.figures["rows"] == 3000
@@ -199,7 +199,7 @@ def test_live_gate_stops_on_the_incident_only_after_min_rows(tmp_path: Path) -> 
 
 def test_clean_stream_goes_on(tmp_path: Path) -> None:
     ds = make_dataset(tmp_path, rows=2500, shard_size=500, seed=3)
-    gate = RollingGate(_settings(ds.storage, AuditConfig()))
+    gate = RollingAudit(_settings(ds.storage, AuditConfig()))
     decisions = [gate.update(s) for s in _shard_stream(ds.storage, AuditConfig())]
     assert all(d.action == "go" and not d.failing and not d.quarantine for d in decisions)
 
@@ -208,7 +208,7 @@ def test_quarantine_picks_the_bad_server_and_the_run_goes_on(tmp_path: Path) -> 
     """server-2 answers nothing: it is quarantined once, and its rows do not stop the rest
     although they put the fleet's empty-answer rate at 25 % (fail at 5 %)."""
     ds = make_dataset(tmp_path, rows=4000, shard_size=500, bad_server=2)
-    gate = RollingGate(_settings(ds.storage, AuditConfig()))
+    gate = RollingAudit(_settings(ds.storage, AuditConfig()))
     decisions = [gate.update(s) for s in _shard_stream(ds.storage, AuditConfig())]
     assert [d.action for d in decisions] == ["go"] * 8
     first = decisions[0].quarantine
@@ -220,7 +220,7 @@ def test_quarantine_picks_the_bad_server_and_the_run_goes_on(tmp_path: Path) -> 
     assert decisions[-1].figures["checks"]["empty_answer"]["figure"] == pytest.approx(0.25)
     # A quarantined server's rows excuse only its own share: a fleet-wide 30 % still stops.
     fleet = make_dataset(tmp_path / "fleet", rows=2000, shard_size=500, defects={"empty": 0.3})
-    both = gate_decision(
+    both = judge(
         merge(_shard_stream(fleet.storage, AuditConfig())),
         _settings(fleet.storage, AuditConfig()),
         quarantined=frozenset({"server-2"}),
@@ -235,8 +235,8 @@ def test_canary_gate_from_one_summary(tmp_path: Path) -> None:
     canary = _rows(ds.storage).gather_every(8)
     summary = audit_rows(canary, settings)
     assert summary.shards == [0, 1, 2, 3] and summary.rows == 250
-    assert gate_decision(summary, settings).action == "go"  # under live_min_rows
-    decision = gate_decision(summary, settings, min_rows=200)
+    assert judge(summary, settings).action == "go"  # under live_min_rows
+    decision = judge(summary, settings, min_rows=200)
     assert decision.action == "stop"
     assert "empty_answer" in {f.check for f in decision.failing}
 
@@ -250,7 +250,7 @@ def test_a_canary_of_a_few_clean_rows_never_stops(tmp_path: Path, n: int) -> Non
     rows = _rows(ds.storage)
     truncated = rows.filter(pl.col("id").is_in(list(ds.ids_of("truncated"))))
     sample = pl.concat([truncated, rows.join(truncated, on="id", how="anti")]).head(n)
-    decision = gate_decision(audit_rows(sample, settings), settings, min_rows=0)
+    decision = judge(audit_rows(sample, settings), settings, min_rows=0)
     assert decision.action == "go" and decision.failing == [], decision.reason
 
 
@@ -265,7 +265,7 @@ def test_a_canary_stops_on_what_its_rows_show(
     (1.4 %); the incident's 223 of 256 stops at once."""
     ds = make_dataset(tmp_path, rows=n, shard_size=n, defects={"empty": bad / n})
     settings = _settings(ds.storage, AuditConfig())
-    decision = gate_decision(audit_rows(_rows(ds.storage), settings), settings, min_rows=0)
+    decision = judge(audit_rows(_rows(ds.storage), settings), settings, min_rows=0)
     assert decision.action == ("stop" if stops else "go"), decision.reason
     assert ("empty_answer" in {f.check for f in decision.failing}) == stops
 
@@ -282,15 +282,15 @@ def test_the_evidence_bound_meets_the_figure_at_scale() -> None:
 def test_live_gate_keeps_the_answers_it_needs_and_leaves_summaries_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The rolling gate bounds its answer table; a collapse stays at its full count, and the
+    """The rolling audit bounds its answer table; a collapse stays at its full count, and the
     shard summaries it was fed are not changed."""
-    import regen.audit.gate as gate_module
+    import regen.audit.rolling as gate_module
 
     monkeypatch.setattr(gate_module, "GATE_ANSWERS", 50)
     ds = make_dataset(tmp_path, rows=2000, shard_size=250, defects={"collapse": 0.3})
     parts = _shard_stream(ds.storage, AuditConfig())
     before = [p.model_copy(deep=True) for p in parts]
-    gate = RollingGate(_settings(ds.storage, AuditConfig()))
+    gate = RollingAudit(_settings(ds.storage, AuditConfig()))
     last = [gate.update(p) for p in parts][-1]
     assert parts == before
     assert gate.summary is not None and gate.summary.answers.counts.height == 50

@@ -12,11 +12,11 @@ import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from regen.audit import gate_decision, settings_for
+from regen.audit import judge, settings_for
 from regen.audit.dataset import open_dataset
 from regen.audit.final import row_checks
-from regen.audit.gate import Finding
 from regen.audit.result import Example
+from regen.audit.rolling import Finding
 from regen.audit.summary import audit_rows
 from regen.canary import (
     STOP_KEY,
@@ -375,8 +375,8 @@ def test_a_canary_judged_in_parts_is_judged_as_one_sample(tmp_path: Path) -> Non
     assert merged.rows == whole.rows == 250
     assert merged.parity == whole.parity  # one shard's worth, each row without prompt ids
     assert row_checks(merged, settings) == row_checks(whole, settings)
-    one = gate_decision(whole, settings, min_rows=0)
-    assert gate_decision(merged, settings, min_rows=0) == one and one.action == "stop"
+    one = judge(whole, settings, min_rows=0)
+    assert judge(merged, settings, min_rows=0) == one and one.action == "stop"
 
 
 def ids_of(rows: pl.DataFrame) -> list[str]:

@@ -23,8 +23,8 @@ import yaml
 from prefect.exceptions import FailedRun
 
 from flows.failures import quiet_failures
-from regen.audit.gate import Finding
 from regen.audit.result import AuditResult, Check, Example
+from regen.audit.rolling import Finding
 from regen.canary import StopRecord
 from regen.config import RegenConfig
 from regen.errors import UserError

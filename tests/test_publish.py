@@ -303,7 +303,7 @@ def test_refusals_are_one_line_with_the_readme_exit_codes(
 def test_a_stopped_run_is_refused(
     hub: LoopbackHub, dataset: Storage, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from regen.audit.gate import Finding
+    from regen.audit.rolling import Finding
     from regen.canary.stop import StopRecord, write_stop_record
 
     assert isinstance(dataset, LocalStorage)

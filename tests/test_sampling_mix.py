@@ -16,7 +16,7 @@ from aiohttp.typedefs import Handler
 from pydantic import SecretStr
 
 from regen.audit import run_audit
-from regen.audit.gate import gate_decision
+from regen.audit.rolling import judge
 from regen.audit.settings import settings_for
 from regen.audit.summary import audit_rows, merge
 from regen.client import Dispatcher
@@ -310,9 +310,9 @@ def test_the_live_gate_asks_the_settings_own_rows_for_evidence(tmp_path: Path) -
     cool = view.scan([0]).collect().filter(pl.col("sampling").struct.field("temperature") == 0.6)
     hot = [_row(900 + i, HOT_OFF, empty=i == 0) for i in range(4)]
     few = pl.concat([cool, pl.DataFrame(hot, schema=row_schema())])
-    calm = gate_decision(audit_rows(few, settings), settings, min_rows=0)
+    calm = judge(audit_rows(few, settings), settings, min_rows=0)
     assert "per_setting" not in {f.check for f in calm.failing}
-    many = gate_decision(audit_rows(view.scan().collect(), settings), settings, min_rows=0)
+    many = judge(audit_rows(view.scan().collect(), settings), settings, min_rows=0)
     assert "per_setting" in {f.check for f in many.failing} and many.action == "stop"
 
 

@@ -4,10 +4,10 @@ Its settings are the config's `audit:` section (`regen.config.AuditConfig`).
 """
 
 from regen.audit.final import run_audit
-from regen.audit.gate import Decision, RollingGate, gate_decision
 from regen.audit.registry import CHECKS
 from regen.audit.report import write_report
 from regen.audit.result import AuditResult, Check, Example
+from regen.audit.rolling import Decision, RollingAudit, judge
 from regen.audit.settings import AuditSettings, settings_for
 from regen.audit.summary import audit_rows, merge
 from regen.audit.summary_model import Summary
@@ -20,11 +20,11 @@ __all__ = [
     "Check",
     "Decision",
     "Example",
-    "RollingGate",
+    "RollingAudit",
     "Summary",
     "audit_rows",
     "audit_table",
-    "gate_decision",
+    "judge",
     "merge",
     "run_audit",
     "settings_for",

@@ -1,7 +1,7 @@
 """How unlikely a count is by chance: the one test every judgement of a sample uses.
 
 The live gate asks whether a sample's bad rows show a run at or over a fail threshold
-(`regen.audit.gate.shown_over`); the server_outlier check asks whether one server's bad rows
+(`regen.audit.rolling.shown_over`); the server_outlier check asks whether one server's bad rows
 stand out from the other servers' by more than chance (`regen.audit.checks.server_outlier`).
 Both are an exact binomial tail read against `EVIDENCE`, so "a finding" means the same thing
 at the canary, in the rolling audit and in the final report.

@@ -1,4 +1,5 @@
-"""The live gate: the audit's own checks over running merged summaries, judged after each shard.
+"""The rolling audit: the audit's own checks over running merged summaries, judged after each
+shard (the live gate's half after the canary, `regen.generation.live_gate`).
 
 A run that answers `OK.` to 87 % of prompts should stop after its first shards, not fail the
 final gate days later. The gate merges each committed shard's summary into running figures
@@ -23,7 +24,7 @@ from regen.audit.summary import merge, merge_answers
 from regen.audit.summary_model import Summary
 
 GATE_ANSWERS = 10_000
-"""Distinct answers the rolling gate keeps: a collapse is one answer on >= 5 % of rows, so it
+"""Distinct answers the rolling audit keeps: a collapse is one answer on >= 5 % of rows, so it
 is always among them; memory stays bounded over a million rows."""
 
 
@@ -91,7 +92,7 @@ class Decision(BaseModel):
         return "; ".join(parts) or "all checks within thresholds"
 
 
-def gate_decision(
+def judge(
     summary: Summary,
     settings: AuditSettings,
     min_rows: int | None = None,
@@ -115,11 +116,11 @@ def gate_decision(
     share = sum(summary.servers.get(s, {}).get("rows", 0) for s in dropped) / max(summary.rows, 1)
     limit = config.live_min_rows if min_rows is None else min_rows
     failing = []
-    for judge, check in zip(CHECKS, checks, strict=True):
-        if not judge.live or check.figure is None or summary.rows < limit:
+    for rule, check in zip(CHECKS, checks, strict=True):
+        if not rule.live or check.figure is None or summary.rows < limit:
             continue
         healthy = max(0.0, check.figure - share) / (1 - share) if share < 1 else 0.0
-        sampled = judge.sampled(summary, settings)
+        sampled = rule.sampled(summary, settings)
         rows = None if sampled is None else round(sampled * (1 - share))
         if check.fail is not None and shown_over(healthy, rows, check.fail):
             failing.append(_finding(check, summary.rows))
@@ -133,8 +134,8 @@ def gate_decision(
     )
 
 
-class RollingGate:
-    """The rolling gate: running merged figures of a run's committed shards, judged after
+class RollingAudit:
+    """The rolling audit: running merged figures of a run's committed shards, judged after
     each one."""
 
     def __init__(self, settings: AuditSettings, quarantined: frozenset[str] = frozenset()):
@@ -148,7 +149,7 @@ class RollingGate:
         merged = merge([shard] if self.summary is None else [self.summary, shard])
         merged.answers = merge_answers([merged.answers], merged.max_examples, keep=GATE_ANSWERS)
         self.summary = merged
-        decision = gate_decision(merged, self.settings, quarantined=frozenset(self.quarantined))
+        decision = judge(merged, self.settings, quarantined=frozenset(self.quarantined))
         self.quarantined |= {q.server for q in decision.quarantine}
         return decision
 

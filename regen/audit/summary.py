@@ -3,7 +3,7 @@
 The audit used to read the whole dataset into one frame (4.4 GB at 100K rows). A summary holds
 counts, a few example ids, value counts of integer lengths (so quantiles stay exact after a
 merge) and hashed answers with counts (for the collapse check): a few kB per shard. The final
-audit, the rolling gate during a run and a canary's gate all merge summaries, so they are one
+audit, the rolling audit during a run and a canary's gate all merge summaries, so they are one
 mechanism and agree by construction.
 
 The measuring side: `audit_rows` fills a summary and `merge` adds summaries up; they must change
@@ -153,7 +153,7 @@ def error_reason() -> pl.Expr:
 
 def merge(summaries: Iterable[Summary]) -> Summary:
     """The figures over all the summaries' rows, examples in the order given (shard order for
-    the final audit, commit order for the rolling gate). Summaries made with other settings
+    the final audit, commit order for the rolling audit). Summaries made with other settings
     cannot be merged: their figures mean other things."""
     parts = list(summaries)
     if not parts:
@@ -233,7 +233,7 @@ def _add_keyed(
 
 def merge_answers(parts: list[Answers], k: int, keep: int | None = None) -> Answers:
     """Counts added by answer hash, first ids kept in order; with `keep`, only the `keep` most
-    common answers (the rolling gate's bound: a pruned answer's count is lost, so a later
+    common answers (the rolling audit's bound: a pruned answer's count is lost, so a later
     collapse is under-counted by at most the count it had, itself under 1/`keep` of rows)."""
     counts = (
         pl.concat([a.counts for a in parts])

@@ -20,9 +20,9 @@ import polars as pl
 from pydantic import BaseModel, Field
 
 from regen.audit.final import StoppedRun
-from regen.audit.gate import Finding
 from regen.audit.rejects import rejects_check
 from regen.audit.result import FailingFigure, figure_lines, short_figures
+from regen.audit.rolling import Finding
 from regen.canary.store import read_canary
 from regen.config import AuditConfig
 from regen.dataset.keys import STOP_KEY, canary_key, set_aside_prefix

@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from regen.audit.dataset import open_dataset
-from regen.audit.gate import Decision, RollingGate, gate_decision
+from regen.audit.rolling import Decision, RollingAudit, judge
 from regen.audit.settings import AuditSettings, settings_for
 from regen.audit.summary import audit_rows, merge
 from regen.audit.summary_model import Summary
@@ -50,7 +50,7 @@ _log = logging.getLogger(__name__)
 
 
 class LiveGate:
-    """The live gate of one run (or node): its canary and its rolling gate, shared by its
+    """The live gate of one run (or node): its canary and its rolling audit, shared by its
     shard threads."""
 
     def __init__(
@@ -67,7 +67,7 @@ class LiveGate:
         self.plan = plan
         self.dispatcher = dispatcher
         self.settings = settings
-        self.gate = RollingGate(settings)
+        self.gate = RollingAudit(settings)
         self.record: StopRecord | None = None
         self.canary = pl.DataFrame(schema=row_schema())
         self.reused = 0
@@ -158,7 +158,7 @@ class LiveGate:
             parts = {k: audit_rows(rows, self.settings) for k, rows in pending.arrived()}
             rows = pending.rows()  # every part is in: nothing waited on
             summary = one_sample(parts)
-            decision = gate_decision(summary, self.settings, min_rows=0)
+            decision = judge(summary, self.settings, min_rows=0)
             self._quarantine(decision)
         except BaseException as err:
             verdict.set_exception(err)

@@ -53,7 +53,7 @@ class ProgressSnapshot:
     eta_s: float | None
     servers: tuple[ServerProgress, ...]
     audit: dict[str, Any] | None = None
-    """The rolling audit's running figures (`regen.audit.gate.running_figures`), once a shard
+    """The rolling audit's running figures (`regen.audit.rolling.running_figures`), once a shard
     has committed."""
     ended: str | None = None
     """How generation ended (`finished`, or `stopped: <the gate's verdict>`), once it has."""
