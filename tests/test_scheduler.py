@@ -146,7 +146,7 @@ def test_quarantine_moves_the_servers_rows_at_no_attempts_cost_and_reprobes_it()
     s.retries.clear()
     s.landed(bad[1], BROKEN)  # the second in a row: out
     assert s.servers[0].state is ServerState.QUARANTINED
-    assert s.probing == {0: True}
+    assert s.probing == {s.servers[0]: True}
     assert not s.down, "server 1 still serves"
     # Both rows failed there, each an attempt; they wait for their backoff (no other row
     # was left on the server for the quarantine to move).
@@ -192,7 +192,7 @@ def test_the_last_server_cannot_be_quarantined_but_retiring_it_ends_the_fleet() 
     s.health.hold_out(s.servers[1], "relaunch failed 3 times", retired=True)
     assert isinstance(s.fatal, FleetGone)
     assert str(s.fatal) == "fleet gone: server-1 relaunch failed 3 times; out before it: server-0"
-    assert s.probing == {0: False, 1: False}
+    assert s.probing == dict.fromkeys(s.servers, False)
     with pytest.raises(FleetGone):
         pending.future.result(timeout=0)
     assert s.counters.snapshot(s.servers, 1.0).in_flight == 0

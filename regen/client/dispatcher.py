@@ -117,7 +117,7 @@ class Dispatcher:
         self._closed = False
         # Loop-thread state: what carries out the scheduler's decisions.
         self._tasks: dict[Flight, asyncio.Task[None]] = {}  # each request's, by its flight
-        self._probes: dict[int, asyncio.Task[None]] = {}  # re-probe loops, by server index
+        self._probes: dict[Server, asyncio.Task[None]] = {}  # re-probe loops
         self._dead_timer: asyncio.TimerHandle | None = None
         self._hedge_timer: asyncio.TimerHandle | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()  # aborts sent to servers
@@ -337,14 +337,13 @@ class Dispatcher:
                 loop.call_later(jittered, self._decide, s.requeue, work)
             s.retries.clear()
         if s.probing:
-            for index, probe in s.probing.items():
-                running = self._probes.get(index)
+            for server, probe in s.probing.items():
+                running = self._probes.get(server)
                 if probe and running is None:
-                    server = s.servers[index]
-                    self._probes[index] = loop.create_task(self._reprobe_until_healthy(server))
+                    self._probes[server] = loop.create_task(self._reprobe_until_healthy(server))
                 elif not probe and running is not None:
                     running.cancel()
-                    del self._probes[index]
+                    del self._probes[server]
             s.probing.clear()
         if s.down and self._dead_timer is None:
             after = self._generation.fleet_dead_s
@@ -380,7 +379,7 @@ class Dispatcher:
                 # Back, but refusing the key (restarted with another one): every request
                 # would be refused too, so the run stops rather than re-probe it for ever.
                 if not self._closed:
-                    self._probes.pop(server.endpoint.index, None)
+                    self._probes.pop(server, None)
                     self._scheduler.health.die(err)
                     self._carry_out()
                 return
@@ -392,6 +391,6 @@ class Dispatcher:
             if passed:
                 break
             delay = min(delay * 2, t.probe_backoff_max_s)
-        self._probes.pop(server.endpoint.index, None)
+        self._probes.pop(server, None)
         self._scheduler.health.readmit(server, "passed its probe and is back in the fleet")
         self._carry_out()

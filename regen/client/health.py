@@ -45,7 +45,7 @@ class Fleet(Protocol):
     tuning: DispatchTuning
     retry: deque[Work]
     taken: list[Flight]
-    probing: dict[int, bool]
+    probing: dict[Server, bool]
     down: bool
     fatal: BaseException | None
 
@@ -107,7 +107,7 @@ class Health:
             len(taken),
         )
         if reprobe:
-            s.probing[server.endpoint.index] = True
+            s.probing[server] = True
         self.check_fleet()
         s.pump()
 
@@ -122,7 +122,7 @@ class Health:
             raise ValueError(
                 f"{server.endpoint.name} is the last server that can serve; stop the run instead"
             )
-        self._s.probing[server.endpoint.index] = False
+        self._s.probing[server] = False
         with self._s.counters.lock:
             server.quarantine_reason = reason
         self._last_out = server
@@ -138,7 +138,7 @@ class Health:
         """Out until `restore` (its owner relaunches it); a no-op once out for good."""
         if server.quarantine_reason is not None or server.state is ServerState.RELAUNCHING:
             return
-        self._s.probing[server.endpoint.index] = False  # its owner brings it back, not a probe
+        self._s.probing[server] = False  # its owner brings it back, not a probe
         if server.healthy:
             self.quarantine(server, reason, reprobe=False, state=ServerState.RELAUNCHING)
         else:
@@ -186,5 +186,5 @@ class Health:
             log.error("%s", error)
             s.fatal = error
         for server in s.servers:
-            s.probing[server.endpoint.index] = False
+            s.probing[server] = False
         s.abort_all(error)

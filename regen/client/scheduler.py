@@ -86,7 +86,7 @@ class Scheduler:
         self.taken: list[Flight] = []
         self.cut: list[Flight] = []
         self.retries: list[tuple[float, Work]] = []
-        self.probing: dict[int, bool] = {}
+        self.probing: dict[Server, bool] = {}  # start (True) or stop re-probing
         self.down = False
         self.rearm = False
         self.wake_in: float | None = None
