@@ -62,6 +62,30 @@ def lane_prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def one_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
+) -> Iterator[tuple[str, str]]:
+    """One real server launched by regen's own fleet code, with its own key and the tool-call
+    parser (engine.tool_call_parser), for the tests that send it requests themselves (an
+    abort, tools, a wrong key): one start for all of them, a start being a minute or two of
+    the lane; between them it sleeps (SERVER_ARGS). (url, key)."""
+    from regen.config import parse_config
+    from regen.fleet import build_server_commands, generate_api_key, launch_fleet
+
+    tmp = tmp_path_factory.mktemp("one-server")
+    config = parse_config(
+        engine_config(tmp, tiny_model, tmp / "none.jsonl", quiet_port_range(1),
+                      engine={"servers": 1, "tool_call_parser": "qwen25"}),
+        "server",
+    )  # fmt: skip
+    key = generate_api_key()
+    commands = build_server_commands(config, tiny_model, key, tmp / "server-work")
+    assert "--tool-call-parser" in commands[0].argv
+    with launch_fleet(config, commands, key) as fleet:
+        yield fleet.endpoints[0].url, key.get_secret_value()
+
+
 @pytest.fixture
 def regen_env(lane_prefect: Server) -> dict[str, str]:
     """The environment of a `regen` subprocess here: the lane's Prefect server, no telemetry;
