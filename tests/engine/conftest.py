@@ -16,7 +16,9 @@ import pytest
 
 from regen.machine.ports import quiet_port_range
 from support.engine import (
+    HANG_GUARD_S,
     MISSING,
+    SERVER_ARGS,
     TEST_TIMEOUT_S,
     build_tiny_model,
     engine_config,
@@ -97,12 +99,22 @@ def regen_env(lane_prefect: Server) -> dict[str, str]:
 def two_server_run(
     tmp_path: Path, tiny_model: Path, regen_env: dict[str, str]
 ) -> Iterator[LiveRun]:
-    """`regen run` on two real CPU servers over 300 one-turn prompts (two requests a server,
-    so generation lasts), handed over generating: `server_pids()` are its launchers,
-    `kill_server(port)` crashes one, `wait()` waits for the run's end. Whatever is left, a
-    relaunched server included, is stopped on the way out (tests/engine/live.py)."""
-    write_prompts(tmp_path / "prompts.jsonl", single=300, multi=0, too_long=0)
-    config = engine_config(tmp_path, tiny_model, tmp_path / "prompts.jsonl", quiet_port_range(2))
+    """`regen run` on two real CPU servers over 120 one-turn prompts (6 shards, two requests
+    a server), handed over generating once a shard has committed: `server_pids()` are its
+    launchers, `kill_server(port)` crashes one, `wait()` waits for the run's end. Whatever is
+    left, a relaunched server included, is stopped on the way out (tests/engine/live.py).
+
+    A crashed server is relaunched after a second's backoff. A test may hold a server stopped
+    (`kill_server(port, SIGSTOP)`) for as long as another takes to come back: its requests
+    then wait, so the request timeout, the supervisor's hang_s and SGLang's own watchdog (300 s
+    without a forward step kills the server) are hang guards here, as long as the test."""
+    write_prompts(tmp_path / "prompts.jsonl", single=120, multi=0, too_long=0)
+    config = engine_config(
+        tmp_path, tiny_model, tmp_path / "prompts.jsonl", quiet_port_range(2),
+        engine={"relaunch": {"backoff_s": 1.0, "hang_s": HANG_GUARD_S},
+                "extra_args": [*SERVER_ARGS, "--watchdog-timeout", str(HANG_GUARD_S)]},
+        generation={"request_timeout_s": HANG_GUARD_S},
+    )  # fmt: skip
     config["concurrency_per_server"] = 2
     with running(tmp_path, config, regen_env) as run:
         yield run
