@@ -15,6 +15,7 @@ from support.tiny_model import build as build_tiny_model
 __all__ = [
     "HANG_GUARD_S",
     "MISSING",
+    "SERVER_ARGS",
     "SGLANG_PYTHON",
     "TEST_TIMEOUT_S",
     "build_tiny_model",
@@ -35,6 +36,11 @@ TEST_TIMEOUT_S = 1200
 # test's own limit, so pytest-timeout fires first with its stack dump; they matter only with
 # pytest-timeout off (`--timeout 0` while debugging).
 HANG_GUARD_S = TEST_TIMEOUT_S
+# An idle SGLang scheduler polls its sockets in a loop: 40 % of a core per server, measured on
+# the 2-core machine at a load of 8, taken from whatever else the lane runs meanwhile (a server
+# waiting for its peer to load, a killed run's servers during `regen check`, a server between
+# requests). --sleep-on-idle blocks on the same sockets instead (1.3 %); a request wakes it.
+SERVER_ARGS = ["--sleep-on-idle"]
 # Checks the real server cannot pass on a random-weight model's one planted answer: the text is
 # the same 16 tokens for every prompt. Measured and shown, never graded (audit.not_judged).
 RANDOM_TEXT_CHECKS = ["answer_collapse", "tiny_length", "loss_mask"]
@@ -68,6 +74,7 @@ def engine_config(
             "context_length": 2048,
             "max_running_requests": 8,
             "speculative": {"enabled": False},  # the tiny model has no MTP head
+            "extra_args": list(SERVER_ARGS),
             # A hang guard: two servers start in about a minute on this loaded machine.
             "startup_timeout_s": 900,
             "bench": {"concurrency": 4, "max_tokens": 16, "budget_s": 3},

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,9 @@ from typing import Any
 import yaml
 
 from regen.dataset import manifested_shards
+from regen.dataset.keys import FLEET_KEY
 from regen.storage import LocalStorage
+from support.dataset import read_progress
 from support.engine import HANG_GUARD_S
 from tests.support.cli import regen_process
 
@@ -63,6 +65,29 @@ class LiveRun:
         record = self.servers()[port]
         os.killpg(int(record["pgid"]), sig)
         return int(record["pid"])
+
+    def fleet(self) -> dict[str, dict[str, Any]]:
+        """report/fleet.json by server name (`server-1`); empty before it is written."""
+        try:
+            rows = json.loads(self.storage.read_bytes(FLEET_KEY))
+        except FileNotFoundError:
+            return {}
+        return {row["server"]: row for row in rows}
+
+    def server_tokens(self, name: str) -> int:
+        """The output tokens the run's dispatcher has taken from server `name` so far, per
+        progress.json (rewritten every generation.progress_interval_s)."""
+        servers = {s["name"]: s for s in read_progress(self.storage)["servers"]}
+        return int(servers[name]["output_tokens"])
+
+    def until(self, what: str, done: Callable[[], bool]) -> None:
+        """Wait for a state of the run while it runs; HANG_GUARD_S is a hang guard."""
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not done():
+            ended = self.proc.poll() is not None
+            assert not ended, f"the run ended before {what}:\n{self.output()[-4000:]}"
+            assert time.monotonic() < deadline, f"no {what} in {HANG_GUARD_S} s"
+            time.sleep(0.2)
 
     def ids(self) -> list[str]:
         """The input's ids, in file order."""

@@ -22,7 +22,7 @@ from regen.machine.ports import quiet_port_range
 from regen.schema import row_schema
 from regen.storage import LocalStorage
 from regen.tools import normalize_call, template_tools
-from support.engine import SGLANG_PYTHON, build_tiny_model, engine_config
+from support.engine import HANG_GUARD_S, SGLANG_PYTHON, build_tiny_model, engine_config
 from tests.support.cli import run_regen
 from tests.support.export import synthetic_shard
 from tests.support.ids import rendered, response_ids
@@ -105,11 +105,11 @@ def _capture(tmp_path: Path, model: Path, dtype: str, env: dict[str, str]) -> di
     config["work_dir"] = str(tmp_path / f"work-{dtype}")
     path = tmp_path / f"{dtype}.yaml"
     path.write_text(yaml.safe_dump(config))
-    done = run_regen(["features", "--config", str(path)], env, tmp_path, timeout=600)
+    done = run_regen(["features", "--config", str(path)], env, tmp_path, HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     check = subprocess.run(
         [str(SGLANG_PYTHON), str(REPO / "support" / "features_check.py"), str(model), str(out)],
-        capture_output=True, text=True, timeout=300, check=True,
+        capture_output=True, text=True, timeout=HANG_GUARD_S, check=True,
     )  # fmt: skip
     return json.loads(check.stdout.strip().splitlines()[-1])
 
@@ -119,27 +119,28 @@ def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny8"), layers=8)
 
 
-@pytest.mark.timeout(1500)
+# One test per dtype, each within the lane's limit: each `regen features` starts its own
+# capture server (the dtype is the run's), about two minutes of the lane under load.
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_stored_features_equal_a_transformers_forward(
-    tmp_path: Path, deep_model: Path, regen_env: dict[str, str]
+    tmp_path: Path, deep_model: Path, regen_env: dict[str, str], dtype: str
 ) -> None:
-    figures = {dtype: _capture(tmp_path, deep_model, dtype, regen_env) for dtype in ("bf16", "fp8")}
-    print("\nfeatures against transformers (tiny Qwen3, 8 layers, hidden 64):")
-    for dtype, got in figures.items():
-        assert (got["rows"], got["samples"]) == (6, 9)  # 3 two-turn rows, 3 tool-call rows
-        diffs = ", ".join(
-            f"{k}: {v:.2e} (of |x| <= {got['max_abs_reference'][k]:.2f})"
-            for k, v in got["max_abs_diff"].items()
-        )
-        print(f"  {dtype}: {got['rows']} rows, {got['samples']} samples, {got['tokens']} tokens; "
-              f"max abs diff per layer {diffs}")  # fmt: skip
-        assert list(got["max_abs_diff"]) == ["2", "4", "5", "final"]
-        for layer, diff in got["max_abs_diff"].items():
-            magnitude = got["max_abs_reference"][layer]
-            if dtype == "bf16":
-                assert diff <= BF16_OF_MAGNITUDE * magnitude, (layer, diff, magnitude)
-            else:
-                # FP8's documented bound (2**-4 of a value, the floor far below it), plus the
-                # server's own float16 compute as for bf16.
-                bound = (FP8_RELATIVE + BF16_OF_MAGNITUDE) * magnitude
-                assert diff <= bound, (layer, diff, magnitude)
+    got = _capture(tmp_path, deep_model, dtype, regen_env)
+    assert (got["rows"], got["samples"]) == (6, 9)  # 3 two-turn rows, 3 tool-call rows
+    diffs = ", ".join(
+        f"{k}: {v:.2e} (of |x| <= {got['max_abs_reference'][k]:.2f})"
+        for k, v in got["max_abs_diff"].items()
+    )
+    print(f"\nfeatures against transformers (tiny Qwen3, 8 layers, hidden 64), {dtype}: "
+          f"{got['rows']} rows, {got['samples']} samples, {got['tokens']} tokens; "
+          f"max abs diff per layer {diffs}")  # fmt: skip
+    assert list(got["max_abs_diff"]) == ["2", "4", "5", "final"]
+    for layer, diff in got["max_abs_diff"].items():
+        magnitude = got["max_abs_reference"][layer]
+        if dtype == "bf16":
+            assert diff <= BF16_OF_MAGNITUDE * magnitude, (layer, diff, magnitude)
+        else:
+            # FP8's documented bound (2**-4 of a value, the floor far below it), plus the
+            # server's own float16 compute as for bf16.
+            bound = (FP8_RELATIVE + BF16_OF_MAGNITUDE) * magnitude
+            assert diff <= bound, (layer, diff, magnitude)

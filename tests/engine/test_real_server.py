@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,37 +245,16 @@ def _null_diff(real: pl.DataFrame, emulated: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
-@pytest.fixture
-def real_server(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[str, str]]:
-    """One real server launched by regen's own fleet code with its own key; (url, key)."""
-    from regen.config import parse_config
-    from regen.fleet import build_server_commands, generate_api_key, launch_fleet
-
-    config = parse_config(
-        engine_config(
-            tmp_path,
-            tiny_model,
-            tmp_path / "none.jsonl",
-            quiet_port_range(1),
-            engine={"servers": 1},
-        ),
-        "server",
-    )
-    key = generate_api_key()
-    commands = build_server_commands(config, tiny_model, key, tmp_path / "server-work")
-    with launch_fleet(config, commands, key) as fleet:
-        yield fleet.endpoints[0].url, key.get_secret_value()
-
-
 def test_a_wrong_api_key_stops_the_run_with_the_401(
-    tmp_path: Path, tiny_model: Path, real_server: tuple[str, str], regen_env: dict[str, str]
+    tmp_path: Path, tiny_model: Path, one_server: tuple[str, str], regen_env: dict[str, str]
 ) -> None:
-    url, key = real_server
+    url, key = one_server
     write_prompts(tmp_path / "prompts.jsonl", single=4, multi=0, too_long=0)
     config = engine_config(tmp_path, tiny_model, tmp_path / "prompts.jsonl", 1,
                            engine={"kind": "external", "urls": [url], "servers": None,
                                    "api_key": f"not-{key}"})  # fmt: skip
-    config["engine"].pop("servers")
+    for launch_only in ("servers", "extra_args"):
+        config["engine"].pop(launch_only)
     path = _write_config(tmp_path / "wrong-key.yaml", config)
     with regen_process(["run", "--config", str(path)], regen_env, tmp_path,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:  # fmt: skip

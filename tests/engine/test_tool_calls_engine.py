@@ -1,14 +1,13 @@
-"""Tool calls on the real SGLang 0.5.23 server (the tiny twin on this CPU): launched with
-`--tool-call-parser qwen25` from `engine.tool_call_parser` by regen's own fleet code, it takes
-regen's tool request (the row's tools, a history with a call and its result) and renders it
-to the very prompt ids the emulator and the loss mask's template path render
-(regen.tools.template_tools and sent_messages over the bundled Qwen3-style template). The
-tiny model's planted answer calls no tool: its answer comes back without `tool_calls`."""
+"""Tool calls on the real SGLang 0.5.23 server (the lane's `one_server`, the tiny twin on this
+CPU): launched with `--tool-call-parser qwen25` from `engine.tool_call_parser` by regen's own
+fleet code, it takes regen's tool request (the row's tools, a history with a call and its
+result) and renders it to the very prompt ids the emulator and the loss mask's template path
+render (regen.tools.template_tools and sent_messages over the bundled Qwen3-style template).
+The tiny model's planted answer calls no tool: its answer comes back without `tool_calls`."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,9 @@ import pytest
 
 from regen.config import RegenerationConfig, SamplingConfig
 from regen.lossmask import load_template
-from regen.machine.ports import quiet_port_range
 from regen.sglang_api.request import chat_request_body
 from regen.tools import normalize_call, sent_messages, template_tools
-from support.engine import engine_config
+from support.engine import HANG_GUARD_S
 
 WEATHER = {
     "type": "function",
@@ -41,30 +39,11 @@ HISTORY: list[dict[str, Any]] = [
 ]
 
 
-@pytest.fixture
-def tool_server(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[str, str]]:
-    from regen.config import parse_config
-    from regen.fleet import build_server_commands, generate_api_key, launch_fleet
-
-    config = parse_config(
-        engine_config(
-            tmp_path, tiny_model, tmp_path / "none.jsonl", quiet_port_range(1),
-            engine={"servers": 1, "tool_call_parser": "qwen25"},
-        ),
-        "server",
-    )  # fmt: skip
-    key = generate_api_key()
-    commands = build_server_commands(config, tiny_model, key, tmp_path / "server-work")
-    assert "--tool-call-parser" in commands[0].argv
-    with launch_fleet(config, commands, key) as fleet:
-        yield fleet.endpoints[0].url, key.get_secret_value()
-
-
 @pytest.mark.parametrize("upto", [2, 4], ids=["a question", "a call and its result"])
 def test_the_real_server_renders_tools_as_regen_does(
-    tool_server: tuple[str, str], tiny_model: Path, upto: int
+    one_server: tuple[str, str], tiny_model: Path, upto: int
 ) -> None:
-    url, key = tool_server
+    url, key = one_server
     messages = sent_messages(HISTORY[:upto])
     body = chat_request_body(
         "qwen3-emu", messages, SamplingConfig(max_tokens=8), rid=f"tools-{upto}",
@@ -72,7 +51,7 @@ def test_the_real_server_renders_tools_as_regen_does(
     )  # fmt: skip
     body["model"] = "tiny"
     resp = httpx.post(
-        f"{url}/v1/chat/completions", json=body, timeout=120,
+        f"{url}/v1/chat/completions", json=body, timeout=HANG_GUARD_S,
         headers={"Authorization": f"Bearer {key}"},
     )  # fmt: skip
     assert resp.status_code == 200, resp.text
