@@ -33,6 +33,7 @@ from regen.schema import row_schema
 from regen.sglang_api.abort import QUEUED_ABORT as QUEUED_ABORT_MESSAGE
 from regen.sglang_api.answer import read_answer
 from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.probe import ProbeSettings, ProbeTarget, reprobe
 from regen.sglang_api.request import turn_request_id
 from regen.sglang_api.response import ResponseKind
 from regen.storage import LocalStorage
@@ -273,7 +274,28 @@ def test_every_hedge_abort_cuts_exactly_its_own_copy() -> None:
     cut_rows = sorted(row_of[rid] for rid, _ in cuts)
     assert len(cut_rows) == 2 and cut_rows[0] in cut_rows[1], cut_rows  # "1" and "123", say
     assert [cut for _, cut in cuts] == [1, 1]  # each its own request, and only it
+    # The copies regen aborted itself answer finish_reason abort too: not the server's cuts.
+    assert [s.cut_answers for s in stats.servers] == [0, 0]
     assert set(out.filter(pl.col("id").is_in(cut_rows))["server"]) == {"server-1"}
+
+
+# -- the probe --------------------------------------------------------------------------------
+
+
+def test_a_probe_does_not_pass_a_server_that_cuts_its_answer() -> None:
+    """A cut answer carries what was decoded before the cut as its text: a server that cuts
+    every request (overloaded, failing) must not pass its launch or re-probe on it."""
+    settings = ProbeSettings(health_timeout_s=5, models_timeout_s=5, generation_timeout_s=10)
+    target = ProbeTarget(MODEL, SecretStr(KEY), SamplingConfig(max_tokens=256))
+    with served([["abort=1"], []], extra=["--emu-answer-tokens", "200:200"]) as fleet:
+        results = [
+            asyncio.run(reprobe(Endpoint(i, emu.url), target, settings))
+            for i, emu in enumerate(fleet)
+        ]
+    cutting, clean = results
+    assert not cutting.ok and cutting.retryable, cutting
+    assert cutting.reason == "generation probe answer was cut short (finish_reason abort)"
+    assert clean.ok, clean
 
 
 # -- the audit --------------------------------------------------------------------------------
