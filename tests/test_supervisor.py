@@ -204,13 +204,17 @@ def _hold_port(port: int, timeout: float = GUARD_S) -> socket.socket:
             time.sleep(0.005)
 
 
-def test_a_killed_server_is_relaunched_and_the_run_completes(tmp_path: Path) -> None:
+def test_a_killed_server_is_relaunched_and_the_run_completes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     config = _config(tmp_path, 2)
+    caplog.set_level(logging.WARNING, logger="regen.fleet.supervisor")
     with _run(config, tmp_path, 600) as run:
         run.submit(3, 200)
         d = run.feed.dispatcher
         run.wait("answers from both servers", lambda: all(s.completed for s in d.stats().servers))
         old = run.pid(1)
+        killed = time.time()
         os.kill(old, signal.SIGKILL)
         run.wait("server-1 back", lambda: run.back(1, relaunches=1))
         new = run.pid(1)
@@ -228,6 +232,16 @@ def test_a_killed_server_is_relaunched_and_the_run_completes(tmp_path: Path) -> 
     stored = run.stored_report()[1]
     assert stored["relaunches"] == 1 and stored["relaunch_causes"] == list(row.relaunch_causes)
     assert stored["status"] == "healthy" and run.stored_report()[0]["relaunches"] == 0
+    # The run's log has one line for it; the log's tail and the heal's times are in the report.
+    log_path = config.work_dir / "logs" / "server-1.log"
+    said = [r.getMessage() for r in caplog.records if "relaunching it in" in r.getMessage()]
+    assert said == [
+        "server-1 killed by SIGKILL (exit code -9); relaunching it in 0.2 s (1 of at most 3 in "
+        f"3600 s); log: {log_path}"
+    ], said
+    (relaunch,) = stored["relaunch_log"]
+    assert relaunch["log"] == str(log_path) and "ready to roll" in relaunch["log_tail"]
+    assert killed <= relaunch["down_at"] <= relaunch["back_at"] <= time.time(), relaunch
     # The log was appended, as on resume: both starts' header lines are in it.
     text = (config.work_dir / "logs" / "server-1.log").read_text()
     assert text.count("===== regen: server-1 starting at") == 2, text[-2000:]
@@ -294,7 +308,14 @@ def test_a_server_that_cannot_come_back_stays_out_with_one_line(
     row = run.row(1)
     assert row.relaunches == 2 and len(row.relaunch_causes) == 2, row
     assert "relaunch failed: exited" in row.relaunch_causes[-1]
+    assert [r.back_at for r in row.relaunch_log] == [None, None], row
+    assert "Could not bind" in row.relaunch_log[-1].log_tail
     log_path = config.work_dir / "logs" / "server-1.log"
+    # Each relaunch one line: the cause, the log's telling line, where the log is.
+    again = [r.getMessage() for r in caplog.records if "relaunching it in" in r.getMessage()]
+    assert len(again) == 2 and all("\n" not in line for line in again), again
+    assert again[1].startswith("server-1 relaunch failed: exited with code 1: "), again
+    assert "Could not bind" in again[1] and again[1].endswith(f"; log: {log_path}"), again
     said = [r.getMessage() for r in caplog.records if "stays out for the rest" in r.getMessage()]
     assert len(said) == 1 and "\n" not in said[0], said
     assert said[0].startswith("server-1 stays out for the rest of the run: down since ")
@@ -611,4 +632,7 @@ def test_a_logs_last_words_are_its_telling_line_not_its_argument_dump() -> None:
     tail = f"{args}\nTraceback (most recent call last):\n  File 'x'\n{crash}\n[t] POST 200"
     assert last_words(tail) == crash
     assert last_words("") == "(nothing logged)"
+    # SGLang's own stamp goes: the line that quotes it has its own time.
+    stamped = "[2026-12-07 05:58:01 TP0] Could not bind 127.0.0.1:30001: address already in use"
+    assert last_words(f"{stamped}\n[2026-12-07 05:58:02] Decode batch") == stamped[26:]
     assert len(last_words("x" * 1000)) == 200

@@ -976,7 +976,10 @@ class Dispatcher:
 
     def _die(self, error: FleetError) -> None:
         if self._fatal is None:
-            log.error("%s", error)
+            # A fleet gone was said server by server as each went out (`stays out ...`), and
+            # the run's one line says it again whole: not a third time here.
+            if not isinstance(error, FleetGone):
+                log.error("%s", error)
             self._fatal = error
         for server in self._servers:
             if server.probe is not None:

@@ -6,7 +6,7 @@ import json
 import statistics
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from regen.dataset.keys import FLEET_KEY
 from regen.display.figures import NONE, markdown_table, sig
@@ -15,6 +15,29 @@ from regen.storage import Storage
 ServerStatus = Literal["healthy", "exited", "timed_out", "unhealthy", "relaunching", "out"]
 """How a server came up (the first four), or where its relaunches left it: `relaunching`, or
 `out` for the rest of the run once they could not bring it back."""
+
+
+class Relaunch(BaseModel):
+    """One start of a server again during generation: why, what its log said, and when it
+    rejoined (the figure a heal is measured by)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cause: str = Field(
+        description="When and why, in one line: its exit code and its log's last words, or "
+        "the hang (`Cause.line`)."
+    )
+    log: str = Field(description="The server's log, appended at every start.")
+    log_tail: str = Field(
+        default="", description="The log's last lines when it went down, redacted; the run's "
+        "log has one line a relaunch, this keeps the rest."
+    )  # fmt: skip
+    down_at: float = Field(description="Unix time the supervisor found it down.")
+    back_at: float | None = Field(
+        default=None,
+        description="Unix time it rejoined the dispatcher; None while it is coming back, or "
+        "when this start did not bring it back.",
+    )
 
 
 class FleetRow(BaseModel):
@@ -34,10 +57,20 @@ class FleetRow(BaseModel):
     first_response_s: float | None = None
     accept_length: float | None = None
     flagged: bool = False
-    relaunches: int = 0
-    """Times it was started again during generation (`engine.relaunch`)."""
-    relaunch_causes: tuple[str, ...] = ()
-    """Why, one line each: when, and its exit code with its log's last words, or the hang."""
+    relaunch_log: tuple[Relaunch, ...] = ()
+    """Each start again during generation (`engine.relaunch`), in order."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def relaunches(self) -> int:
+        """Times it was started again during generation."""
+        return len(self.relaunch_log)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def relaunch_causes(self) -> tuple[str, ...]:
+        """Why, one line each: when, and its exit code with its log's last words, or the hang."""
+        return tuple(r.cause for r in self.relaunch_log)
 
     def summary(self) -> str:
         """One log line; numbers left out until measured."""
