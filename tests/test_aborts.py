@@ -194,6 +194,8 @@ def test_an_abort_with_a_status_is_retried_and_a_refusal_is_not(
     raw = json.dumps({"object": "error", **body, "param": None, "code": status}).encode()
     answer = read_answer(status, raw)
     assert answer.kind is ResponseKind(kind) and answer.reason.startswith(reason)
+    # Only the abort shapes count as the server's cuts; a 5xx is a failure like any other.
+    assert answer.cut is (body["message"] == QUEUED_ABORT_MESSAGE)
 
 
 # -- the dispatcher ---------------------------------------------------------------------------
@@ -211,6 +213,8 @@ def test_aborted_answers_are_retried_on_the_server_that_did_not_cut_them() -> No
     assert (out["finish_reason"] != "abort").all()
     cutter = stats.servers[0]
     assert cutter.completed == 0 and cutter.failed_attempts > 0
+    # Counted against the server that cut them, and only it.
+    assert cutter.cut_answers == cutter.failed_attempts and stats.servers[1].cut_answers == 0
     # One cut at most per row: its retry went to the other server.
     assert out["attempts"].max() == 2
     assert stats.retries == int((out["attempts"] - 1).sum()) == cutter.failed_attempts

@@ -111,8 +111,10 @@ def _plan(tmp_path: Path, rows: int) -> RunPlan:
 class Run:
     """A run's feed over a fleet, shards submitted to it, its live reports kept."""
 
-    def __init__(self, feed: Feed, fleet: Fleet, storage: LocalStorage) -> None:
-        self.feed, self.fleet, self.storage = feed, fleet, storage
+    def __init__(
+        self, feed: Feed, fleet: Fleet, storage: LocalStorage, lives: list[LiveReport]
+    ) -> None:
+        self.feed, self.fleet, self.storage, self.lives = feed, fleet, storage, lives
         self.shards: list[tuple[pl.DataFrame, futures.Future[pl.DataFrame]]] = []
         self.pids_seen: set[int] = set()
 
@@ -162,7 +164,7 @@ def _run(
         config, storage, _plan(tmp_path, rows), fleet, fleet.api_key,
         progress_key="progress.json", on_live=lives.append,
     ) as feed:  # fmt: skip
-        run = Run(feed, fleet, storage)
+        run = Run(feed, fleet, storage, lives)
         for index in range(len(fleet.launched)):
             run.pid(index)
         yield run
@@ -355,6 +357,26 @@ def test_a_fleet_that_cannot_come_back_is_gone_at_once(tmp_path: Path) -> None:
     # Not after generation.fleet_dead_s (600 s here): the fleet was known dead, so at once.
     assert waited < config.generation.fleet_dead_s, waited
     assert [r.status for r in run.fleet.report] == ["out", "out"]
+
+
+def test_cut_answers_are_counted_per_server_in_the_fleet_report_and_the_live_card(
+    tmp_path: Path,
+) -> None:
+    """server-1 cuts a share of its answers (finish_reason abort): each is retried and none
+    stored, and the count is its own, in report/fleet.json and on the live card."""
+    emulator = {**EMULATOR, "server_faults": {1: ["abort=0.3"]}}
+    config = _config(tmp_path, 2, emulator=emulator)
+    with _run(config, tmp_path, 400) as run:
+        run.submit(2, 200)
+        out = run.results()
+        stats = run.feed.dispatcher.stats()
+    _exactly_once(out, run)
+    cut = [s.cut_answers for s in stats.servers]
+    assert cut[0] == 0 and cut[1] > 0, cut
+    assert [r["cut_answers"] for r in run.stored_report()] == cut
+    card = run.lives[-1].card()
+    assert card.endswith(f" · {cut[1]:,} cut"), card
+    assert f"- server-1: {cut[1]:,} answers cut" in run.lives[-1].to_markdown()
 
 
 def test_an_external_fleet_is_not_relaunched(tmp_path: Path) -> None:

@@ -22,9 +22,10 @@ Why this shape:
   it aiohttp's (benches/dispatch.py measures it).
 - Failures by class (SGLANG_API.md): 400-like answers become error rows at once; 401 stops
   the run (`FleetUnauthorized`); 5xx, timeouts, broken connections and answers the server
-  cut short (`finish_reason` abort, regen.sglang_api.abort: never a row) are retried with
-  jittered backoff up to `generation.max_attempts`, on another server than the one that
-  failed the row while another is healthy (a retry waits for its slot rather than return).
+  cut short (`finish_reason` abort, regen.sglang_api.abort: never a row, counted per server
+  in `stats()`'s `cut_answers`) are retried with jittered backoff up to
+  `generation.max_attempts`, on another server than the one that failed the row while
+  another is healthy (a retry waits for its slot rather than return).
 - Quarantine. `quarantine_after` consecutive transport failures take a server out; its
   other in-flight requests are cancelled and requeued at once *without* counting an
   attempt (they did not fail, their server did). The failures themselves do count, so a
@@ -134,6 +135,7 @@ class _Server:
     __slots__ = (
         "completed",
         "consecutive_failures",
+        "cut_answers",
         "endpoint",
         "failed_attempts",
         "last_answer",
@@ -169,6 +171,7 @@ class _Server:
         self.last_answer: float | None = None
         self.completed = 0
         self.failed_attempts = 0
+        self.cut_answers = 0
         self.output_tokens = 0
         self.quarantines = 0
         self.quarantine_reason: str | None = None
@@ -390,6 +393,7 @@ class Dispatcher:
                     quarantines=s.quarantines,
                     quarantine_reason=s.quarantine_reason,
                     last_answer=s.last_answer,
+                    cut_answers=s.cut_answers,
                 )
                 for s in self._servers
             )
@@ -646,6 +650,7 @@ class Dispatcher:
             # it is not quarantined for it, but the row tries again, elsewhere if it can.
             with self._lock:
                 server.failed_attempts += 1
+                server.cut_answers += answer.cut
             self._retry_or_fail(work, server, answer.reason, latency)
 
     def _transport_failure(self, work: _Work, server: _Server, reason: str, latency: float) -> None:

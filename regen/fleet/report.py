@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
@@ -59,6 +60,9 @@ class FleetRow(BaseModel):
     flagged: bool = False
     relaunch_log: tuple[Relaunch, ...] = ()
     """Each start again during generation (`engine.relaunch`), in order."""
+    cut_answers: int = 0
+    """Answers it cut short (finish_reason abort) during generation: retried elsewhere, never
+    stored; many from one server say it is overloaded or failing."""
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -87,6 +91,8 @@ class FleetRow(BaseModel):
             parts.append("FLAGGED")
         if self.relaunches:
             parts.append(f"relaunched={self.relaunches}")
+        if self.cut_answers:
+            parts.append(f"cut={self.cut_answers}")
         if self.reason:
             parts.append(f"({self.reason.splitlines()[0]})")
         return " ".join(parts)
@@ -106,6 +112,11 @@ def flag_slow(rows: list[FleetRow], min_relative_speed: float) -> list[FleetRow]
             reason = f"{row.tok_s:.0f} tok/s is below {min_relative_speed:g} x median {median:.0f}"
         out.append(row.model_copy(update={"flagged": slow, "reason": reason}))
     return out
+
+
+def with_cut_answers(rows: list[FleetRow], cut: Mapping[str, int]) -> list[FleetRow]:
+    """`rows` with each server's count of cut answers (the dispatcher's, by server name)."""
+    return [r.model_copy(update={"cut_answers": cut.get(r.server, r.cut_answers)}) for r in rows]
 
 
 def write_fleet_report(storage: Storage, rows: list[FleetRow]) -> None:
@@ -170,6 +181,9 @@ def fleet_markdown(rows: list[FleetRow]) -> str:
     if relaunched:
         lines += ["", "Relaunched:", ""]
         lines += [f"- {r.server}: {cause}" for r in relaunched for cause in r.relaunch_causes]
+    if cut := [r for r in rows if r.cut_answers]:
+        lines += ["", "Answers cut short (finish_reason abort; retried, never stored):", ""]
+        lines += [f"- {r.server}: {r.cut_answers:,}" for r in cut]
     lines += ["", "`probe tok/s`: each server's micro-benchmark at startup (`engine.bench`)."]
     return "\n".join(lines) + "\n"
 

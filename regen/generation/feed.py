@@ -7,6 +7,7 @@ figures are shown (a Prefect artifact, a terminal) is the caller's: it passes ca
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,13 +18,15 @@ from regen.client import Dispatcher
 from regen.config import RegenConfig
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
-from regen.fleet.report import write_fleet_report
+from regen.fleet.report import FleetRow, with_cut_answers, write_fleet_report
 from regen.fleet.supervisor import Supervisor
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.progress.fleet_live import LiveReport, LiveWatch
 from regen.storage import Storage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,33 +74,51 @@ def feeding(
 ) -> Iterator[Feed]:
     """Dispatcher, progress writer (at `progress_key`), live watch and the fleet's supervisor
     (which rewrites `report/fleet.json` at each relaunch) for the length of the `with` block;
-    the supervisor stops first, so it never calls a closed dispatcher."""
-    with (
-        dispatcher_for(config, fleet, api_key) as dispatcher,
-        ProgressWriter(
-            storage,
+    the supervisor stops first, so it never calls a closed dispatcher. The fleet report, with
+    each server's cut answers, is written once more as generation ends, however it ends."""
+    dispatcher = dispatcher_for(config, fleet, api_key)
+
+    def rows() -> list[FleetRow]:
+        cut = {s.name: s.cut_answers for s in dispatcher.stats().servers}
+        return with_cut_answers(fleet.report, cut)
+
+    try:
+        with (
             dispatcher,
-            total=plan.num_rows,
-            already_done=plan.committed_rows,
-            interval_s=config.generation.progress_interval_s,
-            on_update=on_progress,
-            key=progress_key,
-        ) as progress,
-        LiveWatch(
-            progress,
-            FleetScraper(fleet.endpoints),
-            interval_s=config.generation.live_interval_s,
-            on_update=on_live,
-            fleet=lambda: fleet.report,
-        ),
-        Supervisor(
-            fleet,
-            dispatcher,
-            config.engine.relaunch,
-            startup_timeout_s=config.engine.startup_timeout_s,
-            on_change=lambda rows: write_fleet_report(storage, rows),
-        ),
-    ):
-        feed = Feed(dispatcher, progress, slots=len(fleet.endpoints) * config.concurrency)
-        yield feed
-        feed.final = progress.snapshot()
+            ProgressWriter(
+                storage,
+                dispatcher,
+                total=plan.num_rows,
+                already_done=plan.committed_rows,
+                interval_s=config.generation.progress_interval_s,
+                on_update=on_progress,
+                key=progress_key,
+            ) as progress,
+            LiveWatch(
+                progress,
+                FleetScraper(fleet.endpoints),
+                interval_s=config.generation.live_interval_s,
+                on_update=on_live,
+                fleet=rows,
+            ),
+            Supervisor(
+                fleet,
+                dispatcher,
+                config.engine.relaunch,
+                startup_timeout_s=config.engine.startup_timeout_s,
+                on_change=lambda _: write_fleet_report(storage, rows()),
+            ),
+        ):
+            feed = Feed(dispatcher, progress, slots=len(fleet.endpoints) * config.concurrency)
+            yield feed
+            feed.final = progress.snapshot()
+    finally:
+        _write_final(storage, rows())
+
+
+def _write_final(storage: Storage, rows: list[FleetRow]) -> None:
+    """The fleet as generation left it; a report not written must not hide why it ended."""
+    try:
+        write_fleet_report(storage, rows)
+    except Exception as err:
+        log.warning("could not write the fleet report: %s", err)
