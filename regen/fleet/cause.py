@@ -86,6 +86,10 @@ class Cause:
         said = f": {said}" if said else ""
         return f"{self.what}{said}; {then}; log: {self.log_path}"
 
+    def same_as(self, other: Cause) -> bool:
+        """The same failure, whenever it happened: what, and the log's telling line."""
+        return (self.what, telling_line(self.tail)) == (other.what, telling_line(other.tail))
+
     def out_line(self, since: float, relaunches: int) -> str:
         """Why a server stays out, in one line (the dispatcher's `FleetGone` quotes it)."""
         tries = f"{relaunches} relaunch{'es' if relaunches != 1 else ''} did not bring it back"

@@ -308,6 +308,7 @@ class Supervisor:
         """Take it out, kill its group, and start it again until it passes its probes or its
         relaunches run out."""
         down_since = cause.at
+        told: Cause | None = None
         await asyncio.to_thread(self._pool.hold, w.name, f"to be relaunched: {cause.what}")
         while True:
             process = w.member.process
@@ -323,7 +324,13 @@ class Supervisor:
             delay = self._config.backoff_s * min(2**done, _BACKOFF_GROWTH_MAX)
             c = self._config
             then = f"relaunching it in {delay:g} s ({done + 1} of at most {c.max_restarts} in "
-            log.warning("%s %s", w.name, cause.log_line(f"{then}{c.window_s:g} s)"))
+            if told is not None and cause.same_as(told):
+                # One line per cause: a relaunch that failed as the one before (a port held, a
+                # GPU still full) says nothing new; the fleet report keeps each one.
+                log.info("%s relaunch failed the same way; %s%g s)", w.name, then, c.window_s)
+            else:
+                log.warning("%s %s", w.name, cause.log_line(f"{then}{c.window_s:g} s)"))
+            told = cause
             relaunch = Relaunch(
                 cause=cause.line(), log=str(cause.log_path), log_tail=cause.tail,
                 down_at=cause.at,
