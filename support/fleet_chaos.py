@@ -108,9 +108,11 @@ class Target:
         return ChaosRun(config, str(out), work, prompts=self.prompts).argv()
 
     def write_config(self, path: Path, out: Path, work: Path, leg: Leg) -> Path:
-        """The leg's config: fast relaunches (1 s backoff, a hang in HANG_S), progress every
-        0.25 s, and the leg's emulator faults."""
-        relaunch: dict[str, Any] = {"backoff_s": 1.0, "hang_s": HANG_S}
+        """The leg's config: fast relaunches (1 s backoff; on emulators a hang in HANG_S),
+        progress every 0.25 s, and the leg's emulator faults."""
+        relaunch: dict[str, Any] = {"backoff_s": 1.0}
+        if self.model is None:  # a real CPU server on a loaded machine keeps the default
+            relaunch["hang_s"] = HANG_S
         if leg.kind == "fleet gone":
             relaunch["max_restarts"] = 1  # each relaunch fails (its port is held): one is enough
         faults = {k: list(v) for k, v in leg.faults.items()}
