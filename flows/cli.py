@@ -2,7 +2,7 @@
 library and the flows.
 
 This module builds the one parser. The verbs that run a flow or touch the flows or Prefect
-(rehearse, run, check, blocks, notify) are here, above the library; `regen.verbs.add_library_verbs`
+(rehearse, run, check, blocks, notify) are here, above the library; `regen.cli.add_library_verbs`
 adds the others to it, as regen/ may not import upwards. Prefect is imported only by the
 verbs that run a flow, so `regen emulator` and `regen --help` start fast and a config error
 is reported before Prefect loads.
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from regen.cli import add_config, add_library_verbs, positive_int
 from regen.errors import ConfigError, UserError
-from regen.verbs import add_config, add_library_verbs, positive_int
 
 if TYPE_CHECKING:
     from regen.config import RegenConfig

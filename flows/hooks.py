@@ -11,7 +11,7 @@ from prefect.states import State
 
 from flows.params import config_parameter, open_run
 from regen.fleet import reap_orphans
-from regen.progress import mark_state
+from regen.progress.snapshot import mark_state
 
 
 def reap_fleet_on_exit(flow: Flow[Any, Any], flow_run: FlowRun, state: State[Any]) -> None:

@@ -5,7 +5,10 @@ The plan's own figures (the prompts as the run reads and validates them, the ans
 `regeneration.turns` asks for, `sampling.max_tokens`) times a per-GPU decode rate: one given
 (`--tok-s-per-gpu`, from a vendor's figure or an earlier run) or measured on the node by the
 fleet's micro-benchmark (`engine.bench`, each server's `probe tok/s` in a dataset's
-`report/fleet.json`). Every answer at `max_tokens` is an upper bound: few answers reach it, so
+`report/fleet.json`). The answers are regen.conversations' turns, tool loop steps included,
+the most a row can have, so every answer at `max_tokens` bounds the output tokens; the time is
+not bounded by it (the rate is an estimate, and a run's batch goes faster or slower than the
+benchmark's), so it is said as the time at that rate. Few answers reach `max_tokens`, so
 `--mean-tokens` (a typical answer's length, e.g. an earlier audit's completion p50) gives the
 likely figure beside it. The size is the provisioning check's estimate
 (`regen.preflight.space`), one owner for both, here over every prompt: an estimate, not a bound
@@ -14,17 +17,15 @@ likely figure beside it. The size is the provisioning check's estimate
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
 from regen.config import RegenConfig
-from regen.display.figures import compact, count, duration, sig
+from regen.display.figures import byte_size, compact, count, duration, sig
 from regen.errors import UserError
 from regen.features.sizes import PlannedFeatures, planned_features
 from regen.preflight.space import OutputEstimate, PromptFigures, first_estimate
 from regen.storage import Storage
-from regen.storage.diskfull import human_size
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class Estimate:
         ]  # fmt: skip
         for n in self.gpus:
             rows.append((f"{n} GPU{'s' if n > 1 else ''}", self._time(n)))
-        rows.append(("size", f"about {human_size(self.size.size)} (estimated: {self.size.basis})"))
+        rows.append(("size", f"about {byte_size(self.size.size)} (estimated: {self.size.basis})"))
         rows += self._features()
         width = max(len(label) for label, _ in rows) + 1
         return [f"{label + ':':<{width}} {text}" for label, text in rows]
@@ -106,21 +107,13 @@ class Estimate:
         return f"about {likely} at {sig(self.mean_tokens)} tokens an answer; {bound}"
 
     def _time(self, gpus: int) -> str:
-        bound = f"at most {_at_most(self.hours(gpus, self.max_tokens) * 3600)}"
+        # Not a bound: the rate is an estimate too, so the longest answers' time is said as
+        # the time at that rate, never as `at most`.
+        seconds = self.hours(gpus, self.max_tokens) * 3600
+        longest = f"{duration(seconds)} with every answer at max_tokens"
         if self.mean_tokens is None:
-            return bound
-        return f"about {duration(self.hours(gpus, self.mean_tokens) * 3600)}, {bound}"
-
-
-def _at_most(seconds: float) -> str:
-    """A bound as `duration` words it, rounded up, never down: `at most 71.2 h` for 71.11 h
-    (to the nearest, 71.1 h would be less than the bound)."""
-    shown = duration(seconds)
-    unit = shown.rpartition(" ")[2]
-    scale = {"s": 1, "min": 60, "h": 3600}[unit]
-    step = 10 ** (math.floor(math.log10(seconds / scale)) - 2) if seconds > 0 else 1
-    up = math.ceil(round(seconds / scale / step, 6)) * step
-    return f"{sig(up)} {unit}"
+            return longest
+        return f"about {duration(self.hours(gpus, self.mean_tokens) * 3600)}; {longest}"
 
 
 def measured_rate(storage: Storage) -> Rate:

@@ -18,7 +18,7 @@ from prefect.utilities.annotations import quote
 from pydantic import BaseModel, SecretStr
 
 from regen.dataset.reader import read_committed
-from regen.display.figures import duration, sig
+from regen.display.figures import byte_size, duration, sig
 from regen.display.naming import artifact, described
 from regen.errors import UserError
 from regen.features.capture import CaptureError
@@ -26,7 +26,6 @@ from regen.features.manifest import FeatureManifest, FeatureRecord, claim_record
 from regen.features.pool import CapturePool
 from regen.features.shard import capture_shard, shard_samples
 from regen.features.site import capture_fleet
-from regen.features.sizes import human_bytes
 from regen.features.stage import (
     FeaturePlan,
     FeatureProgress,
@@ -93,7 +92,7 @@ def capture_features_shard(
     progress.shard()
     get_run_logger().info(
         "features shard %06d: %d samples, %s tokens, %s in %s%s",
-        shard, len(manifest.samples), f"{manifest.tokens:,}", human_bytes(manifest.bytes),
+        shard, len(manifest.samples), f"{manifest.tokens:,}", byte_size(manifest.bytes),
         duration(manifest.seconds),
         f", {len(manifest.failed)} refused" if manifest.failed else "",
     )  # fmt: skip
@@ -141,7 +140,7 @@ def features(run: OpenedRun, model: StagedModel, api_key: SecretStr) -> Features
             progress=round(100 * progress.fraction, 2),
             description=described(
                 f"{round(100 * progress.fraction)} % · {sig(snap['tokens_per_s'])} tok/s · "
-                f"{human_bytes(snap['bytes_written'])} · {eta}",
+                f"{byte_size(snap['bytes_written'])} · {eta}",
                 run.output,
             ),
         )
@@ -206,7 +205,7 @@ def _summary(
 
 def _summary_line(summary: FeaturesSummary) -> str:
     return (
-        f"{summary.samples:,} samples, {human_bytes(summary.bytes)} in "
+        f"{summary.samples:,} samples, {byte_size(summary.bytes)} in "
         f"{summary.shards:,} shards ({summary.captured_shards:,} this run)"
     )
 
@@ -220,7 +219,7 @@ def _summary_markdown(summary: FeaturesSummary, record: FeatureRecord) -> str:
             "| shards | captured this run | samples | refused | tokens | size | tok/s |",
             "|---|---|---|---|---|---|---|",
             f"| {summary.shards:,} | {summary.captured_shards:,} | {summary.samples:,} | "
-            f"{summary.failed:,} | {summary.tokens:,} | {human_bytes(summary.bytes)} | "
+            f"{summary.failed:,} | {summary.tokens:,} | {byte_size(summary.bytes)} | "
             f"{sig(rate)} |",
         ]
     )

@@ -26,6 +26,7 @@ from pydantic import SecretStr
 from regen.display.figures import compact, duration
 from regen.display.naming import artifact, dataset_markdown, described
 from regen.display.plots import live_plots
+from regen.display.progress import progress_card, progress_markdown, rows_line
 from regen.fleet import Fleet
 from regen.generation import run_plan
 from regen.generation import shard as shards
@@ -35,8 +36,8 @@ from regen.generation.loop import ShardSource
 from regen.generation.outcome import GenerationSummary, ShardOutcome
 from regen.generation.run_plan import RunPlan
 from regen.generation.shard import Fence, OnCommit, RowSource
-from regen.progress import ProgressSnapshot
 from regen.progress.fleet_live import LiveReport
+from regen.progress.snapshot import ProgressSnapshot
 from regen.run import OpenedRun
 from regen.storage import Storage
 from tasks.cards import publish_markdown
@@ -173,7 +174,7 @@ def _feeding(
         update_progress_artifact(
             artifact_id=progress_id,
             progress=round(100 * snapshot.shown_fraction, 2),
-            description=described(f"{snapshot.card()} · {snapshot.rows_line()}", run.output),
+            description=described(f"{progress_card(snapshot)} · {rows_line(snapshot)}", run.output),
         )
 
     def live(report: LiveReport) -> None:
@@ -202,8 +203,8 @@ def _feeding(
         yield feed
     assert feed.final is not None
     markdown(
-        feed.final.to_markdown(),
-        **artifact("generation-summary", run.output, feed.final.card()),
+        progress_markdown(feed.final),
+        **artifact("generation-summary", run.output, progress_card(feed.final)),
     )
 
 

@@ -10,7 +10,8 @@ from prefect import get_run_logger
 from prefect.context import get_run_context
 
 from regen.run import OpenedRun
-from regen.storage.output_lease import Holder, OutputLease
+from regen.storage.lease import Holder
+from regen.storage.output_lease import OutputLease
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from pydantic import SecretStr
 
 import regen.fleet
 import regen.staging
+from regen.display.figures import byte_size
 from regen.display.naming import artifact
 from regen.errors import FleetError
 from regen.fleet import Fleet, ServerCommand
@@ -85,8 +86,8 @@ def stage_model(run: OpenedRun) -> StagedModel:
             logger.info("model already staged at %s (%d files)", result.path, result.files)
         else:
             logger.info(
-                "staged %d files, %.1f GB in %.1f s to %s",
-                *(result.files, result.bytes / 1e9, result.seconds, result.path),
+                "staged %d files, %s in %.1f s to %s",
+                *(result.files, byte_size(result.bytes), result.seconds, result.path),
             )
         path = Path(result.path)
     # Asked once the model is in place: the staged directory is then its answer.

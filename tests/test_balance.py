@@ -90,7 +90,8 @@ def drain(p: ShardPicker) -> list[int]:
 def holder(claims: ShardClaims, shard: int) -> str | None:
     """The node holding a live lease on the shard, or None: what a racer reading it sees."""
     claim = claims.latest(shard)
-    return claim.node if claim is not None and claim.expires_at > claims.clock() else None
+    live = claim is not None and claim.holder is not None and claim.expires_at > claims.clock()
+    return claim.holder.node if live else None  # type: ignore[union-attr]
 
 
 def claim_keys(storage: Storage, shard: int) -> list[str]:
@@ -287,12 +288,12 @@ def test_a_claimed_shard_with_a_manifest_is_handed_back(
     a2 = picker(storage2, "a", {"a": [2], "b": []})
     monkeypatch.setattr(regen.multinode.balance, "manifested_shards", lambda storage: set())
     generation = a2.claims.latest(2)
-    assert generation is not None and generation.node is None
+    assert generation is not None and generation.holder is None
     assert a2.next() is None
     latest = a2.claims.latest(2)
     assert latest is not None
     assert latest.generation == generation.generation + 2, "claimed, then released again"
-    assert latest.node is None and holder(a2.claims, 2) is None
+    assert latest.holder is None and holder(a2.claims, 2) is None
     assert 2 not in a2.mine
 
     # A manifest of another run (another fingerprint) does not count as committed.

@@ -335,7 +335,7 @@ def test_a_node_whose_fleet_is_gone_stops_alone_and_leaves_its_shards_to_the_oth
     claims = ShardClaims(LocalStorage(root), "b", lease_s)
     for shard in tried:
         latest = claims.latest(shard)
-        assert latest is not None and latest.node is None, f"a kept its claim on {shard}"
+        assert latest is not None and latest.holder is None, f"a kept its claim on {shard}"
     assert manifested_shards(LocalStorage(root)) == set()
 
     b = Node("b", LocalStorage(root), Model(), log)

@@ -47,7 +47,8 @@ def _race(fns: list[Callable[[], bool]]) -> list[bool]:
 def holder(claims: ShardClaims, shard: int) -> str | None:
     """The node holding a live lease on the shard, or None: what a racer reading it sees."""
     claim = claims.latest(shard)
-    return claim.node if claim is not None and claim.expires_at > claims.clock() else None
+    live = claim is not None and claim.holder is not None and claim.expires_at > claims.clock()
+    return claim.holder.node if live else None  # type: ignore[union-attr]
 
 
 def _claimer(claims: ShardClaims, shard: int) -> Callable[[], bool]:

@@ -193,7 +193,8 @@ def test_each_turn_records_the_effort_its_id_and_turn_pick(endpoint: Endpoint, t
     assert out["error"].null_count() == out.height  # the emulator took every effort it was sent
     picked = out.select("id", "turns").explode("turns").unnest("turns")
     for sample_id, turn, effort in picked.select("id", "turn", "reasoning_effort").iter_rows():
-        assert effort == pick_effort(shares, sample_id, turn if turns == "all" else 1)
+        # One draw a turn of the conversation: `last`'s answer is its turn 3, drawn as such.
+        assert effort == pick_effort(shares, sample_id, turn)
     assert picked["reasoning_effort"].null_count() == 0
 
 

@@ -193,4 +193,4 @@ def test_a_full_disk_is_never_retried_and_starts_no_new_shard() -> None:
 
     result = run_all(list(range(10)), submit, window=1)
     assert started == [0], "a shard started after the disk was full"
-    assert isinstance(result.fatal, DiskFull) and "needs about 1.0 GB" in str(result.fatal)
+    assert isinstance(result.fatal, DiskFull) and "needs about 1.00 GB" in str(result.fatal)

@@ -28,7 +28,8 @@ from regen.client import Dispatcher, DispatchTuning, ServerState
 from regen.client.dispatcher import Reprobe, SessionFactory, keepalive_session
 from regen.config import GenerationConfig, SamplingConfig
 from regen.errors import FleetError, FleetUnauthorized
-from regen.progress import ProgressSnapshot, ProgressWriter
+from regen.progress.snapshot import ProgressSnapshot
+from regen.progress.writer import ProgressWriter
 from regen.schema import row_schema
 from regen.sglang_api.endpoint import Endpoint
 from regen.sglang_api.request import turn_request_id

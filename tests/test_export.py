@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from flows.cli import main
+from regen.cli import FORMATS_CHOICES
 from regen.config import FORMATS, ExportOptions
 from regen.dataset import (
     PLAN_KEY,
@@ -24,7 +25,6 @@ from regen.dataset import (
 )
 from regen.export.exporter import EXPORT_KEY, export_dataset
 from regen.storage import LocalStorage, Storage
-from regen.verbs import FORMATS_CHOICES
 from support.s3 import MotoS3
 from tests.support.export import FINGERPRINT, make_export_dataset, synthetic_shard, user_text
 

@@ -17,8 +17,8 @@ import yaml
 
 from regen.display.naming import artifact_key
 from regen.fleet.metrics import FleetScraper, ServerFigures
-from regen.progress import ProgressSnapshot
 from regen.progress.fleet_live import Interval, LiveReport
+from regen.progress.snapshot import ProgressSnapshot
 from regen.rehearsal import rehearsal_config
 from regen.sglang_api.endpoint import Endpoint
 from support.emulator import emulators as launch_emulators

@@ -18,11 +18,13 @@ import pytest
 from regen.audit.result import AuditResult, Quantiles
 from regen.client.stats import DispatchStats, ServerStats
 from regen.config import RegenConfig
-from regen.display.figures import clock, compact, count, eta, sig
+from regen.display.figures import byte_size, clock, compact, count, eta, sig
 from regen.display.naming import artifact, dataset_markdown, run_name, run_tags
+from regen.display.progress import progress_card, progress_headline, progress_markdown, rows_line
 from regen.fleet.metrics import ServerFigures, ServerMetrics
-from regen.progress import ProgressMeter, ProgressSnapshot
 from regen.progress.fleet_live import LiveReport
+from regen.progress.meter import ProgressMeter
+from regen.progress.snapshot import ProgressSnapshot
 from regen.rehearsal import rehearsal_config
 
 # 2026-12-07 00:54:36 UTC: 24 s before 00:55.
@@ -57,16 +59,21 @@ def test_figures_for_cards_and_bounds() -> None:
     assert clock(AT + 41.3 * 3600, now=AT) == "Dec 08 18:12 UTC", "another day names its date"
     assert eta(AT, 24.0) == "ETA 00:55 UTC (24 s)"
     assert eta(AT, None) == "ETA –"
+    # One byte formatter: decimal units, three significant digits, the unit by the figure shown.
+    sizes = [0, 512, 999_600, 5_800_000, 40e9, 161e9, 10**18]
+    assert [byte_size(n) for n in sizes] == [
+        "0 B", "512 B", "1.00 MB", "5.80 MB", "40.0 GB", "161 GB", "1,000 PB"
+    ]  # fmt: skip
 
 
 def test_the_progress_card_leads_with_share_eta_rate_and_quality() -> None:
     snap = _snapshot()
-    card = snap.card()
+    card = progress_card(snap)
     assert card == "82.0 % · ETA 00:55 UTC (24 s) · 64.3k tok/s · quality ok", card
     assert len(card) <= CARD_CUT
     warned = _snapshot(audit={"rows": 9, "checks": {"x": {"figure": 0.2, "status": "warn"}}})
-    assert warned.card().endswith("quality warn")
-    assert _snapshot(audit=None).card().endswith("quality –")
+    assert progress_card(warned).endswith("quality warn")
+    assert progress_card(_snapshot(audit=None)).endswith("quality –")
     # The card's figure first, the dataset's name after it (the key names the dataset).
     described = artifact("generation-progress", "s3://b/regen/run1", card)["description"]
     assert described.startswith("82.0 % · ETA 00:55 UTC") and described.endswith(" · run1")
@@ -78,15 +85,16 @@ def test_generated_and_committed_are_named_and_a_stopped_run_shows_what_it_kept(
     stopped = _snapshot(done=496, rows_committed=0, audit=None).as_ended(
         "stopped: canary gate stopped the run after 256 rows: empty_answer 90.2 %"
     )
-    assert stopped.rows_line() == "496 / 6,000 rows generated (8.27 %), 0 committed"
-    assert stopped.headline().startswith("496 / 6,000 rows generated (8.27 %), 0 committed")
+    assert rows_line(stopped) == "496 / 6,000 rows generated (8.27 %), 0 committed"
+    headline = progress_headline(stopped)
+    assert headline.startswith("496 / 6,000 rows generated (8.27 %), 0 committed")
     assert stopped.shown_fraction == 0.0, "the bar of a stopped run is what it committed"
-    card = stopped.card()
+    card = progress_card(stopped)
     assert card.startswith("stopped · 0 / 6,000 committed (496 generated) · canary gate"), card
     assert "ETA" not in card and stopped.eta_s is None
     running = _snapshot()
     assert running.shown_fraction == running.fraction == 0.82
-    assert "4,920 / 6,000 rows generated (82.0 %), 4,500 committed" in running.headline()
+    assert "4,920 / 6,000 rows generated (82.0 %), 4,500 committed" in progress_headline(running)
 
 
 def test_a_finished_run_shows_run_averages_and_one_throughput() -> None:
@@ -104,10 +112,11 @@ def test_a_finished_run_shows_run_averages_and_one_throughput() -> None:
     assert ended.tokens_per_s == pytest.approx(800_000 / 160)
     assert [s.tokens_per_s for s in ended.servers] == pytest.approx([2500.0, 2500.0])
     # One total: the headline's, the summary's and the card's are the same figure.
-    rates = set(re.findall(r"([\d.,]+k?) (?:output )?tok/s", ended.to_markdown()))
-    assert rates == {sig(ended.tokens_per_s)}, ended.to_markdown()
-    assert "5k tok/s" in ended.card() or "5.00k tok/s" in ended.card(), ended.card()
-    assert "run average" in ended.headline()
+    rates = set(re.findall(r"([\d.,]+k?) (?:output )?tok/s", progress_markdown(ended)))
+    assert rates == {sig(ended.tokens_per_s)}, progress_markdown(ended)
+    card = progress_card(ended)
+    assert "5k tok/s" in card or "5.00k tok/s" in card, card
+    assert "run average" in progress_headline(ended)
     # The fleet-live table of a finished run shows the same averages, from the dispatcher.
     metrics = ServerMetrics(1, 0, 100.0, 0.1, None, 400_000.0)
     live = LiveReport(
@@ -180,7 +189,7 @@ def test_an_error_rows_example_carries_its_reason() -> None:
 def test_an_ended_runs_figures_are_kept_not_diluted_by_the_clock(tmp_path: Path) -> None:
     """The fleet-live report, the summary and the flow's result read the ended snapshot at
     different moments: its run average must not fall as the clock goes on."""
-    from regen.progress import ProgressWriter
+    from regen.progress.writer import ProgressWriter
     from regen.storage import LocalStorage
 
     class Source:

@@ -73,6 +73,35 @@ def test_import_regen_fleet_loads_no_dispatcher() -> None:
     assert not {m for m in _loaded("regen.fleet") if m.startswith("regen.client")}
 
 
+def test_regen_status_loads_neither_the_progress_writer_nor_a_terminal_library() -> None:
+    """`regen status` reads one JSON file: it loaded the writer's thread, the dispatcher's
+    counters and rich with it while all of progress sat in one `__init__`. The snapshot is a
+    value, its words are regen.display.progress, and neither needs the parts that write it."""
+    for module in ("regen.progress.status", "regen.progress.snapshot", "regen.display.progress"):
+        loaded = _loaded(module)
+        writing = {"regen.progress.writer", "regen.progress.meter", "regen.client.stats"}
+        assert not loaded & writing, (module, loaded & writing)
+        assert not {m for m in loaded if m == "rich" or m.startswith("rich.")}, module
+
+
+def test_one_lease_protocol_under_its_users() -> None:
+    """The output's lease and the shard claims were two leases on the same generation files,
+    each with its own expiry, races and fence. Now regen.storage.lease is the one protocol:
+    it knows none of its users, and no module but it creates a record (`create_exclusive`)
+    or judges one's expiry; the users say whose a record is."""
+    users = ("regen.storage.output_lease", "regen.multinode")
+    assert not {
+        name for name in _imports(REGEN / "storage")["storage/lease.py"] if name.startswith(users)
+    }
+    writers = {
+        str(path.relative_to(REGEN))
+        for path in REGEN.rglob("*.py")
+        if "create_exclusive(" in path.read_text() or "expires_at >" in path.read_text()
+    }
+    # The stores' own (a directory, S3) and the probe of the conditional create in __init__.
+    assert writers == {"storage/__init__.py", "storage/s3.py", "storage/lease.py"}, writers
+
+
 def test_config_is_the_bottom_layer() -> None:
     """Every layer reads the config, so the config reads no other room of regen: its sections
     (the audit's thresholds and the export's options included) live in regen/config/, and
@@ -92,8 +121,8 @@ def test_config_is_the_bottom_layer() -> None:
 # The modules at regen's top level: each is one idea every room uses (an error, the row
 # schema, the fingerprint, the opened run...) or a command's own; anything else has a room.
 TOP_LEVEL = {
-    "__init__", "conversations", "errors", "estimate", "fingerprint", "hub_errors", "run",
-    "schema", "tools", "verbs",
+    "__init__", "cli", "conversations", "errors", "estimate", "fingerprint", "hub_errors", "run",
+    "schema", "tools",
 }  # fmt: skip
 
 

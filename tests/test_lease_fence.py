@@ -32,15 +32,8 @@ from regen.generation.run_plan import plan_run
 from regen.generation.shard import Fence, generate_shard, worth_retrying
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage, Storage
-from regen.storage.output_lease import (
-    LEASE_S,
-    Holder,
-    LeaseLost,
-    LeaseRecord,
-    OutputLease,
-    check_held,
-    read_lease,
-)
+from regen.storage.lease import Holder, LeaseRecord
+from regen.storage.output_lease import LEASE_S, LeaseLost, OutputLease, check_held, read_lease
 from support.chaos import (
     ChaosRun,
     descendants,
@@ -162,7 +155,8 @@ def test_the_fence_names_what_became_of_the_lease(tmp_path: Path) -> None:
     lease.take()
     check_held(storage, "run-a")  # held: no error
     # A release written by another process of the same run id: nobody holds it any more.
-    storage.create_exclusive(lease_key(1), LeaseRecord(1, None, time.time()).to_json())
+    now = time.time()
+    storage.create_exclusive(lease_key(1), LeaseRecord(1, None, now, now).to_json())
     with pytest.raises(LeaseLost, match="output lease released by another run"):
         check_held(storage, "run-a")
 

@@ -30,14 +30,8 @@ from regen.machine.owned import alive, this_machine
 from regen.preflight import check_storage
 from regen.schema import row_schema
 from regen.storage import LocalStorage, Storage
-from regen.storage.output_lease import (
-    LEASE_S,
-    Holder,
-    OutputHeld,
-    OutputLease,
-    live_holder,
-    read_lease,
-)
+from regen.storage.lease import Holder
+from regen.storage.output_lease import LEASE_S, OutputHeld, OutputLease, live_holder, read_lease
 from support.s3 import MotoS3, ignoring_if_none_match
 
 
@@ -119,7 +113,8 @@ def _in_own_pid_namespace(storage_root: Path) -> subprocess.Popen[str] | None:
     make one (no root, no user namespaces)."""
     take = (
         "import sys, time; from pathlib import Path; from regen.storage import LocalStorage; "
-        "from regen.storage.output_lease import Holder, OutputLease; "
+        "from regen.storage.lease import Holder; "
+        "from regen.storage.output_lease import OutputLease; "
         "OutputLease(LocalStorage(Path(sys.argv[1])), Holder.this_process(run_id='pod-run'))"
         ".take(); print('held', flush=True); time.sleep(120)"
     )

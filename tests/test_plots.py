@@ -16,8 +16,8 @@ from regen.audit.report import plot_pngs
 from regen.config import AuditConfig
 from regen.display.plots import THROUGHPUT_POINTS, downsample, live_plots, throughput_png
 from regen.fleet.metrics import ServerFigures
-from regen.progress import ProgressSnapshot
 from regen.progress.fleet_live import Interval, LiveReport
+from regen.progress.snapshot import ProgressSnapshot
 from regen.storage import LocalStorage
 from tasks.pictures import embedded
 from tests.support.audit import make_dataset

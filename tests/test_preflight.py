@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from regen.config import RegenConfig, parse_config
+from regen.display.figures import sig
 from regen.machine.gpus import GpuInfo
 from regen.machine.ports import quiet_port_range
 from regen.preflight import (
@@ -285,7 +286,7 @@ def test_storage_row_estimates_the_output_from_max_tokens_when_nothing_is_commit
     row = check_storage(_estimate_config(tmp_path, rows=3, max_tokens=4096))
     assert row.status == "pass", row
     per_row = 4096 * BYTES_PER_TOKEN + 2 + 2 * 4 / 3
-    assert f"the run still writes about {3 * per_row / 1000:.1f} KB" in row.figure, row.figure
+    assert f"the run still writes about {sig(3 * per_row / 1000)} KB" in row.figure, row.figure
     assert (
         f"(estimated: 3 rows x {per_row:,.0f} B a row: 1 answer at max_tokens 4,096 x "
         f"{BYTES_PER_TOKEN} B, and 5 B of prompt text and its token ids)"
@@ -480,7 +481,7 @@ def test_too_little_free_memory_fails_naming_the_gpu(tmp_path: Path) -> None:
     probe = StaticGpuProbe([b200(0), b200(1, free_gb=40)])
     row = check_gpus(gpu_config(tmp_path, [0, 1]), probe, model_bytes=52 * GB)
     assert row.status == "fail"
-    assert "GPU 1: 40.0 GB free < 161.0 GB needed" in row.figure
+    assert "GPU 1: 40.0 GB free < 161 GB needed" in row.figure
     assert "GPU 0" not in row.figure.split(";", 1)[1]
     assert "nvidia-smi" in row.hint
 
@@ -488,7 +489,7 @@ def test_too_little_free_memory_fails_naming_the_gpu(tmp_path: Path) -> None:
 def test_model_larger_than_gpu_memory_fails(tmp_path: Path) -> None:
     probe = StaticGpuProbe([b200(0)])
     row = check_gpus(gpu_config(tmp_path, [0]), probe, model_bytes=170 * GB)
-    assert row.status == "fail" and "GPU 0: model 170.0 GB >= static pool 161.0 GB" in row.figure
+    assert row.status == "fail" and "GPU 0: model 170 GB >= static pool 161 GB" in row.figure
 
 
 def test_unreachable_driver_fails(tmp_path: Path) -> None:
@@ -520,7 +521,7 @@ def test_stage_space_ok_fail_and_skip(tmp_path: Path) -> None:
     row = check_stage_space(cfg, model_bytes=10**6)
     assert row.status == "pass" and str(tmp_path / "stage" / "m") in row.figure
     row = check_stage_space(cfg, model_bytes=10**18)
-    assert row.status == "fail" and "needs 1000000000.0 GB" in row.figure and "free" in row.figure
+    assert row.status == "fail" and "needs 1,000 PB" in row.figure and "free" in row.figure
     assert check_stage_space(cfg, model_bytes=None).status == "skipped"
     assert check_stage_space(make_config(tmp_path), model_bytes=10**6).status == "skipped"
 

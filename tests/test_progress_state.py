@@ -1,5 +1,5 @@
 """The state a cancelled or crashed run's hook adds to its progress (flows/hooks.py calls
-`regen.progress.mark_state`): kept beside the last snapshot, at the node's own key."""
+`regen.progress.snapshot.mark_state`): kept beside the last snapshot, at the node's own key."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from regen.dataset import progress_key
-from regen.progress import mark_state
+from regen.progress.snapshot import mark_state
 from regen.storage import LocalStorage
 
 

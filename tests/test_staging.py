@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import psutil
 import pytest
 
+from regen.display.figures import byte_size
 from regen.errors import UserError
 from regen.staging import MARKER_NAME, StageMarker, StageResult, check_space, stage_model
 from regen.staging.layout import HUB_DOWNLOAD
@@ -141,9 +142,9 @@ def test_a_different_revision_is_not_the_same_staging(model_dir: Path, tmp_path:
 
 def test_too_small_target_is_refused_with_both_figures(model_dir: Path, tmp_path: Path) -> None:
     target = tmp_path / "t"
-    model_gb = f"{sum(len(v) for v in MODEL_FILES.values()) / 1e9:.2g}"
+    model = byte_size(sum(len(v) for v in MODEL_FILES.values()))
     with pytest.raises(
-        UserError, match=rf"needs {model_gb} GB \+ 1000000\.0 GB margin, only [\d.]+ GB free on /"
+        UserError, match=rf"needs {model} \+ 1\.00 PB margin, only [\d.,]+ [KMGT]?B free on /"
     ):
         stage_model(str(model_dir), target, margin_bytes=10**15)
     assert not target.exists()
@@ -159,7 +160,7 @@ def test_ram_disk_must_fit_in_ram() -> None:
         pytest.skip("/dev/shm is smaller than available RAM: the disk check refuses first")
     # Fits the tmpfs, not the RAM behind it: a tmpfs may be sized beyond what is free.
     need = (free + available) // 2
-    with pytest.raises(UserError, match=r"is a RAM disk: staging needs [\d.]+ GB .* GB of RAM"):
+    with pytest.raises(UserError, match=r"is a RAM disk: staging needs [\d.,]+ [KMGT]?B .* of RAM"):
         check_space(shm / "regen-test-never-created", need, 0)
     check_space(shm / "regen-test-never-created", 1 << 20, 0)
 

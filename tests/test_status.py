@@ -15,10 +15,11 @@ import pytest
 
 from flows.cli import main
 from regen.dataset.keys import progress_key
-from regen.progress import ProgressSnapshot, ServerProgress
-from regen.progress.glance import read_status
+from regen.progress.snapshot import ProgressSnapshot, ServerProgress
+from regen.progress.status import read_status
 from regen.storage import LocalStorage, Storage, open_storage
-from regen.storage.output_lease import Holder, OutputLease
+from regen.storage.lease import Holder
+from regen.storage.output_lease import OutputLease
 from support.s3 import MotoS3
 
 NOW = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
@@ -110,7 +111,7 @@ def test_a_finished_and_a_stopped_run_say_how_they_ended(tmp_path: Path) -> None
 def test_a_killed_run_is_not_running_and_says_why(tmp_path: Path) -> None:
     """kill -9: the lease is never released and the flow's hook may mark the progress
     Crashed; the status names the dead holder and why it is dead (its pid gone on this host)."""
-    from regen.progress import mark_state
+    from regen.progress.snapshot import mark_state
 
     storage: Storage = LocalStorage(tmp_path / "out")
     storage.write_bytes(progress_key(), _snapshot().to_json())

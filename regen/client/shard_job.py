@@ -22,7 +22,15 @@ import polars as pl
 from regen.client.effort import pick_effort
 from regen.client.setting import SettingDraw
 from regen.config import ReasoningEffort
-from regen.conversations import Turns
+from regen.conversations import (
+    Turns,
+    first_turn_end,
+    given_call,
+    inputs_of,
+    results_end,
+    turn_number,
+    user_turn_end,
+)
 from regen.schema import OUTPUT_MESSAGE, SAMPLING, TOOL_CALL, TURN, row_schema
 from regen.sglang_api.request import RowSetting
 from regen.sglang_api.response import Completion
@@ -144,10 +152,7 @@ class ShardJob:
             n = self.size
             # Defensive: the original answers are stripped upstream, never sent if not; the
             # given calls stay, to be compared with the model's (regen.tools), never sent.
-            self.messages = [
-                [m for m in ms if m["role"] != "assistant" or m.get("tool_calls")]
-                for ms in self.messages
-            ]
+            self.messages = [inputs_of(ms) for ms in self.messages]
             self._history = [[] for _ in range(n)]
             self._next = [0] * n
             self.turn = [0] * n
@@ -162,16 +167,12 @@ class ShardJob:
 
     def _advance(self, pos: int) -> bool:
         """Move the next input messages up to and including a user message into the history;
-        False when no user turn is left (a row without any user message gets one turn)."""
+        False when no user turn is left (regen.conversations: a row without any user message
+        gets one turn)."""
         inputs, start = self.messages[pos], self._next[pos]
-        if start >= len(inputs) and self.turn[pos] > 0:
-            return False
-        end = start
-        while end < len(inputs) and inputs[end]["role"] != "user":
-            end += 1
-        if end >= len(inputs) and self.turn[pos] > 0:
+        end = user_turn_end(inputs, start) if self.turn[pos] else first_turn_end(inputs)
+        if end is None:
             return False  # only trailing non-user messages: nothing more to answer
-        end = min(end + 1, len(inputs))
         self._history[pos].extend(_as_history(m) for m in inputs[start:end])
         self._next[pos] = end
         self.turn[pos] += 1
@@ -188,11 +189,18 @@ class ShardJob:
         return self._tools[pos] if self._tools else None
 
     def turn_of(self, pos: int) -> int:
+        """Which request of row `pos` this is: 1 for its first (`turns: last` sends one)."""
         return self.turn[pos] if self._all else 1
 
+    def number_of(self, pos: int) -> int:
+        """The conversation's number of the turn row `pos` is asked now (regen.conversations):
+        with `turns: last` its last turn, numbered as `all` numbers it."""
+        return self.turn[pos] if self._all else turn_number(self.messages[pos])
+
     def effort(self, pos: int) -> ReasoningEffort | None:
-        """The `reasoning_effort` of row `pos`'s current turn (None: send none)."""
-        return pick_effort(self._efforts, self.ids[pos], self.turn_of(pos))
+        """The `reasoning_effort` of row `pos`'s current turn (None: send none): one draw a
+        turn of the conversation, so its last answer draws alike with `last` and `all`."""
+        return pick_effort(self._efforts, self.ids[pos], self.number_of(pos))
 
     def setting(self, pos: int) -> RowSetting | None:
         """Row `pos`'s sampling setting and thinking mode (None: the dispatcher's own)."""
@@ -270,16 +278,14 @@ class ShardJob:
         answers nothing: the model's same call ends the tool loop there, and the next user
         turn follows if there is one, so no request ends on an unanswered call."""
         inputs, at = self.messages[pos], self._next[pos]
-        given = inputs[at] if at < len(inputs) and inputs[at]["role"] == "assistant" else None
+        given = given_call(inputs, at)
         if not calls and given is None:
             return self._advance(pos)
         why = divergence(calls, given["tool_calls"] if given else None)
         if why is not None or given is None or not calls:
             self._records[pos][-1]["tool_stop"] = why
             return False
-        end = at + 1
-        while end < len(inputs) and inputs[end]["role"] == "tool":
-            end += 1
+        end = results_end(inputs, at)
         results = inputs[at + 1 : end]
         if not results:
             self._next[pos] = end
@@ -391,11 +397,7 @@ class ShardJob:
             *([] if "tools" in self._frame.columns else [pl.lit(None, pl.String).alias("tools")]),
         )
         turn = pl.struct(
-            pl.col("messages")
-            .list.eval(pl.element().struct.field("role") == "user")
-            .list.sum()
-            .cast(pl.Int64)
-            .alias("turn"),
+            pl.Series("turn", [self.number_of(pos) for pos in range(self.size)], pl.Int64),
             "finish_reason",
             "prompt_tokens",
             "completion_tokens",

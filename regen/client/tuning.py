@@ -58,9 +58,10 @@ class DispatchTuning(BaseModel):
     hedge_after: float = Field(
         default=0.0,
         ge=0,
-        description="A request on a slow server is a straggler once it has run this multiple "
-        "of that server's mean request time (0: as soon as a faster server has a free slot "
-        "and nothing is queued, when the copy costs only an idle slot).",
+        description="How long a request on a slow server runs before it is copied to a faster "
+        "server, as a multiple of that server's mean request time. 0, the default, copies it "
+        "at once: whenever a faster server has a free slot and nothing is queued, so the copy "
+        "costs only an idle slot.",
     )
     hedge_min_samples: int = Field(
         default=8, ge=1, description="Answers a server must have given before its speed is judged."

@@ -93,9 +93,19 @@ def eta(at: float, seconds: float | None) -> str:
     return f"ETA {clock(at + seconds, now=at)} ({ahead})"
 
 
-def gb(nbytes: float) -> str:
-    """Bytes in decimal gigabytes, one decimal: how disks and GPU memory are quoted."""
-    return f"{nbytes / 1e9:.1f} GB"
+def byte_size(nbytes: float) -> str:
+    """Bytes as disks, GPU memory and files are quoted: decimal units to three significant
+    digits (`512 B`, `5.80 MB`, `161 GB`), the one byte formatter of every report and message."""
+    if math.isnan(nbytes):
+        return NONE
+    size = float(nbytes)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        # The unit by the figure shown: 999,600 B is `1.00 MB`, never `1,000 KB`.
+        shown = round(size) if unit == "B" else float(f"{size:.3g}")
+        if abs(shown) < 1000:
+            return f"{shown} B" if unit == "B" else f"{sig(shown)} {unit}"
+        size /= 1000
+    return f"{sig(size)} PB"
 
 
 def markdown_table(

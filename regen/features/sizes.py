@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from regen.config import FeatureDtype, RegenConfig
-from regen.display.figures import sig
+from regen.display.figures import byte_size
 from regen.errors import ConfigError
 from regen.features.layers import resolve
 from regen.features.manifest import FeatureRecord
@@ -52,21 +52,13 @@ class FeatureSize:
     def describe(self) -> str:
         per = bytes_per_token(self.aux_layers, self.hidden, self.dtype)
         return (
-            f"{human_bytes(self.bytes)} ({self.tokens:,} tokens x {self.aux_layers + 1} layers "
+            f"{byte_size(self.bytes)} ({self.tokens:,} tokens x {self.aux_layers + 1} layers "
             f"x {self.hidden} hidden x {'1 B + scales' if self.dtype == 'fp8' else '2 B'}, "
             f"{per:,} B a token)"
         )
 
     def seconds(self, prefill_tok_s_per_gpu: float, gpus: int) -> float:
         return self.tokens / (prefill_tok_s_per_gpu * gpus)
-
-
-def human_bytes(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if size < 1000 or unit == "PB":
-            return f"{sig(size)} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

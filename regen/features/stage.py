@@ -22,10 +22,11 @@ import polars as pl
 from regen.config import FeaturesConfig
 from regen.dataset.keys import FEATURES_PROGRESS_KEY
 from regen.dataset.reader import Committed
+from regen.display.figures import byte_size
 from regen.errors import ConfigError
 from regen.features.layers import CaptureLayers, resolve
 from regen.features.manifest import FeatureManifest, FeatureRecord, read_manifests
-from regen.features.sizes import FeatureSize, human_bytes
+from regen.features.sizes import FeatureSize
 from regen.lossmask.ids import sample_sizes
 from regen.preflight.space import OutputEstimate
 from regen.storage import Storage
@@ -117,7 +118,7 @@ def check_space(storage: Storage, plan: FeaturePlan) -> str | None:
         return None
     return (
         f"features: {storage.uri}: the features left to capture need {size.describe()}, "
-        f"{human_bytes(free)} is free there; free space or set features.dest elsewhere"
+        f"{byte_size(free)} is free there; free space or set features.dest elsewhere"
     )
 
 

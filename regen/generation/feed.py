@@ -22,8 +22,9 @@ from regen.fleet.report import FleetRow, with_cut_answers, write_fleet_report
 from regen.fleet.supervisor import Supervisor
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan
-from regen.progress import ProgressSnapshot, ProgressWriter
 from regen.progress.fleet_live import LiveReport, LiveWatch
+from regen.progress.snapshot import ProgressSnapshot
+from regen.progress.writer import ProgressWriter
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from regen.conversations import turn_number
 from regen.tools import sent_messages, template_tools
 
 
@@ -62,8 +63,9 @@ def turn_inputs(row: dict[str, Any], only_last: bool = False) -> list[TurnInput]
         )
     tools = template_tools(json.loads(row["tools"])) if row.get("tools") else None
     if not records and ok:
-        users = sum(m["role"] == "user" for m in messages)
-        records = [{"turn": users, "finish_reason": row.get("finish_reason")}]
+        # Numbered as the shard job numbers a turn (regen.conversations): its last answer's.
+        turn = turn_number(messages[:-1])
+        records = [{"turn": turn, "finish_reason": row.get("finish_reason")}]
     answers = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
     if len(answers) < len(records):
         return []  # not a stored layout: no turn can be placed, none is guessed

@@ -1,23 +1,11 @@
 """Leased shard claims, so several nodes can share one dataset root without a coordinator.
 
-Design: a claim is a sequence of generation files `claims/shard-000042.<n>.json` (keys of
-`regen.dataset.keys`), each
-created with `Storage.create_exclusive`, and the highest `n` is the live record. Every change
-(first claim, takeover of an expired lease, renewal, release) creates generation `n + 1`,
-never rewrites one, so each change is a single atomic create-if-absent: of any number of
-racers that read generation `n`, exactly one creates `n + 1` and the others see it existed.
-This works on a local directory (link) and on S3 (`If-None-Match: *`) alike; overwriting one
-claim object in place could not be made atomic against a racer on S3.
-
-A record holds the node and `expires_at` (the `clock`, seconds since the epoch). Leases rest
-on clocks agreeing to well within `lease_s`; a node that stalls past its lease may be taken
-over, so it must call `owns` right before it commits a shard (the fence, with a margin so the
-lease cannot run out during the commit), and `renew` raises `ClaimLost` once another node has a
-newer generation. Node names must be unique per process.
-
-Generations older than the one just superseded are deleted after each change: a listing then
-holds at most three keys per shard however often a lease is renewed, and the newest two are
-never deleted, so no racer can recreate a generation that existed.
+A shard's claim is `regen.storage.lease`'s protocol on the records
+`claims/shard-000042.<n>.json` (keys of `regen.dataset.keys`), the one the output's lease uses
+too: one expiry rule, one race handling, one fence. A record is a node's by its name (node
+names must be unique per run); a node that stalls past its lease may be taken over, so it
+passes the fence right before it commits a shard (`fence`: a third of the lease left, renewed
+first when less is), and `renew` raises `ClaimLost` once another node has a newer generation.
 """
 
 from __future__ import annotations
@@ -26,7 +14,6 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from regen.dataset.keys import (
     CLAIMS_PREFIX,
@@ -37,19 +24,18 @@ from regen.dataset.keys import (
 )
 from regen.machine.ticker import Ticker
 from regen.storage import Storage
+from regen.storage.lease import (
+    FENCE_SHARE,
+    GenerationLease,
+    Holder,
+    LeaseContended,
+    LeaseRecord,
+    Mine,
+)
 
 
 class ClaimLost(RuntimeError):
     """Another node holds the newest claim on a shard this node thought it held."""
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One generation of a shard's claim; `node` is None for a release."""
-
-    generation: int
-    node: str | None
-    expires_at: float
 
 
 def started_shards(storage: Storage) -> set[int]:
@@ -74,74 +60,71 @@ class ShardClaims:
         self.node = node
         self.lease_s = lease_s
         self.clock = clock
+        self.holder = Holder.this_process(node=node)
+        self._mine: Mine = lambda holder: holder.node == node
 
-    def latest(self, shard: int) -> Claim | None:
-        """The live (highest) generation, or None if the shard was never claimed."""
-        keys = self.storage.list(claim_prefix(shard))
-        if not keys:
-            return None
-        record = json.loads(self.storage.read_bytes(keys[-1]))
-        return Claim(int(record["generation"]), record["node"], float(record["expires_at"]))
-
-    def _create(self, shard: int, generation: int, node: str | None, expires_at: float) -> bool:
-        body = {"generation": generation, "node": node, "expires_at": expires_at}
-        created = self.storage.create_exclusive(
-            claim_key(shard, generation), json.dumps(body, sort_keys=True).encode()
-        )
-        if created:
-            self._prune(shard, generation)
-        return created
-
-    def _prune(self, shard: int, newest: int) -> None:
-        for key in self.storage.list(claim_prefix(shard)):
+    def _lease(self, shard: int) -> GenerationLease:
+        def generation(key: str) -> int | None:
             parsed = parse_claim_key(key)
-            if parsed is not None and parsed[1] < newest - 1:
-                self.storage.delete(key)
+            return parsed[1] if parsed is not None and parsed[0] == shard else None
 
-    def _live(self, claim: Claim | None) -> bool:
-        return claim is not None and claim.node is not None and claim.expires_at > self.clock()
+        return GenerationLease(
+            self.storage,
+            claim_prefix(shard),
+            lambda n: claim_key(shard, n),
+            generation,
+            lease_s=self.lease_s,
+            clock=self.clock,
+        )
+
+    def latest(self, shard: int) -> LeaseRecord | None:
+        """The live (highest) generation, or None if the shard was never claimed."""
+        return self._lease(shard).latest()
 
     def claim(self, shard: int) -> bool:
-        """Take the shard if unclaimed, released or expired; True if this node now holds it."""
-        current = self.latest(shard)
-        if self._live(current):
-            assert current is not None
-            return current.node == self.node
-        generation = 0 if current is None else current.generation + 1
-        return self._create(shard, generation, self.node, self.clock() + self.lease_s)
+        """Take the shard if unclaimed, released or its holder dead; True if this node now
+        holds it (claiming again what it holds renews it)."""
+        try:
+            held, _ = self._lease(shard).acquire(self.holder, self._mine)
+        except LeaseContended:
+            return False
+        return held
 
     def renew(self, shard: int) -> None:
         """Extend this node's lease by `lease_s` from now; ClaimLost if another node took it."""
-        current = self.latest(shard)
-        if current is None or current.node != self.node:
-            raise ClaimLost(f"shard {shard}: held by {current.node if current else 'nobody'}")
-        if not self._create(shard, current.generation + 1, self.node, self.clock() + self.lease_s):
-            raise ClaimLost(f"shard {shard}: taken over while renewing")
+        try:
+            renewed, current = self._lease(shard).renew(self.holder, self._mine)
+        except LeaseContended:  # changed hands while renewing: whose it is now says
+            current = self.latest(shard)
+            holder = current.holder if current is not None else None
+            renewed = holder is not None and self._mine(holder)
+        if not renewed:
+            holder = current.holder if current is not None else None
+            raise ClaimLost(f"shard {shard}: held by {holder.node if holder else 'nobody'}")
 
     def owns(self, shard: int, margin_s: float = 0.0) -> bool:
-        """Whether this node holds a lease with `margin_s` left: check right before committing."""
-        current = self.latest(shard)
-        return (
-            current is not None
-            and current.node == self.node
-            and current.expires_at - margin_s > self.clock()
-        )
+        """Whether this node holds a lease with more than `margin_s` left."""
+        return self._lease(shard).holds(self._mine, margin_s)
+
+    def fence(self, shard: int) -> bool:
+        """Right before committing: whether this node holds the shard for the commit
+        (`GenerationLease.fence`: a third of the lease left, renewed first when less is)."""
+        try:
+            return self._lease(shard).fence(self._mine)[0]
+        except LeaseContended:
+            return False
 
     def release(self, shard: int) -> None:
         """Give the shard up early, so others need not wait out the lease; no-op if not held."""
-        current = self.latest(shard)
-        if current is None or current.node != self.node:
-            return
-        # Losing this race means another node already took over: nothing left to release.
-        self._create(shard, current.generation + 1, None, 0.0)
+        self._lease(shard).release(self._mine)
 
 
 class LeaseKeeper:
     """Renews this node's claims from a thread, and says which ones it lost.
 
-    Renewing every third of the lease leaves two renewals of slack before a lease can run
-    out. Each round also writes `nodes/<node>.json`, the node's heartbeat, which the parent
-    reads to tell a node that is working from one that vanished with its process.
+    Renewing every third of the lease (`FENCE_SHARE`) leaves two renewals of slack before a
+    lease can run out. Each round also writes `nodes/<node>.json`, the node's heartbeat, which
+    the parent reads to tell a node that is working from one that vanished with its process.
     """
 
     def __init__(self, claims: ShardClaims, info: dict[str, str] | None = None) -> None:
@@ -151,7 +134,7 @@ class LeaseKeeper:
         self._lost: set[int] = set()
         self._lock = threading.Lock()
         # A storage hiccup fails one round; the next retries it, and the fence still holds.
-        self._ticker = Ticker("lease-keeper", claims.lease_s / 3, self.renew_all)
+        self._ticker = Ticker("lease-keeper", claims.lease_s * FENCE_SHARE, self.renew_all)
 
     def __enter__(self) -> LeaseKeeper:
         self.beat()

@@ -19,5 +19,6 @@ class Lease:
         return self.claims.node
 
     def held(self, shard: int) -> bool:
-        """Whether a third of the lease is left: enough for any commit to finish inside it."""
-        return not self.keeper.lost(shard) and self.claims.owns(shard, self.claims.lease_s / 3)
+        """Whether the node holds the shard for a commit: its keeper lost nothing, and the
+        claim passes the lease protocol's fence (a third of the lease left)."""
+        return not self.keeper.lost(shard) and self.claims.fence(shard)

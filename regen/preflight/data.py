@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from regen.config import RegenConfig
+from regen.display.figures import byte_size
 from regen.errors import UserError
 from regen.preflight.report import CheckRow
 
@@ -85,14 +86,13 @@ def _space(config: RegenConfig, storage: Storage) -> tuple[str, str]:
     has no free space to read: the row says so and judges nothing."""
     from regen.preflight.space import estimate_output, free_bytes, judge_space
     from regen.storage import LocalStorage
-    from regen.storage.diskfull import human_size
 
     if not isinstance(storage, LocalStorage):
         return ", free space not checked (object storage has none to read)", "pass"
     free = free_bytes(storage.root)
     estimate = estimate_output(config, storage)
     needs = estimate.describe() if estimate else "output size not estimated: prompts not local"
-    return f", {human_size(free)} free; {needs}", judge_space(free, estimate)
+    return f", {byte_size(free)} free; {needs}", judge_space(free, estimate)
 
 
 def _other_run(config: RegenConfig, storage: Storage) -> str | None:
@@ -138,17 +138,17 @@ def check_prompt_source(config: RegenConfig, hf_token: str | None = None) -> Che
         return CheckRow(
             name="prompt source", status="fail", figure=str(err), hint="fix prompts or input.*"
         )
-    shown = ", ".join(f"{f.path} ({_mb(f.size)})" for f in found.files[:3])
+    shown = ", ".join(f"{f.path} ({_size(f.size)})" for f in found.files[:3])
     more = f" and {len(found.files) - 3} more" if len(found.files) > 3 else ""
     figure = (
         f"{found.uri.repo} at commit {found.commit}: {found.chosen_by}, {len(found.files)} "
-        f"files, {_mb(found.total_bytes)}: {shown}{more}"
+        f"files, {_size(found.total_bytes)}: {shown}{more}"
     )
     return CheckRow(name="prompt source", status="pass", figure=figure)
 
 
-def _mb(size: int | None) -> str:
-    return "size unknown" if size is None else f"{size / 1e6:.1f} MB"
+def _size(size: int | None) -> str:
+    return "size unknown" if size is None else byte_size(size)
 
 
 def check_prompts(

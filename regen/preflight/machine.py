@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 
 from regen.config import RegenConfig
-from regen.display.figures import gb
+from regen.display.figures import byte_size
 from regen.fleet.orphans import find_orphans
 from regen.machine.gpus import GpuProbe
 from regen.machine.ports import taken_ports
@@ -43,9 +43,10 @@ def check_gpus(config: RegenConfig, probe: GpuProbe, model_bytes: int | None) ->
         # One server per GPU holds the whole model inside its static pool, next to the KV cache.
         pool = config.engine.mem_fraction_static * g.total_bytes
         if g.free_bytes < pool:
-            short.append(f"GPU {i}: {gb(g.free_bytes)} free < {gb(pool)} needed")
+            short.append(f"GPU {i}: {byte_size(g.free_bytes)} free < {byte_size(pool)} needed")
         elif model_bytes is not None and model_bytes >= pool:
-            short.append(f"GPU {i}: model {gb(model_bytes)} >= static pool {gb(pool)}")
+            model = byte_size(model_bytes)
+            short.append(f"GPU {i}: model {model} >= static pool {byte_size(pool)}")
     driver = gpus[0].driver if gpus else "?"
     figure = f"{len(config.engine.gpus)} of {len(gpus)} GPUs, driver {driver}"
     if short:
@@ -90,5 +91,5 @@ def check_memory(config: RegenConfig) -> CheckRow:
     return CheckRow(
         name="ram",
         status="pass" if mem.available > 2e9 else "warn",
-        figure=f"{gb(mem.available)} available of {gb(mem.total)}",
+        figure=f"{byte_size(mem.available)} available of {byte_size(mem.total)}",
     )

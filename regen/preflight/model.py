@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from regen.config import RegenConfig
-from regen.display.figures import gb
+from regen.display.figures import byte_size
 from regen.errors import UserError
 from regen.preflight.report import CheckRow
 from regen.storage.filesystems import existing_parent
@@ -64,7 +64,7 @@ def check_stage_space(config: RegenConfig, model_bytes: int | None) -> CheckRow:
 
     already = _dir_size(target) if target.is_dir() else 0
     free = shutil.disk_usage(existing_parent(target)).free
-    figure = f"{gb(model_bytes)} model, {gb(free)} free at {target}"
+    figure = f"{byte_size(model_bytes)} model, {byte_size(free)} free at {target}"
     try:
         # The same rule staging applies, so a check that passes never fails at the copy.
         check_space(target, model_bytes - already, margin_bytes=0)

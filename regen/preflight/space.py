@@ -13,6 +13,7 @@ whether a disk fits.
 What a row stores is counted part by part (`PromptFigures`): each answer at `max_tokens`, its
 text and ids; the conversation's text; and each answer's prompt again as its token ids, which
 with `regeneration.turns: all` hold the conversation up to that turn, earlier answers included.
+The answers are the turns of regen.conversations, the shard job's own, tool loop steps counted.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from regen.conversations import Turns, conversation_for
+from regen.conversations import Turns, conversation_for, turn_marks
+from regen.display.figures import byte_size
 from regen.errors import UserError
-from regen.storage.diskfull import human_size
 
 if TYPE_CHECKING:
     from regen.config import RegenConfig
@@ -64,12 +65,14 @@ class PromptFigures:
 
     rows: int
     answers: int
-    """Answers the rows ask for: one a row with `turns: last`, one a user turn with `all`."""
+    """Answers the rows ask for: one a row with `turns: last`; with `all`, one a turn of
+    regen.conversations (a user message, a tool loop step), the most a row can have."""
     text_bytes: int
     """The conversations' text as stored (messages, the calls in them, the tools)."""
     sent_bytes: int
     """The input text behind every answer's prompt, summed over the answers: with `turns: all`
-    a turn's prompt holds the conversation up to its user message; the tools go with each."""
+    a turn's prompt holds the conversation up to its turn (`turn_marks`); the tools go with
+    each."""
     earlier_answers: int
     """Answers already in the history of a later turn (`turns: all`), each sent again."""
 
@@ -83,30 +86,30 @@ class PromptFigures:
         size = message.field("content").str.len_bytes().fill_null(0) + pl.when(
             calls.is_not_null()
         ).then(pl.struct(calls).struct.json_encode().str.len_bytes()).otherwise(0)
+        conversation = conversation_for(turns)
+        # The end of each turn's history, as the shard job asks them (`turns: all` only).
+        none = conversation.list.eval(pl.lit(False))
+        marks = turn_marks(conversation) if turns == "all" else none
         long = (
             valid.select(
                 pl.int_range(pl.len()).alias("row"),
-                conversation_for(turns).alias("m"),
+                conversation.alias("m"),
+                marks.alias("turn"),
                 pl.col("tools").str.len_bytes().fill_null(0).alias("tools"),
             )
-            .explode("m")
-            .select(
-                "row",
-                "tools",
-                size.alias("size"),
-                (message.field("role") == "user").alias("user"),
-            )
+            .explode("m", "turn")
+            .select("row", "tools", "turn", size.alias("size"))
         )
         per_row = long.group_by("row").agg(
             text=pl.col("size").sum() + pl.col("tools").first(),
-            users=pl.col("user").sum(),
-            # Each user turn's prompt: the conversation up to and with its user message.
-            upto_users=pl.col("size").cum_sum().filter(pl.col("user")).sum(),
+            turns=pl.col("turn").sum(),
+            # Each turn's prompt: the conversation up to and with the end of its history.
+            upto_turns=pl.col("size").cum_sum().filter(pl.col("turn")).sum(),
             tools=pl.col("tools").first(),
         )
         if turns == "all":
-            answers = pl.col("users").clip(lower_bound=1)
-            sent = (pl.col("upto_users") + answers * pl.col("tools")).sum()
+            answers = pl.col("turns")
+            sent = (pl.col("upto_turns") + answers * pl.col("tools")).sum()
             totals = (answers.sum(), sent, (answers * (answers - 1) // 2).sum())
         else:  # one answer a row, on the whole conversation as given up to its last input
             totals = (pl.len(), pl.col("text").sum(), pl.lit(0))
@@ -150,7 +153,7 @@ class OutputEstimate:
         return int(self.rows * self.bytes_per_row)
 
     def describe(self) -> str:
-        size = human_size(self.size)
+        size = byte_size(self.size)
         return f"the run still writes about {size} (estimated: {self.rows:,} rows x {self.basis})"
 
 
@@ -183,7 +186,7 @@ def _with_features(
     config: RegenConfig, storage: Storage | None, rows_left: OutputEstimate, rows: int
 ) -> OutputEstimate:
     """The rows still to write plus, with a `features:` section writing into the same root,
-    every row's features (an upper bound: rows whose features are captured count too)."""
+    every row's features (on the high side: rows whose features are captured count too)."""
     features = config.features
     if features is None or features.dest is not None or rows_left.rows == 0 or rows == 0:
         return rows_left

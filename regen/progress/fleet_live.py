@@ -1,7 +1,7 @@
 """The fleet's live figures: progress beside each server's own `/metrics`, every few seconds.
 
-Apart from `regen.progress` (what `progress.json` holds): these are read from the servers, not
-the dispatcher, and only a log line and an artifact show them.
+Apart from `regen.progress.snapshot` (what `progress.json` holds): these are read from the
+servers, not the dispatcher, and only a log line and an artifact show them.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from regen.display.figures import NONE, markdown_table, pct, sig
+from regen.display.progress import audit_line, progress_card, progress_headline
 from regen.fleet.metrics import FleetScraper, ServerFigures
 from regen.fleet.report import FleetRow
 from regen.machine.ticker import Ticker
-from regen.progress import ProgressSnapshot, ProgressWriter
+from regen.progress.snapshot import ProgressSnapshot
+from regen.progress.writer import ProgressWriter
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +116,11 @@ class LiveReport:
         notes = [f"{self.relaunches} relaunched"] if self.relaunches else []
         notes += [f"{out} server{'s' if out > 1 else ''} out"] if out else []
         notes += [f"{self.cut_answers:,} cut"] if self.cut_answers else []
-        return " · ".join([self.progress.card(), *notes])
+        return " · ".join([progress_card(self.progress), *notes])
 
     def log_line(self) -> str:
         """One line for the run's log; a server without metrics says so."""
-        parts = [f"live: {self.progress.headline()}"]
+        parts = [f"live: {progress_headline(self.progress)}"]
         for s in self.servers:
             m = s.metrics
             if m is None:
@@ -139,9 +141,9 @@ class LiveReport:
         """Headline, a narrow table (fits a ~1000 px pane), and missing servers named below."""
         stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.at))
         lines = [
-            f"**{self.progress.headline()}**",
+            f"**{progress_headline(self.progress)}**",
             "",
-            self.progress.audit_line(),
+            audit_line(self.progress),
             "",
             f"Updated {stamp}; per-server figures from each server's `/metrics`"
             + (", tok/s the run's average." if self.progress.ended else "."),

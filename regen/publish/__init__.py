@@ -17,6 +17,7 @@ from regen.config import PublishConfig
 from regen.config.uris import HubRepoTarget
 from regen.dataset import read_run, thinking_mode
 from regen.dataset.keys import PROVENANCE_KEY
+from regen.display.figures import byte_size
 from regen.errors import UserError
 from regen.publish.card import make_card
 from regen.publish.provenance import Provenance, RunFacts, refresh_provenance
@@ -56,7 +57,7 @@ class Published:
         return [
             *head,
             f"published to {where} ({created}): commit {up.commit[:12]}",
-            f"uploaded: {len(up.uploaded)} files ({_size(up.uploaded_bytes)}), "
+            f"uploaded: {len(up.uploaded)} files ({byte_size(up.uploaded_bytes)}), "
             f"{up.unchanged} unchanged, {len(up.deleted)} deleted",
             f"url: {up.url}",
         ]
@@ -133,10 +134,3 @@ def publish_dataset(
         message=f"regen publish: {staged.counts['default'].rows:,} rows, audit {verdict}",
     )
     return Published(target, options.revision, sent, staged, provenance, card)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import psutil
 
+from regen.display.figures import byte_size
 from regen.errors import UserError
 from regen.storage.filesystems import existing_parent, fs_type
 
@@ -18,19 +19,13 @@ def check_space(target: Path, need_bytes: int, margin_bytes: int, reclaimable: i
     wanted = need_bytes + margin_bytes
     if wanted > free:
         raise UserError(
-            f"{target}: staging needs {_gb(need_bytes)} GB + {_gb(margin_bytes)} GB margin, "
-            f"only {_gb(free)} GB free on {anchor}"
+            f"{target}: staging needs {byte_size(need_bytes)} + {byte_size(margin_bytes)} margin, "
+            f"only {byte_size(free)} free on {anchor}"
         )
     if fs_type(anchor) in {"tmpfs", "ramfs"}:
         available = psutil.virtual_memory().available + reclaimable
         if wanted > available:
             raise UserError(
-                f"{target} is a RAM disk: staging needs {_gb(need_bytes)} GB + "
-                f"{_gb(margin_bytes)} GB margin, only {_gb(available)} GB of RAM available"
+                f"{target} is a RAM disk: staging needs {byte_size(need_bytes)} + "
+                f"{byte_size(margin_bytes)} margin, only {byte_size(available)} of RAM available"
             )
-
-
-def _gb(nbytes: int) -> str:
-    gb = nbytes / 1e9
-    # Small figures keep two digits so a toy model does not read "needs 0.0 GB".
-    return f"{gb:.1f}" if gb >= 0.1 else f"{gb:.2g}"

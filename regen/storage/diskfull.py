@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from regen.display.figures import byte_size
 from regen.errors import UserError
 
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -25,14 +26,6 @@ class DiskFull(UserError):
 
 def is_disk_full(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno in _FULL
-
-
-def human_size(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
 
 
 def _device(path: Path) -> str:
@@ -54,8 +47,8 @@ def disk_full(err: OSError, root: str, still_needs: int | None) -> DiskFull:
     existing = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
     free = shutil.disk_usage(existing).free
     quota = " (quota)" if err.errno == errno.EDQUOT else ""
-    need = f"; the run still needs about {human_size(still_needs)}" if still_needs else ""
+    need = f"; the run still needs about {byte_size(still_needs)}" if still_needs else ""
     return DiskFull(
         f"{root}: disk full{quota} on {_device(existing.resolve())}, which holds the output: "
-        f"{human_size(free)} free{need}"
+        f"{byte_size(free)} free{need}"
     )

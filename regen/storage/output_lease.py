@@ -5,21 +5,16 @@ every shard, and the second then failed on commits the first had made: the GPU h
 whole run thrown away. The lease makes the second run stop at its plan, in one line naming the
 holder, before it costs anything.
 
-The lease is a sequence of generation files `lease/run.<n>.json` (keys of
-`regen.dataset.keys`), the highest the live record, each made with `Storage.create_exclusive`
-(a hard link locally, `If-None-Match: *` on S3), as the multi-node shard claims of
-`regen.multinode.claims` are: of two runs racing for generation `n + 1`, exactly one creates
-it. Taking, renewing and releasing each create the next generation; older ones are pruned.
-
-A holder is dead, and its lease taken over with a log line, when it released it, when it ran
-in this process table (same boot and PID namespace, `regen.machine.owned.this_machine`: a
-hostname is not enough, containers share one) and its process (pid and start time) is gone (a
-kill -9: no need to wait), or when its heartbeat is older than `lease_s` (another host, another
-container, a reboot, or a record too old to say where it ran).
-The nodes of a multi-node run share the parent's lease: they `join` it by its run id.
+The lease is `regen.storage.lease`'s protocol on the records `lease/run.<n>.json` (keys of
+`regen.dataset.keys`), the one the multi-node shard claims use too: taking, renewing and
+releasing each create the next generation, of two runs racing exactly one wins, and a holder is
+dead when it released it, when its process is gone where it ran (a kill -9: no need to wait;
+a hostname is not enough, containers share one), or once its heartbeat is older than its lease
+(another host, another container, a reboot, or a record too old to say where it ran). A record
+is the run's by its run id; the nodes of a multi-node run share the parent's: they `join` it.
 
 The lease fences every commit: a plan records the run that held the lease as it was made
-(`RunPlan.lease_run`), and each shard reads the live record before it commits
+(`RunPlan.lease_run`), and each shard passes the protocol's fence before it commits
 (`check_held`); a run whose lease another took over stops there with `LeaseLost`, one line
 naming the new holder. The renewal's `lost` alone would not do: it looks every `lease_s / 3`,
 and a run that stalled past `lease_s` (a suspended VM, a SIGSTOP) wakes with shards ready to
@@ -28,24 +23,23 @@ commit before its next renewal; one listing and one small read per shard cost no
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
-from typing import Any
 
-import psutil
-
-from regen.dataset.keys import LEASE_PREFIX, key_url, lease_key, parse_lease_key
+from regen.dataset.keys import LEASE_PREFIX, lease_key, parse_lease_key
 from regen.errors import UserError
-from regen.machine.owned import ended_here, this_machine
 from regen.machine.ticker import Ticker
 from regen.storage import Storage
+from regen.storage.lease import (
+    FENCE_SHARE,
+    GenerationLease,
+    Holder,
+    LeaseContended,
+    LeaseRecord,
+    Mine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,104 +56,22 @@ class LeaseLost(UserError):
     run stops before its next commit. Never worth a retry: every commit would meet it."""
 
 
-@dataclass(frozen=True)
-class Holder:
-    """Who holds the lease: enough to find the process, and the run in Prefect's UI."""
-
-    run_id: str
-    host: str
-    pid: int
-    pid_started: float
-    since: float
-    flow_run_id: str | None = None
-    machine: str | None = None
-    """The process table `pid` is read in (`this_machine`); None in a record written before it
-    was kept, whose holder is then judged by its heartbeat alone."""
-
-    @classmethod
-    def this_process(cls, run_id: str | None = None, flow_run_id: str | None = None) -> Holder:
-        me = psutil.Process()
-        return cls(
-            run_id=run_id or uuid.uuid4().hex,
-            host=socket.gethostname(),
-            pid=me.pid,
-            pid_started=me.create_time(),
-            since=time.time(),
-            flow_run_id=flow_run_id,
-            machine=this_machine(),
-        )
-
-    def describe(self) -> str:
-        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
-        run = f", flow run {self.flow_run_id}" if self.flow_run_id else ""
-        return f"pid {self.pid} on {self.host} since {since}{run}"
-
-    def process_gone(self) -> bool:
-        """Whether the holder's process (pid and start time) is known to have ended: only
-        where it ran (same boot and PID namespace) can that be seen."""
-        return ended_here(self.machine, self.pid, self.pid_started)
-
-    def is_this_process(self) -> bool:
-        return (
-            self.pid == os.getpid()
-            and self.machine == this_machine()
-            and self.host == socket.gethostname()
-        )
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Holder:
-        """A holder as stored; fields this version does not know (a newer writer's) are
-        dropped, fields an older writer did not write take their defaults."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+def _lease(
+    storage: Storage, lease_s: float = LEASE_S, clock: Callable[[], float] = time.time
+) -> GenerationLease:
+    return GenerationLease(
+        storage, LEASE_PREFIX, lease_key, parse_lease_key, lease_s=lease_s, clock=clock
+    )
 
 
-@dataclass(frozen=True)
-class LeaseRecord:
-    """One generation of the lease; `holder` None is a release."""
-
-    generation: int
-    holder: Holder | None
-    heartbeat_at: float
-
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> LeaseRecord:
-        raw = json.loads(data)
-        holder = raw.get("holder")
-        return cls(
-            generation=int(raw["generation"]),
-            holder=Holder.from_dict(holder) if isinstance(holder, dict) else None,
-            heartbeat_at=float(raw["heartbeat_at"]),
-        )
+def _run(run_id: str) -> Mine:
+    """A record is a run's by its run id (a node of a multi-node run shares its parent's)."""
+    return lambda holder: holder.run_id == run_id
 
 
 def read_lease(storage: Storage) -> LeaseRecord | None:
     """The live (highest) generation, or None if no run ever held the output."""
-    keys = [k for k in storage.list(LEASE_PREFIX) if parse_lease_key(k) is not None]
-    if not keys:
-        return None
-    try:
-        return LeaseRecord.from_json(storage.read_bytes(keys[-1]))
-    except FileNotFoundError:  # pruned by a racer between the listing and the read
-        return read_lease(storage)
-    except (ValueError, TypeError, KeyError) as err:
-        raise UserError(f"{key_url(storage.uri, keys[-1])}: unreadable lease ({err})") from None
-
-
-def why_dead(record: LeaseRecord, now: float, lease_s: float = LEASE_S) -> str | None:
-    """Why the record's holder no longer holds the output, or None while it does."""
-    holder = record.holder
-    if holder is None:
-        return "released"
-    if holder.process_gone():
-        return f"its process (pid {holder.pid} on {holder.host}) is gone"
-    age = now - record.heartbeat_at
-    if age > lease_s:
-        return f"no heartbeat for {age:.0f} s (lease {lease_s:g} s)"
-    return None
+    return _lease(storage).latest()
 
 
 def held_line(storage: Storage, holder: Holder, lease_s: float = LEASE_S) -> str:
@@ -173,14 +85,18 @@ def held_line(storage: Storage, holder: Holder, lease_s: float = LEASE_S) -> str
 
 
 def check_held(storage: Storage, run_id: str, what: str = "not committed") -> None:
-    """The fence before a commit: raise `LeaseLost`, one line naming the new holder, unless
-    run `run_id` still holds the output's lease (its live record names it). `what` says what
-    the caller did not do (`shard 000042 not committed`)."""
-    record = read_lease(storage)
-    holder = record.holder if record is not None else None
-    if holder is not None and holder.run_id == run_id:
+    """The fence before a commit (`GenerationLease.fence`): raise `LeaseLost`, one line naming
+    the new holder, unless run `run_id` still holds the output's lease. `what` says what the
+    caller did not do (`shard 000042 not committed`)."""
+    try:
+        held, record = _lease(storage).fence(_run(run_id))
+    except LeaseContended:  # changed hands while renewing: whose it is now says
+        record = read_lease(storage)
+        held = record is not None and record.holder is not None and record.holder.run_id == run_id
+    if held:
         return
-    if holder is not None:
+    holder = record.holder if record is not None else None
+    if holder is not None and holder.run_id != run_id:
         lost = f"output lease lost to {holder.describe()}"
     elif record is not None:
         lost = "output lease released by another run"
@@ -206,77 +122,55 @@ class OutputLease:
         self.clock = clock
         self.lost: str | None = None
         """Set by a renewal that found another run's record: this run must stop committing."""
+        self._lease = _lease(storage, lease_s, clock)
+        self._mine = _run(holder.run_id)
         self._joined = False
-        self._ticker = Ticker("output-lease", lease_s / 3, self.renew)
-
-    def _create(self, generation: int, holder: Holder | None) -> bool:
-        record = LeaseRecord(generation, holder, self.clock())
-        created = self.storage.create_exclusive(lease_key(generation), record.to_json())
-        if created:
-            for key in self.storage.list(LEASE_PREFIX):
-                old = parse_lease_key(key)
-                if old is not None and old < generation - 1:
-                    self.storage.delete(key)
-        return created
-
-    def _ours(self, record: LeaseRecord | None) -> bool:
-        return (
-            record is not None
-            and record.holder is not None
-            and (record.holder.run_id == self.holder.run_id)
-        )
+        self._ticker = Ticker("output-lease", lease_s * FENCE_SHARE, self.renew)
 
     def take(self) -> str | None:
         """Hold the output, or raise OutputHeld naming the live holder. Returns the line to
         log when a dead holder's lease was taken over, else None."""
-        for _ in range(5):  # a racer's generation between our read and create: read again
-            current = read_lease(self.storage)
-            if self._ours(current):
-                return None
-            dead = None
-            if current is not None:
-                dead = why_dead(current, self.clock(), self.lease_s)
-                if dead is None:
-                    assert current.holder is not None
-                    raise OutputHeld(held_line(self.storage, current.holder, self.lease_s))
-            generation = 0 if current is None else current.generation + 1
-            if self._create(generation, self.holder):
-                if current is None or current.holder is None:
-                    return None
-                return f"took over the lease of {current.holder.describe()}: {dead}"
-        raise OutputHeld(f"{self.storage.uri}: the output's lease keeps changing hands; try again")
+        try:
+            held, before = self._lease.acquire(self.holder, self._mine)
+        except LeaseContended:
+            raise OutputHeld(
+                f"{self.storage.uri}: the output's lease keeps changing hands; try again"
+            ) from None
+        holder = before.holder if before is not None else None
+        if not held:
+            assert holder is not None
+            raise OutputHeld(held_line(self.storage, holder, self.lease_s))
+        if before is None or holder is None or self._mine(holder):
+            return None
+        return f"took over the lease of {holder.describe()}: {before.why_dead(self.clock())}"
 
     def join(self) -> None:
         """A node of a multi-node run: the parent (run id `holder.run_id`) holds the lease."""
-        current = read_lease(self.storage)
-        if not self._ours(current):
-            holder = current.holder if current is not None else None
-            if holder is not None:
-                raise OutputHeld(held_line(self.storage, holder, self.lease_s))
-            gone = "released or never taken"
-            raise OutputHeld(f"{self.storage.uri}: the multi-node run's lease is {gone}")
+        current = self._lease.latest()
+        holder = current.holder if current is not None else None
+        if holder is None:
+            raise OutputHeld(
+                f"{self.storage.uri}: the multi-node run's lease is released or never taken"
+            )
+        if not self._mine(holder):
+            raise OutputHeld(held_line(self.storage, holder, self.lease_s))
         self._joined = True
 
     def renew(self) -> None:
         """A heartbeat: the next generation, if the lease is still this run's."""
         if self._joined or self.lost:
             return
-        current = read_lease(self.storage)
-        if current is None or not self._ours(current):
-            holder = current.holder if current is not None else None
-            self.lost = f"taken over by {holder.describe()}" if holder else "released by another"
-            log.error("output lease lost: %s", self.lost)
+        renewed, current = self._lease.renew(self.holder, self._mine)
+        if renewed:
             return
-        if not self._create(current.generation + 1, self.holder):
-            self.renew()  # a racer's generation: read it and judge again
+        holder = current.holder if current is not None else None
+        self.lost = f"taken over by {holder.describe()}" if holder else "released by another"
+        log.error("output lease lost: %s", self.lost)
 
     def release(self) -> None:
         """Give the output up, so the next run need not wait; a no-op if no longer ours."""
-        if self._joined:
-            return
-        current = read_lease(self.storage)
-        if current is not None and self._ours(current):
-            self._create(current.generation + 1, None)
+        if not self._joined:
+            self._lease.release(self._mine)
 
     @contextmanager
     def renewing(self) -> Iterator[OutputLease]:
@@ -297,8 +191,8 @@ class OutputLease:
 
 def live_holder(storage: Storage, lease_s: float = LEASE_S) -> Holder | None:
     """The holder of the output if it is alive and not this process, for `regen check`."""
-    record = read_lease(storage)
-    if record is None or record.holder is None or why_dead(record, time.time(), lease_s):
+    record = _lease(storage, lease_s).latest()
+    if record is None or record.holder is None or record.why_dead(time.time()):
         return None
     if record.holder.is_this_process():
         return None

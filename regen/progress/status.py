@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from regen.dataset.keys import (
@@ -24,10 +24,12 @@ from regen.dataset.keys import (
     progress_key,
 )
 from regen.display.figures import clock, compact, duration, pct, sig
+from regen.display.progress import audit_line, quality
 from regen.errors import UserError
-from regen.progress import ProgressSnapshot, ServerProgress
+from regen.progress.snapshot import ProgressSnapshot
 from regen.storage import Storage
-from regen.storage.output_lease import LeaseRecord, read_lease, why_dead
+from regen.storage.lease import LeaseRecord
+from regen.storage.output_lease import read_lease
 
 
 class NoRun(UserError):
@@ -73,7 +75,7 @@ class RunStatus:
             rows.append(("speed", self._speed(snap)))
             rows.append(self._eta(snap))
             # The cards' word for it (`quality ok`), then the rolling audit's checks or the stop.
-            rows.append(("live gate", self.stopped or f"{snap.quality()} · {snap.audit_line()}"))
+            rows.append(("live gate", self.stopped or f"{quality(snap)} · {audit_line(snap)}"))
             age = self.now - snap.updated_at
             ago = "just now" if age < 1 else f"{duration(age)} ago"
             rows.append(("updated", f"{clock(snap.updated_at, self.now)}, {ago}"))
@@ -98,7 +100,7 @@ class RunStatus:
         holder = record.holder
         if holder is None:
             return f"not running (the last run released the output at {self._at(record)})"
-        dead = why_dead(record, self.now)
+        dead = record.why_dead(self.now)
         if dead is not None:
             return (
                 f"not running: its last holder ({holder.describe()}) ended without release: {dead}"
@@ -155,7 +157,7 @@ def read_status(storage: Storage, now: float | None = None) -> RunStatus:
         for key in storage.list(NODES_PREFIX)
         if (node := parse_progress_key(key)) is not None
         and (found := _json(storage, key)) is not None
-        and (snap := _snapshot(found)) is not None
+        and (snap := ProgressSnapshot.from_dict(found)) is not None
     ]
     if not run and raw is None and not nodes:
         raise NoRun(f"{storage.uri}: no run here (no {RUN_KEY} and no progress.json)")
@@ -166,7 +168,7 @@ def read_status(storage: Storage, now: float | None = None) -> RunStatus:
         uri=storage.uri,
         now=time.time() if now is None else now,
         run=run,
-        progress=_snapshot(raw) if raw else None,
+        progress=ProgressSnapshot.from_dict(raw) if raw else None,
         state=state if isinstance(state, str) else None,
         lease=read_lease(storage),
         committed_shards=len(census.committed),
@@ -184,18 +186,3 @@ def _json(storage: Storage, key: str) -> dict[str, Any] | None:
     except (FileNotFoundError, ValueError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def _snapshot(raw: dict[str, Any]) -> ProgressSnapshot | None:
-    """progress.json read back as the snapshot it was written from (`ProgressSnapshot.to_json`);
-    None for an empty or older one (`mark_state` on a run that wrote none)."""
-    known = {f.name for f in fields(ProgressSnapshot)} - {"servers"}
-    server_fields = {f.name for f in fields(ServerProgress)}
-    try:
-        servers = tuple(
-            ServerProgress(**{k: v for k, v in s.items() if k in server_fields})
-            for s in raw.get("servers") or ()
-        )
-        return ProgressSnapshot(**{k: v for k, v in raw.items() if k in known}, servers=servers)
-    except (TypeError, AttributeError):
-        return None

@@ -1,4 +1,4 @@
-"""The verbs of `regen` that need no Prefect: audit, export, publish, status, estimate, emulator.
+"""The `regen` command line's Prefect-free half: audit, export, publish, status, estimate, emulator.
 
 They are the library's branches of the one `regen` parser, which `flows/cli.py` builds (it is
 the console script, and holds the verbs that run a flow or touch Prefect): it hands its verbs
@@ -222,8 +222,9 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
         "measured on the node by the fleet's benchmark: --rate-from a dataset whose "
         "report/fleet.json has it) print the hours on each --gpus count (default the "
         "config's servers) and the output's size (regen check's estimate). Every answer at "
-        "sampling.max_tokens is an upper bound; --mean-tokens gives the likely time beside "
-        "it. Nothing is launched and the output is not touched.",
+        "sampling.max_tokens bounds the tokens, not the time (the rate is an estimate); "
+        "--mean-tokens gives the likely time beside it. Nothing is launched and the output "
+        "is not touched.",
     )
     add_config(p, required=True)
     rate = p.add_mutually_exclusive_group(required=True)
@@ -351,7 +352,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from regen.progress.glance import read_status
+    from regen.progress.status import read_status
     from regen.storage import open_storage
 
     print("\n".join(read_status(open_storage(args.dataset)).lines()))
