@@ -20,14 +20,27 @@ seconds with the one line naming the first (its pid), generate nothing, and the 
 finish the dataset whole. Per kind the bench prints a table and the totals: trials, ids lost,
 ids doubled, shards generated twice, processes left, exit codes and seconds.
 
+The fleet's faults (benches/_fleet.py, support/fleet_chaos.py) break the servers instead of
+regen: one killed (SIGKILL) or hung (SIGSTOP) mid-run, every one killed (with relaunch able to
+bring them back, and `fleet gone`, where it cannot), one cutting a share of its answers, one
+refusing the key after the start; each beside a clean run of the same size. Per kind: ids lost
+and doubled, aborted answers stored, processes and files left, seconds until the server was
+back (report/fleet.json), rows generated meanwhile, the generation's slowdown against the
+clean run, and for the kinds that must stop, the one line and the seconds to it. `--engine
+sglang` runs the clean and server-kill kinds on two real CPU SGLang servers (.venv-sglang, the
+tiny model, support/engine.py's config) instead of emulators, and nothing else: slow.
+
 By default each run uses ephemeral Prefect as a user's `regen rehearse` does (one
 PREFECT_HOME for all, so only the first run sets up the database), so a kill can orphan
 Prefect's temporary server; `--prefect server` shares one `prefect server` instead, and a
-trial then pays no ephemeral Prefect start. `--smoke` is one chain on 80 prompts: a second run
-refused while the first runs, the first Ctrl-C'd, its rerun killed -9, a rerun to completion.
+trial then pays no ephemeral Prefect start. `--smoke` is one chain on 80 prompts (a second run
+refused while the first runs, the first Ctrl-C'd, its rerun killed -9, a rerun to completion)
+and one fleet run on 120 (a server killed while the other cuts a share of its answers).
 
     python benches/chaos.py [--trials 20] [--sigint-trials N] [--second-trials N] [--seed 7]
                             [--prompts 120] [--prefect ephemeral] [--smoke]
+                            [--fleet-trials 3] [--fleet-kinds KIND,...] [--fleet-prompts 240]
+                            [--engine emulator|sglang]
 """
 
 from __future__ import annotations
@@ -54,6 +67,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # regen, support
 
+from benches import _fleet as fleet
 from benches._common import results_path
 from regen.rehearsal import bundled
 from regen.storage import LocalStorage
@@ -77,6 +91,7 @@ from support.chaos import (
     write_prompt_subset,
 )
 from support.dataset import dataset_ids, manifest_keys
+from support.fleet_chaos import Target
 from support.prefect import prefect_env, prefect_server
 
 SHARD_SIZE = 20
@@ -413,11 +428,27 @@ def main() -> int:
     parser.add_argument(
         "--prefect-home", type=Path, help="reuse this PREFECT_HOME (its database is set up)"
     )
+    parser.add_argument("--fleet-trials", type=int, default=3, help="trials of each fleet kind")
+    parser.add_argument(
+        "--fleet-kinds", default=",".join(fleet.KINDS), help="comma-separated fleet kinds"
+    )
+    parser.add_argument("--fleet-prompts", type=int, default=240, help="prompts of a fleet run")
+    parser.add_argument(
+        "--engine", choices=["emulator", "sglang"], default="emulator",
+        help="sglang: the fleet's clean and server-kill kinds on two real CPU servers, only",
+    )  # fmt: skip
     args = parser.parse_args()
     sigint_trials = args.trials if args.sigint_trials is None else args.sigint_trials
     second_trials = args.trials if args.second_trials is None else args.second_trials
+    fleet_kinds = [k.strip() for k in args.fleet_kinds.split(",") if k.strip()]
+    if unknown := set(fleet_kinds) - set(fleet.KINDS):
+        parser.error(f"unknown fleet kind(s) {sorted(unknown)}; known: {', '.join(fleet.KINDS)}")
     if args.smoke:
         args.trials, sigint_trials, second_trials, args.prompts = 1, 1, 1, 80
+        args.fleet_prompts = 120  # six shards: the kill lands after two, the heal before the end
+    if args.engine == "sglang":
+        args.trials = sigint_trials = second_trials = 0
+        fleet_kinds = [k for k in fleet_kinds if k in fleet.ENGINE_KINDS]
     # Stopped with SIGTERM, the bench still stops its Prefect server and any trial's servers.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rng = random.Random(args.seed)
@@ -441,6 +472,9 @@ def main() -> int:
                 for row in chain(index, steps, rng, root, env, prompts, second):
                     rows.append(row)
                     console.print(row)
+            target = _fleet_target(args.engine, root, args.fleet_prompts)
+            fleet_plans = fleet.plans(fleet_kinds, args.fleet_trials, args.smoke)
+            fleet_rows = fleet.run(fleet_plans, target, root, env, console)
     finally:
         if args.keep:
             console.print(f"trial directories kept under {root}")
@@ -454,9 +488,16 @@ def main() -> int:
                 _table(f"{kind}: {len(mine)} trials, {args.prompts} prompts", columns, mine)
             )
     kinds = {kind: _summary([r for r in rows if r["kind"] == kind]) for kind in TABLES}
-    console.print(
-        _table("chaos by kind of trial", SUMMARY, [{"kind": k, **v} for k, v in kinds.items()])
-    )
+    kinds = {kind: figures for kind, figures in kinds.items() if figures["trials"]}
+    if kinds:
+        console.print(
+            _table("chaos by kind of trial", SUMMARY, [{"kind": k, **v} for k, v in kinds.items()])
+        )
+    fleet_kinds_seen = fleet.summary(fleet_rows)
+    if fleet_rows:
+        where = f"{args.fleet_prompts} prompts, {target.engine}"
+        console.print(fleet.table(f"fleet faults: {len(fleet_rows)} trials, {where}", fleet_rows))
+        console.print(fleet.summary_table(f"fleet faults by kind ({where})", fleet_kinds_seen))
     kill9 = [r for r in rows if r["kind"] == "kill -9"]
     result = {
         "trials": len(kill9),
@@ -476,9 +517,35 @@ def main() -> int:
         # The smoke chains its kinds on one output: their data figures are one dataset's.
         "chained": args.smoke,
         "per_trial": rows,
+        "fleet": {
+            "engine": args.engine,
+            "prompts": args.fleet_prompts,
+            "shard_size": target.shard_size,
+            "kinds": fleet_kinds_seen,
+            "per_trial": fleet_rows,
+        },
+        "load": os.getloadavg(),
     }
     results_path("chaos", smoke=args.smoke).write_text(json.dumps(result, indent=2) + "\n")
-    return 0 if all(r["ok"] for r in rows) else 1
+    return 0 if all(r["ok"] for r in [*rows, *fleet_rows]) else 1
+
+
+def _fleet_target(engine: str, root: Path, prompts: int) -> Target:
+    """Emulators over the first `prompts` sample prompts, or two real CPU SGLang servers over
+    the tiny model and `prompts` one-turn prompts (two requests a server, so it lasts)."""
+    if engine == "emulator":
+        path = write_prompt_subset(
+            bundled("sample_prompts.jsonl"), root / "fleet-prompts.jsonl", prompts
+        )
+        return Target(prompts=path, rows=prompts)
+    from support.engine import MISSING, build_tiny_model, env_ready, write_prompts
+
+    if not env_ready():
+        raise SystemExit(MISSING)
+    path = root / "engine-prompts.jsonl"
+    write_prompts(path, single=prompts, multi=0, too_long=0)
+    model = build_tiny_model(root / "tiny-model")
+    return Target(prompts=path, rows=prompts, concurrency=2, model=model)
 
 
 TABLES = {

@@ -33,6 +33,7 @@ from regen.schema import row_schema
 from regen.sglang_api.abort import QUEUED_ABORT as QUEUED_ABORT_MESSAGE
 from regen.sglang_api.answer import read_answer
 from regen.sglang_api.endpoint import Endpoint
+from regen.sglang_api.probe import ProbeSettings, ProbeTarget, reprobe
 from regen.sglang_api.request import turn_request_id
 from regen.sglang_api.response import ResponseKind
 from regen.storage import LocalStorage
@@ -193,6 +194,8 @@ def test_an_abort_with_a_status_is_retried_and_a_refusal_is_not(
     raw = json.dumps({"object": "error", **body, "param": None, "code": status}).encode()
     answer = read_answer(status, raw)
     assert answer.kind is ResponseKind(kind) and answer.reason.startswith(reason)
+    # Only the abort shapes count as the server's cuts; a 5xx is a failure like any other.
+    assert answer.cut is (body["message"] == QUEUED_ABORT_MESSAGE)
 
 
 # -- the dispatcher ---------------------------------------------------------------------------
@@ -210,6 +213,8 @@ def test_aborted_answers_are_retried_on_the_server_that_did_not_cut_them() -> No
     assert (out["finish_reason"] != "abort").all()
     cutter = stats.servers[0]
     assert cutter.completed == 0 and cutter.failed_attempts > 0
+    # Counted against the server that cut them, and only it.
+    assert cutter.cut_answers == cutter.failed_attempts and stats.servers[1].cut_answers == 0
     # One cut at most per row: its retry went to the other server.
     assert out["attempts"].max() == 2
     assert stats.retries == int((out["attempts"] - 1).sum()) == cutter.failed_attempts
@@ -273,7 +278,28 @@ def test_every_hedge_abort_cuts_exactly_its_own_copy() -> None:
     cut_rows = sorted(row_of[rid] for rid, _ in cuts)
     assert len(cut_rows) == 2 and cut_rows[0] in cut_rows[1], cut_rows  # "1" and "123", say
     assert [cut for _, cut in cuts] == [1, 1]  # each its own request, and only it
+    # The copies regen aborted itself answer finish_reason abort too: not the server's cuts.
+    assert [s.cut_answers for s in stats.servers] == [0, 0]
     assert set(out.filter(pl.col("id").is_in(cut_rows))["server"]) == {"server-1"}
+
+
+# -- the probe --------------------------------------------------------------------------------
+
+
+def test_a_probe_does_not_pass_a_server_that_cuts_its_answer() -> None:
+    """A cut answer carries what was decoded before the cut as its text: a server that cuts
+    every request (overloaded, failing) must not pass its launch or re-probe on it."""
+    settings = ProbeSettings(health_timeout_s=5, models_timeout_s=5, generation_timeout_s=10)
+    target = ProbeTarget(MODEL, SecretStr(KEY), SamplingConfig(max_tokens=256))
+    with served([["abort=1"], []], extra=["--emu-answer-tokens", "200:200"]) as fleet:
+        results = [
+            asyncio.run(reprobe(Endpoint(i, emu.url), target, settings))
+            for i, emu in enumerate(fleet)
+        ]
+    cutting, clean = results
+    assert not cutting.ok and cutting.retryable, cutting
+    assert cutting.reason == "generation probe answer was cut short (finish_reason abort)"
+    assert clean.ok, clean
 
 
 # -- the audit --------------------------------------------------------------------------------

@@ -469,6 +469,21 @@ def test_hang_after_turns_health_503_after_20_simulated_s(start: Starter) -> Non
     assert emu.proc.poll() is None
 
 
+def test_unauthorized_after_refuses_the_key_it_started_with(start: Starter) -> None:
+    """A key rotated under a running server: its first N chats are served, then every request
+    that needs the key is refused with 401, as after a restart with another one; /health
+    needs none and still answers."""
+    emu = start("--emu-fault", "unauthorized-after=2")
+    for i in range(2):
+        assert ask(emu, f"q{i}").choices[0].finish_reason == "stop"
+    with pytest.raises(openai.AuthenticationError):
+        ask(emu, "q2")
+    assert emu.get("/v1/models").status_code == 401
+    assert emu.get("/health", key=None).status_code == 200
+    assert "API key changed (emulated fault unauthorized-after)" in emu.text()
+    assert emu.proc.poll() is None
+
+
 def test_startup_faults(start: Starter) -> None:
     failing = start("--emu-fault", "fail-startup", wait=False)
     stuck = start("--emu-fault", "no-ready", wait=False)

@@ -111,8 +111,10 @@ def _plan(tmp_path: Path, rows: int) -> RunPlan:
 class Run:
     """A run's feed over a fleet, shards submitted to it, its live reports kept."""
 
-    def __init__(self, feed: Feed, fleet: Fleet, storage: LocalStorage) -> None:
-        self.feed, self.fleet, self.storage = feed, fleet, storage
+    def __init__(
+        self, feed: Feed, fleet: Fleet, storage: LocalStorage, lives: list[LiveReport]
+    ) -> None:
+        self.feed, self.fleet, self.storage, self.lives = feed, fleet, storage, lives
         self.shards: list[tuple[pl.DataFrame, futures.Future[pl.DataFrame]]] = []
         self.pids_seen: set[int] = set()
 
@@ -162,7 +164,7 @@ def _run(
         config, storage, _plan(tmp_path, rows), fleet, fleet.api_key,
         progress_key="progress.json", on_live=lives.append,
     ) as feed:  # fmt: skip
-        run = Run(feed, fleet, storage)
+        run = Run(feed, fleet, storage, lives)
         for index in range(len(fleet.launched)):
             run.pid(index)
         yield run
@@ -204,13 +206,17 @@ def _hold_port(port: int, timeout: float = GUARD_S) -> socket.socket:
             time.sleep(0.005)
 
 
-def test_a_killed_server_is_relaunched_and_the_run_completes(tmp_path: Path) -> None:
+def test_a_killed_server_is_relaunched_and_the_run_completes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     config = _config(tmp_path, 2)
+    caplog.set_level(logging.WARNING, logger="regen.fleet.supervisor")
     with _run(config, tmp_path, 600) as run:
         run.submit(3, 200)
         d = run.feed.dispatcher
         run.wait("answers from both servers", lambda: all(s.completed for s in d.stats().servers))
         old = run.pid(1)
+        killed = time.time()
         os.kill(old, signal.SIGKILL)
         run.wait("server-1 back", lambda: run.back(1, relaunches=1))
         new = run.pid(1)
@@ -228,6 +234,16 @@ def test_a_killed_server_is_relaunched_and_the_run_completes(tmp_path: Path) -> 
     stored = run.stored_report()[1]
     assert stored["relaunches"] == 1 and stored["relaunch_causes"] == list(row.relaunch_causes)
     assert stored["status"] == "healthy" and run.stored_report()[0]["relaunches"] == 0
+    # The run's log has one line for it; the log's tail and the heal's times are in the report.
+    log_path = config.work_dir / "logs" / "server-1.log"
+    said = [r.getMessage() for r in caplog.records if "relaunching it in" in r.getMessage()]
+    assert said == [
+        "server-1 killed by SIGKILL (exit code -9); relaunching it in 0.2 s (1 of at most 3 in "
+        f"3600 s); log: {log_path}"
+    ], said
+    (relaunch,) = stored["relaunch_log"]
+    assert relaunch["log"] == str(log_path) and "ready to roll" in relaunch["log_tail"]
+    assert killed <= relaunch["down_at"] <= relaunch["back_at"] <= time.time(), relaunch
     # The log was appended, as on resume: both starts' header lines are in it.
     text = (config.work_dir / "logs" / "server-1.log").read_text()
     assert text.count("===== regen: server-1 starting at") == 2, text[-2000:]
@@ -278,27 +294,45 @@ def test_a_busy_server_that_answers_health_is_not_judged_hung(tmp_path: Path) ->
 def test_a_server_that_cannot_come_back_stays_out_with_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = _config(tmp_path, 2, relaunch={"max_restarts": 2, "backoff_s": 1.0})
-    caplog.set_level(logging.WARNING)
+    config = _config(tmp_path, 2, relaunch={"max_restarts": 3, "backoff_s": 0.5})
+    caplog.set_level(logging.INFO, logger="regen.fleet.supervisor")
     with _run(config, tmp_path, 600) as run:
         run.submit(3, 200)
         d = run.feed.dispatcher
         run.wait("answers from server-1", lambda: d.stats().servers[1].completed > 5)
         port = run.row(1).port or 0
         os.kill(run.pid(1), signal.SIGKILL)
+
+        def out() -> bool:
+            # Out in the report, then retired in the dispatcher (from a thread): both seen.
+            return run.row(1).status == "out" and d.stats().servers[1].quarantine_reason is not None
+
         with _hold_port(port):
-            run.wait("server-1 out", lambda: run.row(1).status == "out")
-            out = run.results()
+            run.wait("server-1 out", out)
+            results = run.results()
         stats = d.stats()
-    _exactly_once(out, run)
+    _exactly_once(results, run)
     row = run.row(1)
-    assert row.relaunches == 2 and len(row.relaunch_causes) == 2, row
+    assert row.relaunches == 3 and len(row.relaunch_causes) == 3, row
     assert "relaunch failed: exited" in row.relaunch_causes[-1]
+    assert [r.back_at for r in row.relaunch_log] == [None, None, None], row
+    assert "Could not bind" in row.relaunch_log[-1].log_tail
     log_path = config.work_dir / "logs" / "server-1.log"
+    # Each cause one line: what, the log's telling line, where the log is; a relaunch that
+    # failed as the one before is not said again where the user looks (below WARNING).
+    told = [r for r in caplog.records if "relaunching it in" in r.getMessage()]
+    again = [r.getMessage() for r in told if r.levelno >= logging.WARNING]
+    assert len(again) == 2 and all("\n" not in line for line in again), again
+    same = [r.getMessage() for r in told if r.levelno < logging.WARNING]
+    assert same == [
+        "server-1 relaunch failed the same way; relaunching it in 2 s (3 of at most 3 in 3600 s)"
+    ], same
+    assert again[1].startswith("server-1 relaunch failed: exited with code 1: "), again
+    assert "Could not bind" in again[1] and again[1].endswith(f"; log: {log_path}"), again
     said = [r.getMessage() for r in caplog.records if "stays out for the rest" in r.getMessage()]
     assert len(said) == 1 and "\n" not in said[0], said
     assert said[0].startswith("server-1 stays out for the rest of the run: down since ")
-    assert "2 relaunches did not bring it back" in said[0] and f"(log: {log_path})" in said[0]
+    assert "3 relaunches did not bring it back" in said[0] and f"(log: {log_path})" in said[0]
     assert "relaunch failed: exited with code 1" in said[0], said[0]
     assert "Could not bind" in said[0], said[0]  # the log's telling line
     assert stats.servers[1].quarantine_reason is not None and stats.servers[0].completed > 0
@@ -334,6 +368,26 @@ def test_a_fleet_that_cannot_come_back_is_gone_at_once(tmp_path: Path) -> None:
     # Not after generation.fleet_dead_s (600 s here): the fleet was known dead, so at once.
     assert waited < config.generation.fleet_dead_s, waited
     assert [r.status for r in run.fleet.report] == ["out", "out"]
+
+
+def test_cut_answers_are_counted_per_server_in_the_fleet_report_and_the_live_card(
+    tmp_path: Path,
+) -> None:
+    """server-1 cuts a share of its answers (finish_reason abort): each is retried and none
+    stored, and the count is its own, in report/fleet.json and on the live card."""
+    emulator = {**EMULATOR, "server_faults": {1: ["abort=0.3"]}}
+    config = _config(tmp_path, 2, emulator=emulator)
+    with _run(config, tmp_path, 400) as run:
+        run.submit(2, 200)
+        out = run.results()
+        stats = run.feed.dispatcher.stats()
+    _exactly_once(out, run)
+    cut = [s.cut_answers for s in stats.servers]
+    assert cut[0] == 0 and cut[1] > 0, cut
+    assert [r["cut_answers"] for r in run.stored_report()] == cut
+    card = run.lives[-1].card()
+    assert card.endswith(f" · {cut[1]:,} cut"), card
+    assert f"- server-1: {cut[1]:,} answers cut" in run.lives[-1].to_markdown()
 
 
 def test_an_external_fleet_is_not_relaunched(tmp_path: Path) -> None:
@@ -611,4 +665,7 @@ def test_a_logs_last_words_are_its_telling_line_not_its_argument_dump() -> None:
     tail = f"{args}\nTraceback (most recent call last):\n  File 'x'\n{crash}\n[t] POST 200"
     assert last_words(tail) == crash
     assert last_words("") == "(nothing logged)"
+    # SGLang's own stamp goes: the line that quotes it has its own time.
+    stamped = "[2026-12-07 05:58:01 TP0] Could not bind 127.0.0.1:30001: address already in use"
+    assert last_words(f"{stamped}\n[2026-12-07 05:58:02] Decode batch") == stamped[26:]
     assert len(last_words("x" * 1000)) == 200

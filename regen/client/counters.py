@@ -18,11 +18,19 @@ from regen.sglang_api.endpoint import Endpoint
 class ServerCounts:
     """One server's counters (`ServerStats` less what its state says)."""
 
-    __slots__ = ("completed", "failed_attempts", "last_answer", "output_tokens", "quarantines")
+    __slots__ = (
+        "completed",
+        "cut_answers",
+        "failed_attempts",
+        "last_answer",
+        "output_tokens",
+        "quarantines",
+    )
 
     def __init__(self) -> None:
         self.completed = 0
         self.failed_attempts = 0
+        self.cut_answers = 0
         self.output_tokens = 0
         self.quarantines = 0
         self.last_answer: float | None = None
@@ -87,6 +95,7 @@ class Counters:
                     quarantines=s.counts.quarantines,
                     quarantine_reason=s.quarantine_reason,
                     last_answer=s.counts.last_answer,
+                    cut_answers=s.counts.cut_answers,
                 )
                 for s in servers
             )

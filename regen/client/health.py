@@ -183,7 +183,10 @@ class Health:
         """The run cannot go on: stop re-probing, fail every pending row with `error`."""
         s = self._s
         if s.fatal is None:
-            log.error("%s", error)
+            # A fleet gone was said server by server as each went out (`stays out ...`), and
+            # the run's one line says it again whole: not a third time here.
+            if not isinstance(error, FleetGone):
+                log.error("%s", error)
             s.fatal = error
         for server in s.servers:
             s.probing[server] = False

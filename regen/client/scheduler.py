@@ -347,6 +347,7 @@ class Scheduler:
             # it is not quarantined for it, but the row tries again, elsewhere if it can.
             with self.counters.lock:
                 server.counts.failed_attempts += 1
+                server.counts.cut_answers += answer.cut
             self.retry_or_fail(work, server, answer.reason, latency)
 
     def retry_or_fail(self, work: Work, server: Server, reason: str, latency: float) -> None:

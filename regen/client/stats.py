@@ -33,6 +33,9 @@ class ServerStats:
     last_answer: float | None = None
     """When it last answered a request (any HTTP status), on this process's monotonic clock:
     the evidence a supervisor judges a hang by. None before its first answer."""
+    cut_answers: int = 0
+    """Answers it cut short (finish_reason abort, or a queued request's abort), each retried:
+    never a row. A hedge's own abort of its spare copy is regen's doing and not counted."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,10 @@
 Each one reproduces something seen on real servers: the empty-answer incident, runaway
 thinking, leaked think tags, repetition loops, transient 500s, answers cut short (`abort`:
 SGLang's 200 with finish_reason abort, part-way through the decode), a crash, a scheduler that
-hangs while `/health` still answers 200 (sglang#6624), a slow GPU, a failed or stuck load.
+hangs while `/health` still answers 200 (sglang#6624), a slow GPU, a failed or stuck load, and
+a key rotated under a running server (`unauthorized-after`: every request refused with 401
+after the first N chats, as when an operator restarts it, or the gateway in front of it, with
+a new key).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass, field
 # Output faults, in the order they are tried for a prompt: the first one drawn wins.
 OUTPUT_FAULTS = ("empty-answer", "truncate", "think-leak", "repeat-loop")
 _FRACTIONS = (*OUTPUT_FAULTS, "http500", "abort")
-_COUNTS = ("crash-after", "hang-after", "faults-after")
+_COUNTS = ("crash-after", "hang-after", "faults-after", "unauthorized-after")
 _FLAGS = ("fail-startup", "no-ready")
 NAMES = (*_FRACTIONS, *_COUNTS, "slow", *_FLAGS)
 
@@ -27,6 +30,8 @@ class Faults:
     hang_after: int | None = None
     faults_after: int | None = None
     """Output faults start after this many chat requests: a run that goes bad mid-way."""
+    unauthorized_after: int | None = None
+    """Every authenticated request is refused (401) after this many chat requests."""
     slow: float = 1.0
     fail_startup: bool = False
     no_ready: bool = False
@@ -71,6 +76,7 @@ def parse_faults(specs: list[str]) -> Faults:
         crash_after=counts.get("crash-after"),
         hang_after=counts.get("hang-after"),
         faults_after=counts.get("faults-after"),
+        unauthorized_after=counts.get("unauthorized-after"),
         slow=slow,
         fail_startup="fail-startup" in flags,
         no_ready="no-ready" in flags,
@@ -78,6 +84,5 @@ def parse_faults(specs: list[str]) -> Faults:
 
 
 def _example(name: str) -> str:
-    return {"crash-after": "10", "hang-after": "10", "faults-after": "100", "slow": "0.5"}.get(
-        name, "0.1"
-    )
+    counts = {"crash-after": "10", "hang-after": "10", "faults-after": "100"}
+    return {**counts, "unauthorized-after": "100", "slow": "0.5"}.get(name, "0.1")

@@ -94,7 +94,7 @@ class EmulatorServer:
         key = self.args.api_key
         if key and request.method != "OPTIONS" and not request.path.startswith(OPEN_PREFIXES):
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or token != key:
+            if scheme.lower() != "bearer" or token != key or self.faults.key_rotated:
                 return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 

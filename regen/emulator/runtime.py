@@ -169,6 +169,7 @@ class FaultRuntime:
         self._arrivals = 0
         self._completed = 0
         self._crashing = False
+        self._rotated = False
 
     @property
     def hung(self) -> bool:
@@ -182,6 +183,16 @@ class FaultRuntime:
         hang = self.faults.hang_after
         if hang is not None and arrival >= hang:
             await asyncio.get_running_loop().create_future()
+
+    @property
+    def key_rotated(self) -> bool:
+        """unauthorized-after=N: past N chats the server refuses the key it started with."""
+        after = self.faults.unauthorized_after
+        rotated = after is not None and self._arrivals >= after
+        if rotated and not self._rotated:
+            self._rotated = True
+            log.warning("API key changed (emulated fault unauthorized-after): 401 from now on")
+        return rotated
 
     @property
     def output_faults_on(self) -> bool:

@@ -1,8 +1,10 @@
 """Why a server went down, as every report of it says it: one line, and its log's last words.
 
-A relaunch is logged with its cause and the last lines of the server's log (redacted by
-`ServerProcess.log_tail`); the fleet report keeps one line a relaunch; a server that stays
-out, and a fleet that is gone, are one line each with the log's most telling line and path.
+A relaunch is one line of the run's log: its cause, the log's telling line and the log's
+path; the last lines of the log (redacted by `ServerProcess.log_tail`) go to the fleet report
+(`report/fleet.json`) and stay in the log itself. Before, each relaunch printed 4-8 lines of the
+tail, and a fleet that could not come back filled 60 lines of a 106-line output with them. A
+server that stays out, and a fleet that is gone, are one line each too.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ _TELLING = re.compile(
     r"|CUDA error|out of memory|[Cc]ould not|[Cc]annot"
 )
 _ARGUMENTS = re.compile(r"server_args\s*=")
+# SGLang's own time stamp, `[2026-12-07 05:58:01] ` or `[2026-12-07 05:58:01 TP0] `: the line
+# that quotes it has its own.
+_STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]*\]\s*")
 _WORDS_MAX = 200
 
 
@@ -33,17 +38,27 @@ def exit_text(code: int) -> str:
     return f"exited with code {code}"
 
 
+def _lines(tail: str) -> list[str]:
+    lines = [_STAMP.sub("", line.strip()) for line in tail.splitlines()]
+    lines = [line for line in lines if line]
+    return [line for line in lines if not _ARGUMENTS.search(line)] or lines
+
+
+def telling_line(tail: str) -> str:
+    """The log's last line that says what went wrong, or "" (a process killed by a signal
+    writes nothing about it: its last line is a request's, which tells nothing)."""
+    telling = [line for line in _lines(tail) if _TELLING.search(line)]
+    return _cut(telling[-1]) if telling else ""
+
+
 def last_words(tail: str) -> str:
     """The log's last line that says what went wrong, else its last line."""
-    lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    lines = [line for line in lines if not _ARGUMENTS.search(line)] or lines
-    telling = [line for line in lines if _TELLING.search(line)]
-    return _cut((telling or lines or ["(nothing logged)"])[-1], _WORDS_MAX)
+    return telling_line(tail) or _cut((_lines(tail) or ["(nothing logged)"])[-1])
 
 
-def _cut(line: str, most: int = 2 * _WORDS_MAX) -> str:
+def _cut(line: str) -> str:
     """A log line short enough to read (SGLang logs all its arguments on one)."""
-    return line if len(line) <= most else line[: most - 1] + "…"
+    return line if len(line) <= _WORDS_MAX else line[: _WORDS_MAX - 1] + "…"
 
 
 def clock(at: float) -> str:
@@ -64,12 +79,16 @@ class Cause:
         said = f": {last_words(self.tail)}" if self.tail else ""
         return f"{clock(self.at)}: {self.what}{said}"
 
-    def with_log(self, then: str) -> str:
-        """`what; then`, and the last lines of its log below, for the run's log."""
-        if not self.tail:
-            return f"{self.what}; {then}"
-        lines = "\n".join(f"  | {_cut(line)}" for line in self.tail.splitlines())
-        return f"{self.what}; {then}; last lines of {self.log_path}:\n{lines}"
+    def log_line(self, then: str) -> str:
+        """`what: its log's telling line; then; log: PATH` in one line, for the run's log (the
+        tail itself goes to the fleet report)."""
+        said = telling_line(self.tail)
+        said = f": {said}" if said else ""
+        return f"{self.what}{said}; {then}; log: {self.log_path}"
+
+    def same_as(self, other: Cause) -> bool:
+        """The same failure, whenever it happened: what, and the log's telling line."""
+        return (self.what, telling_line(self.tail)) == (other.what, telling_line(other.tail))
 
     def out_line(self, since: float, relaunches: int) -> str:
         """Why a server stays out, in one line (the dispatcher's `FleetGone` quotes it)."""

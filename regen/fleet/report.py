@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from regen.dataset.keys import FLEET_KEY
 from regen.display.figures import NONE, markdown_table, sig
@@ -15,6 +16,29 @@ from regen.storage import Storage
 ServerStatus = Literal["healthy", "exited", "timed_out", "unhealthy", "relaunching", "out"]
 """How a server came up (the first four), or where its relaunches left it: `relaunching`, or
 `out` for the rest of the run once they could not bring it back."""
+
+
+class Relaunch(BaseModel):
+    """One start of a server again during generation: why, what its log said, and when it
+    rejoined (the figure a heal is measured by)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cause: str = Field(
+        description="When and why, in one line: its exit code and its log's last words, or "
+        "the hang (`Cause.line`)."
+    )
+    log: str = Field(description="The server's log, appended at every start.")
+    log_tail: str = Field(
+        default="", description="The log's last lines when it went down, redacted; the run's "
+        "log has one line a relaunch, this keeps the rest."
+    )  # fmt: skip
+    down_at: float = Field(description="Unix time the supervisor found it down.")
+    back_at: float | None = Field(
+        default=None,
+        description="Unix time it rejoined the dispatcher; None while it is coming back, or "
+        "when this start did not bring it back.",
+    )
 
 
 class FleetRow(BaseModel):
@@ -41,10 +65,23 @@ class FleetRow(BaseModel):
     concurrency: int | None = None
     """Requests regen kept in flight on it: its measured best (or the fixed setting), written
     when generation ends."""
-    relaunches: int = 0
-    """Times it was started again during generation (`engine.relaunch`)."""
-    relaunch_causes: tuple[str, ...] = ()
-    """Why, one line each: when, and its exit code with its log's last words, or the hang."""
+    relaunch_log: tuple[Relaunch, ...] = ()
+    """Each start again during generation (`engine.relaunch`), in order."""
+    cut_answers: int = 0
+    """Answers it cut short (finish_reason abort) during generation: retried elsewhere, never
+    stored; many from one server say it is overloaded or failing."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def relaunches(self) -> int:
+        """Times it was started again during generation."""
+        return len(self.relaunch_log)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def relaunch_causes(self) -> tuple[str, ...]:
+        """Why, one line each: when, and its exit code with its log's last words, or the hang."""
+        return tuple(r.cause for r in self.relaunch_log)
 
     def summary(self) -> str:
         """One log line; numbers left out until measured."""
@@ -65,6 +102,8 @@ class FleetRow(BaseModel):
             parts.append("FLAGGED")
         if self.relaunches:
             parts.append(f"relaunched={self.relaunches}")
+        if self.cut_answers:
+            parts.append(f"cut={self.cut_answers}")
         if self.reason:
             parts.append(f"({self.reason.splitlines()[0]})")
         return " ".join(parts)
@@ -84,6 +123,11 @@ def flag_slow(rows: list[FleetRow], min_relative_speed: float) -> list[FleetRow]
             reason = f"{row.tok_s:.0f} tok/s is below {min_relative_speed:g} x median {median:.0f}"
         out.append(row.model_copy(update={"flagged": slow, "reason": reason}))
     return out
+
+
+def with_cut_answers(rows: list[FleetRow], cut: Mapping[str, int]) -> list[FleetRow]:
+    """`rows` with each server's count of cut answers (the dispatcher's, by server name)."""
+    return [r.model_copy(update={"cut_answers": cut.get(r.server, r.cut_answers)}) for r in rows]
 
 
 def write_fleet_report(storage: Storage, rows: list[FleetRow]) -> None:
@@ -150,6 +194,9 @@ def fleet_markdown(rows: list[FleetRow]) -> str:
     if relaunched:
         lines += ["", "Relaunched:", ""]
         lines += [f"- {r.server}: {cause}" for r in relaunched for cause in r.relaunch_causes]
+    if cut := [r for r in rows if r.cut_answers]:
+        lines += ["", "Answers cut short (finish_reason abort; retried, never stored):", ""]
+        lines += [f"- {r.server}: {r.cut_answers:,}" for r in cut]
     lines += ["", "`probe tok/s`: each server's micro-benchmark at startup (`engine.bench`)."]
     lines += [
         "`concurrency`: requests regen kept in flight on the server (measured per server "

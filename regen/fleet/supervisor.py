@@ -43,7 +43,7 @@ from regen.fleet.handle import Fleet, Member
 from regen.fleet.launch import await_ready
 from regen.fleet.metrics import ServerMetrics, parse_metrics
 from regen.fleet.process import ServerProcess
-from regen.fleet.report import FleetRow
+from regen.fleet.report import FleetRow, Relaunch
 
 log = logging.getLogger(__name__)
 
@@ -308,6 +308,7 @@ class Supervisor:
         """Take it out, kill its group, and start it again until it passes its probes or its
         relaunches run out."""
         down_since = cause.at
+        told: Cause | None = None
         await asyncio.to_thread(self._pool.hold, w.name, f"to be relaunched: {cause.what}")
         while True:
             process = w.member.process
@@ -323,11 +324,20 @@ class Supervisor:
             delay = self._config.backoff_s * min(2**done, _BACKOFF_GROWTH_MAX)
             c = self._config
             then = f"relaunching it in {delay:g} s ({done + 1} of at most {c.max_restarts} in "
-            log.warning("%s %s", w.name, cause.with_log(f"{then}{c.window_s:g} s)"))
-            self._update(
-                w, status="relaunching", relaunches=self._row(w).relaunches + 1,
-                relaunch_causes=(*self._row(w).relaunch_causes, cause.line()),
+            if told is not None and cause.same_as(told):
+                # One line per cause: a relaunch that failed as the one before (a port held, a
+                # GPU still full) says nothing new; the fleet report keeps each one.
+                log.info("%s relaunch failed the same way; %s%g s)", w.name, then, c.window_s)
+            else:
+                log.warning("%s %s", w.name, cause.log_line(f"{then}{c.window_s:g} s)"))
+            told = cause
+            relaunch = Relaunch(
+                cause=cause.line(), log=str(cause.log_path), log_tail=cause.tail,
+                down_at=cause.at,
             )  # fmt: skip
+            self._update(
+                w, status="relaunching", relaunch_log=(*self._row(w).relaunch_log, relaunch)
+            )
             await asyncio.sleep(delay)
             w.relaunches.append(time.monotonic())
             try:
@@ -360,7 +370,12 @@ class Supervisor:
         await asyncio.to_thread(process.record_cmdline)
         w.heard, w.failed, w.tokens, w.taken_out = time.monotonic(), None, None, None
         await asyncio.to_thread(self._pool.restore, w.name)
-        self._update(w, status="healthy", reason="", startup_s=row.startup_s)
+        *before, last = self._row(w).relaunch_log
+        back = last.model_copy(update={"back_at": time.time()})
+        self._update(
+            w, status="healthy", reason="", startup_s=row.startup_s,
+            relaunch_log=(*before, back),
+        )  # fmt: skip
         log.warning(
             "%s is back after relaunch %d: ready in %.1f s, pid %d",
             w.name, self._row(w).relaunches, row.startup_s or 0.0, process.pid,

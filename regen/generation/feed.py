@@ -21,7 +21,7 @@ from regen.concurrency.tuner import ConcurrencyTuner
 from regen.config import RegenConfig
 from regen.fleet import Fleet
 from regen.fleet.metrics import FleetScraper
-from regen.fleet.report import write_fleet_report
+from regen.fleet.report import FleetRow, with_cut_answers, write_fleet_report
 from regen.fleet.supervisor import Supervisor
 from regen.generation.outcome import ShardOutcome
 from regen.generation.run_plan import RunPlan
@@ -131,40 +131,54 @@ def feeding(
 ) -> Iterator[Feed]:
     """Dispatcher, progress writer (at `progress_key`), live watch and the fleet's supervisor
     (which rewrites `report/fleet.json` at each relaunch) for the length of the `with` block;
-    the supervisor stops first, so it never calls a closed dispatcher."""
+    the supervisor stops first, so it never calls a closed dispatcher. The fleet report, with
+    each server's cut answers, is written once more as generation ends, however it ends."""
     caps = concurrency_caps(config, fleet)
-    with (
-        dispatcher_for(config, fleet, api_key, slot_cap=max(caps.values())) as dispatcher,
-        ProgressWriter(
-            storage,
-            dispatcher,
-            total=plan.num_rows,
-            already_done=plan.committed_rows,
-            interval_s=config.generation.progress_interval_s,
-            on_update=on_progress,
-            key=progress_key,
-        ) as progress,
-        LiveWatch(
-            progress,
-            FleetScraper(fleet.endpoints),
-            interval_s=config.generation.live_interval_s,
-            on_update=on_live,
-            fleet=lambda: fleet.report,
-        ),
-        Supervisor(
-            fleet,
-            dispatcher,
-            config.engine.relaunch,
-            startup_timeout_s=config.engine.startup_timeout_s,
-            on_change=lambda rows: write_fleet_report(storage, rows),
-        ),
-        tuning(config, fleet, dispatcher, caps),
-    ):
-        slots = len(fleet.endpoints) * config.concurrency
-        feed = Feed(dispatcher, progress, slots=slots)
-        yield feed
-        feed.final = progress.snapshot()
+    dispatcher = dispatcher_for(config, fleet, api_key, slot_cap=max(caps.values()))
+
+    def rows() -> list[FleetRow]:
+        cut = {s.name: s.cut_answers for s in dispatcher.stats().servers}
+        return with_cut_answers(fleet.report, cut)
+
     try:
-        write_fleet_report(storage, fleet.report)  # with each server's concurrency now
-    except OSError as err:  # the rows are committed: a report is no reason to fail the run
-        log.warning("report/fleet.json not rewritten with each server's concurrency: %s", err)
+        with (
+            dispatcher,
+            ProgressWriter(
+                storage,
+                dispatcher,
+                total=plan.num_rows,
+                already_done=plan.committed_rows,
+                interval_s=config.generation.progress_interval_s,
+                on_update=on_progress,
+                key=progress_key,
+            ) as progress,
+            LiveWatch(
+                progress,
+                FleetScraper(fleet.endpoints),
+                interval_s=config.generation.live_interval_s,
+                on_update=on_live,
+                fleet=rows,
+            ),
+            Supervisor(
+                fleet,
+                dispatcher,
+                config.engine.relaunch,
+                startup_timeout_s=config.engine.startup_timeout_s,
+                on_change=lambda _: write_fleet_report(storage, rows()),
+            ),
+            tuning(config, fleet, dispatcher, caps),
+        ):
+            feed = Feed(dispatcher, progress, slots=len(fleet.endpoints) * config.concurrency)
+            yield feed
+            feed.final = progress.snapshot()
+    finally:
+        _write_final(storage, rows())
+
+
+def _write_final(storage: Storage, rows: list[FleetRow]) -> None:
+    """The fleet as generation left it (each server's concurrency and cut answers); a report
+    not written must not hide why it ended, nor fail a run whose rows are committed."""
+    try:
+        write_fleet_report(storage, rows)
+    except Exception as err:
+        log.warning("could not write the fleet report: %s", err)

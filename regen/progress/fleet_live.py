@@ -50,21 +50,31 @@ class LiveReport:
     servers: tuple[ServerFigures, ...]
     history: tuple[Interval, ...] = ()
     fleet: tuple[FleetRow, ...] = ()
-    """The fleet report as it stands: each server's relaunches, and which are out."""
+    """The fleet report as it stands: each server's relaunches and cut answers, which are out."""
 
     @property
     def relaunches(self) -> int:
         return sum(r.relaunches for r in self.fleet)
 
+    @property
+    def cut_answers(self) -> int:
+        return sum(r.cut_answers for r in self.fleet)
+
     def relaunch_lines(self) -> list[str]:
-        """`server-1: relaunched 2x (last: <cause>)` or `server-1: out: <why>`, per server."""
+        """Per server that had trouble: `server-1: relaunched 2x (last: <cause>)` or
+        `server-1: out for the rest of the run: <why>`, then `; 12 answers cut` if it cut any."""
         lines = []
         for row in self.fleet:
+            said = ""
             if row.status == "out":
-                lines.append(f"{row.server}: out for the rest of the run: {row.reason}")
+                said = f"out for the rest of the run: {row.reason}"
             elif row.relaunches:
                 last = row.relaunch_causes[-1] if row.relaunch_causes else ""
-                lines.append(f"{row.server}: relaunched {row.relaunches}x (last: {last})")
+                said = f"relaunched {row.relaunches}x (last: {last})"
+            if row.cut_answers:
+                said += f"{'; ' if said else ''}{_cut(row.cut_answers)}"
+            if said:
+                lines.append(f"{row.server}: {said}")
         return lines
 
     def history_table(self, max_rows: int = HISTORY_ROWS) -> list[dict[str, str]]:
@@ -113,6 +123,7 @@ class LiveReport:
         out = sum(r.status == "out" for r in self.fleet)
         notes = [f"{self.relaunches} relaunched"] if self.relaunches else []
         notes += [f"{out} server{'s' if out > 1 else ''} out"] if out else []
+        notes += [f"{self.cut_answers:,} cut"] if self.cut_answers else []
         return " · ".join([progress_card(self.progress), *notes])
 
     def log_line(self) -> str:
@@ -131,6 +142,8 @@ class LiveReport:
             )
         if self.relaunches:
             parts.append(f"{self.relaunches} relaunch(es)")
+        if self.cut_answers:
+            parts.append(_cut(self.cut_answers))
         return "; ".join(parts)
 
     def to_markdown(self) -> str:
@@ -168,9 +181,13 @@ class LiveReport:
             lines += ["", "No `/metrics` answer (not counted as zero):", ""]
             lines += [f"- {s.name}: `{s.url}/metrics`" for s in missing]
         if relaunched := self.relaunch_lines():
-            lines += ["", "Relaunched (`engine.relaunch`):", ""]
+            lines += ["", "Relaunched (`engine.relaunch`), out, or cutting answers short:", ""]
             lines += [f"- {line}" for line in relaunched]
         return "\n".join(lines) + "\n"
+
+
+def _cut(answers: int) -> str:
+    return f"{answers:,} answer{'s' if answers != 1 else ''} cut"
 
 
 def _count(value: float | None) -> str:

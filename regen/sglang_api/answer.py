@@ -28,6 +28,8 @@ class Answer:
     """Set for OK only."""
     reason: str = ""
     """Why it is not OK, in the words stored in an error row: the server's message."""
+    cut: bool = False
+    """The server cut it short (regen.sglang_api.abort): a RETRY the server is counted for."""
 
 
 def read_answer(status: int, raw: bytes) -> Answer:
@@ -40,8 +42,8 @@ def read_answer(status: int, raw: bytes) -> Answer:
             return Answer(ResponseKind.RETRY, reason=str(err))
         cut = cut_reason(completion)
         if cut is not None:
-            return Answer(ResponseKind.RETRY, reason=cut)
+            return Answer(ResponseKind.RETRY, reason=cut, cut=True)
         return Answer(ResponseKind.OK, completion)
     if kind is ResponseKind.REJECTED and is_abort_refusal(status, raw):
-        kind = ResponseKind.RETRY
+        return Answer(ResponseKind.RETRY, reason=error_message(status, raw), cut=True)
     return Answer(kind, reason=error_message(status, raw))

@@ -3,8 +3,9 @@
 The one probe of a server: the fleet's launch waits on it, and a quarantined server comes
 back into the dispatcher only once it passes again. /health alone is not enough: it can
 answer 200 while the scheduler is stuck (sglang#6624), so a server counts as ready only once
-a chat completion came back with text. Probes are sequential per server so a slow server
-never has probes piling up on it (sglang#35884).
+a chat completion came back with text, and not cut short (an overloaded or failing scheduler
+aborts requests with what it decoded so far as their text). Probes are sequential per server
+so a slow server never has probes piling up on it (sglang#35884).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from regen.config import SamplingConfig
 from regen.errors import FleetUnauthorized
+from regen.sglang_api.abort import ABORT
 from regen.sglang_api.endpoint import CHAT_PATH, Endpoint
 from regen.sglang_api.request import auth_headers, chat_request_body, request_id
 
@@ -113,9 +115,15 @@ async def _generation(
         )
     latency = time.monotonic() - start
     try:
-        message = answer["choices"][0]["message"]
+        choice = answer["choices"][0]
+        message = choice["message"]
     except (KeyError, IndexError, TypeError):
         return ProbeResult(False, "generation probe answer has no choices[0].message", True)
+    if choice.get("finish_reason") == ABORT:
+        # A cut answer carries what was decoded before the cut as its text: no proof that
+        # the server generates (an overloaded or failing scheduler cuts every request).
+        cut = "generation probe answer was cut short (finish_reason abort)"
+        return ProbeResult(False, cut, True)
     if not (message.get("reasoning_content") or message.get("content")):
         return ProbeResult(False, "generation probe returned no text", True)
     return ProbeResult(True, latency_s=latency)
