@@ -22,26 +22,44 @@ CPU_KV_CACHE_TOKENS = 65536
 class SpeculativeConfig(Section):
     """MTP / EAGLE speculative decoding; NEXTN needs no draft model for Qwen3.5-family models."""
 
-    enabled: bool = True
-    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = "NEXTN"
-    num_steps: int = Field(default=3, ge=1)
-    eagle_topk: int = Field(default=1, ge=1)
-    num_draft_tokens: int = Field(default=4, ge=1)
-    draft_model_path: Path | None = None
+    enabled: bool = Field(
+        default=True, description="Pass the speculative-decoding flags below; false: none."
+    )
+    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = Field(
+        default="NEXTN", description="--speculative-algorithm."
+    )
+    num_steps: int = Field(default=3, ge=1, description="--speculative-num-steps.")
+    eagle_topk: int = Field(default=1, ge=1, description="--speculative-eagle-topk.")
+    num_draft_tokens: int = Field(default=4, ge=1, description="--speculative-num-draft-tokens.")
+    draft_model_path: Path | None = Field(
+        default=None,
+        description="--speculative-draft-model-path; none for NEXTN, which uses the model's "
+        "own MTP heads.",
+    )
 
 
 class EmulatorConfig(Section):
     """Settings only the emulator reads: simulated speed, load time and injected faults."""
 
-    load_s: float = Field(default=0.5, ge=0)
-    tokens_per_s: float = Field(default=250.0, gt=0)
+    load_s: float = Field(default=0.5, ge=0, description="Simulated model load time, seconds.")
+    tokens_per_s: float = Field(
+        default=250.0, gt=0, description="Simulated decode speed of one request, tokens/s."
+    )
     accept_length: float = Field(
         default=3.6, gt=0, description="MTP accept length the emulator reports on /metrics."
     )
     time_scale: float = Field(default=0.01, gt=0, description="Wall seconds per simulated second.")
-    seed: int = 0
-    reasoning_tokens: str = Field(default="200:4000", pattern=r"^\d+:\d+$")
-    answer_tokens: str = Field(default="20:800", pattern=r"^\d+:\d+$")
+    seed: int = Field(default=0, description="Seed of the emulated text and lengths.")
+    reasoning_tokens: str = Field(
+        default="200:4000",
+        pattern=r"^\d+:\d+$",
+        description="MIN:MAX length of an emulated reasoning, in tokens.",
+    )
+    answer_tokens: str = Field(
+        default="20:800",
+        pattern=r"^\d+:\d+$",
+        description="MIN:MAX length of an emulated answer, in tokens.",
+    )
     faults: list[str] = Field(default_factory=list, description="--emu-fault specs, all servers.")
     server_faults: dict[int, list[str]] = Field(
         default_factory=dict, description="Extra --emu-fault specs by server index."
@@ -51,9 +69,13 @@ class EmulatorConfig(Section):
 class BenchConfig(Section):
     """The fleet's micro-benchmark: a short fixed load per server, to catch a slow GPU early."""
 
-    concurrency: int = Field(default=32, ge=1)
-    max_tokens: int = Field(default=256, ge=1)
-    budget_s: float = Field(default=20.0, gt=0)
+    concurrency: int = Field(default=32, ge=1, description="Requests sent to each server at once.")
+    max_tokens: int = Field(default=256, ge=1, description="max_tokens of each request.")
+    budget_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="Seconds the load runs; the tokens of requests finished within it are counted.",
+    )
     min_relative_speed: float = Field(
         default=0.5, ge=0, le=1, description="Flag a server below this share of the median."
     )
@@ -96,7 +118,12 @@ class EngineConfig(Section):
     """How the fleet is launched: one server per GPU (or `servers` on the CPU), each on
     base_port + index."""
 
-    kind: Literal["sglang", "emulator", "external"] = "sglang"
+    kind: Literal["sglang", "emulator", "external"] = Field(
+        default="sglang",
+        description="sglang: regen launches SGLang servers; emulator: SGLang-compatible "
+        "emulators (what a rehearsal uses); external: attach to running servers at "
+        "engine.urls.",
+    )
     device: Literal["cuda", "cpu"] = Field(
         default="cuda",
         description="cuda: one server per engine.gpus entry; cpu: engine.servers servers "
@@ -113,26 +140,46 @@ class EngineConfig(Section):
         default=sys.executable,
         description="Interpreter of the venv that has sglang (on a local file system).",
     )
-    launcher: Literal["module", "serve"] = "module"
-    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(
-        default_factory=lambda: [0], min_length=1
+    launcher: Literal["module", "serve"] = Field(
+        default="module",
+        description="module: python -m sglang.launch_server; serve: the venv's `sglang serve`.",
     )
-    host: str = "127.0.0.1"
-    base_port: Port = 30000
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(
+        default_factory=lambda: [0],
+        min_length=1,
+        description="With device cuda, one server per GPU index (its CUDA_VISIBLE_DEVICES).",
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address the servers listen on; a non-loopback host needs engine.api_key.",
+    )
+    base_port: Port = Field(default=30000, description="Server i listens on base_port + i.")
     api_key: SecretStr | None = Field(
         default=None, description="Server API key; generated per run when empty."
     )
-    reasoning_parser: str | None = "qwen3"
+    reasoning_parser: str | None = Field(
+        default="qwen3",
+        description="SGLang's --reasoning-parser, which splits the thinking from the answer; "
+        "none: no split.",
+    )
     tool_call_parser: str | None = Field(
         default=None,
         description="SGLang's --tool-call-parser (qwen25 for Qwen3, qwen3_coder, hermes, ...): "
         "the server then parses the calls of rows with tools into message.tool_calls; "
         "without it a call stays text in the answer.",
     )
-    speculative: SpeculativeConfig = SpeculativeConfig()
-    max_running_requests: int = Field(default=64, ge=1)
-    context_length: int = Field(default=40960, ge=256)
-    mem_fraction_static: float = Field(default=0.88, gt=0, le=1)
+    speculative: SpeculativeConfig = Field(
+        default=SpeculativeConfig(), description="Speculative decoding (MTP heads or a draft)."
+    )
+    max_running_requests: int = Field(
+        default=64,
+        ge=1,
+        description="--max-running-requests, always passed (SGLang would otherwise pick 48).",
+    )
+    context_length: int = Field(default=40960, ge=256, description="--context-length.")
+    mem_fraction_static: float = Field(
+        default=0.88, gt=0, le=1, description="--mem-fraction-static."
+    )
     kv_cache_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -140,18 +187,28 @@ class EngineConfig(Section):
         "it from mem_fraction_static, except with device cpu, where that share of the "
         "machine's free RAM (15 GB and 29 s per server on a 24 GB box) would be taken: 65536.",
     )
-    extra_args: list[str] = Field(default_factory=list)
-    startup_timeout_s: float = Field(default=900.0, gt=0)
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More flags for every server's command line, checked by SGLang's parser; "
+        "a flag regen sets from the config, or one removed in sglang 0.5.23, is refused.",
+    )
+    startup_timeout_s: float = Field(
+        default=900.0, gt=0, description="Seconds a server has to load and pass its probes."
+    )
     min_servers: int | None = Field(
         default=None, ge=1, description="Go on with this many healthy servers; default all."
     )
     urls: list[str] = Field(default_factory=list, description="Server URLs for kind: external.")
-    bench: BenchConfig = BenchConfig()
+    bench: BenchConfig = Field(
+        default=BenchConfig(), description="The micro-benchmark each server runs after launch."
+    )
     relaunch: RelaunchConfig = Field(
         default_factory=RelaunchConfig,
         description="Launched servers (not kind external) that exit or hang are relaunched.",
     )
-    emulator: EmulatorConfig = EmulatorConfig()
+    emulator: EmulatorConfig = Field(
+        default=EmulatorConfig(), description="What the emulator simulates (engine.kind: emulator)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
