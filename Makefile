@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install nvidia contract-env engine-env trainers-env rehearse test test-fast lint typecheck bench bench-smoke clean
+.PHONY: install nvidia contract-env engine-env trainers-env rehearse test test-fast lint typecheck docs bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -40,6 +40,11 @@ lint: install
 typecheck: install
 	@$(VENV)/bin/mypy
 
+# The docs site (docs/, mkdocs.yml), strictly: a broken link or anchor, or a page left out of the
+# nav, fails. tests/test_docs.py builds it the same way in `make test`.
+docs: install
+	@$(VENV)/bin/mkdocs build --strict --quiet
+
 # Bytecode caches on, whatever the shell says: with PYTHONDONTWRITEBYTECODE set, every worker
 # and every emulator or `regen` subprocess compiled the project's sources again, and pytest
 # rewrote every test module's asserts again, on every run (the caches are git-ignored).
@@ -68,4 +73,4 @@ bench-smoke: install
 	@for b in benches/[!_]*.py; do echo "== $$b --smoke"; $(VENV)/bin/python $$b --smoke || exit 1; done
 
 clean:
-	rm -rf $(VENV) .venv-sglang .venv-trainers out .regen .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .venv-sglang .venv-trainers out .regen site .pytest_cache .ruff_cache .mypy_cache

@@ -8,12 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Threshold(BaseModel):
-    """A rate at or above `warn` warns, at or above `fail` fails the gate."""
+    """A figure over 0 and at or above `warn` warns, at or above `fail` fails the gate."""
 
     model_config = ConfigDict(extra="forbid")
 
-    warn: float = Field(ge=0.0, le=1.0)
-    fail: float = Field(ge=0.0, le=1.0)
+    warn: float = Field(ge=0.0, le=1.0, description="A figure over 0 and at or above this warns.")
+    fail: float = Field(ge=0.0, le=1.0, description="A figure over 0 and at or above this fails.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Threshold:
@@ -37,30 +37,88 @@ class AuditConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # Any rejected input row warns; above 1 % of the input the dataset is not what was asked for.
-    rejects: Threshold = Threshold(warn=0.0, fail=0.01)
-    error_rate: Threshold = Threshold(warn=0.01, fail=0.05)
-    empty_answer: Threshold = Threshold(warn=0.01, fail=0.05)
-    empty_thinking: Threshold = Threshold(warn=0.01, fail=0.05)
-    think_leak: Threshold = Threshold(warn=0.005, fail=0.02)
-    truncated: Threshold = Threshold(warn=0.05, fail=0.2)
-    truncated_in_thinking: Threshold = Threshold(warn=0.01, fail=0.05)
-    # An answer the server cut short (finish_reason abort) is never stored: any one fails.
-    aborted: Threshold = Threshold(warn=0.0, fail=0.0)
-    repetition: Threshold = Threshold(warn=0.01, fail=0.05)
-    # Answers in CJK to Latin-script prompts (Qwen drifting into Chinese): rare in a healthy run.
-    language_switch: Threshold = Threshold(warn=0.02, fail=0.1)
-    answer_collapse: Threshold = Threshold(warn=0.05, fail=0.2)
-    tiny_length: Threshold = Threshold(warn=0.02, fail=0.1)
-    server_outlier: Threshold = Threshold(warn=0.02, fail=0.1)
-    loss_mask_short: Threshold = Threshold(warn=0.01, fail=0.05)
-    # Any prompt the template renders differently warns: a trainer would see other tokens.
-    template_parity: Threshold = Threshold(warn=0.0, fail=0.01)
-    # Any bad call warns; over 2 % of the model's calls the run is not what was asked for.
-    tool_calls: Threshold = Threshold(warn=0.0, fail=0.02)
+    rejects: Threshold = Field(
+        default=Threshold(warn=0.0, fail=0.01),
+        description="Share of input rows rejected (bad JSON, wrong types, empty, duplicate "
+        "ids): any warns; above 1 % the dataset is not what was asked for.",
+    )
+    error_rate: Threshold = Field(
+        default=Threshold(warn=0.01, fail=0.05),
+        description="error_rows: share of rows stored as errors (the server failed them every "
+        "attempt).",
+    )
+    empty_answer: Threshold = Field(
+        default=Threshold(warn=0.01, fail=0.05),
+        description="empty_answer: share of answers empty, a filler (filler_answers) or under "
+        "min_answer_tokens.",
+    )
+    empty_thinking: Threshold = Field(
+        default=Threshold(warn=0.01, fail=0.05),
+        description="empty_thinking: share of rows asked to think whose reasoning is empty.",
+    )
+    think_leak: Threshold = Field(
+        default=Threshold(warn=0.005, fail=0.02),
+        description="think_leak: share of answers with a think tag in them (the reasoning "
+        "parser missed it).",
+    )
+    truncated: Threshold = Field(
+        default=Threshold(warn=0.05, fail=0.2),
+        description="truncation: share of answers cut at max_tokens (finish_reason length).",
+    )
+    truncated_in_thinking: Threshold = Field(
+        default=Threshold(warn=0.01, fail=0.05),
+        description="truncated_in_thinking: share of answers whose tokens ran out inside the "
+        "thinking, so there is no answer.",
+    )
+    aborted: Threshold = Field(
+        default=Threshold(warn=0.0, fail=0.0),
+        description="aborted: share of stored answers the server cut short (finish_reason "
+        "abort); regen retries those and never stores one, so any fails.",
+    )
+    repetition: Threshold = Field(
+        default=Threshold(warn=0.01, fail=0.05),
+        description="repetition: share of rows in a decoding loop (see repetition_ngram).",
+    )
+    language_switch: Threshold = Field(
+        default=Threshold(warn=0.02, fail=0.1),
+        description="language_switch: share of mostly Latin-script prompts answered mostly in "
+        "CJK (Qwen drifting into Chinese); rare in a healthy run.",
+    )
+    answer_collapse: Threshold = Field(
+        default=Threshold(warn=0.05, fail=0.2),
+        description="answer_collapse: share of the single most common answer.",
+    )
+    tiny_length: Threshold = Field(
+        default=Threshold(warn=0.02, fail=0.1),
+        description="tiny_length: share of answers at or under tiny_length_tokens.",
+    )
+    server_outlier: Threshold = Field(
+        default=Threshold(warn=0.02, fail=0.1),
+        description="server_outlier: how far one server's defect rate is above the other "
+        "servers' (it must also be server_outlier_ratio times theirs); the live gate "
+        "quarantines such a server.",
+    )
+    loss_mask_short: Threshold = Field(
+        default=Threshold(warn=0.01, fail=0.05),
+        description="loss_mask: share of samples with at most min_loss_tokens trained tokens.",
+    )
+    template_parity: Threshold = Field(
+        default=Threshold(warn=0.0, fail=0.01),
+        description="template_parity: share of stored prompts the model's chat template "
+        "renders differently from what the server was sent; any warns (a trainer would see "
+        "other tokens).",
+    )
+    tool_calls: Threshold = Field(
+        default=Threshold(warn=0.0, fail=0.02),
+        description="tool_calls: share of the model's calls that are malformed, name an "
+        "undeclared tool or were dropped by the parser; any warns.",
+    )
 
     min_answer_tokens: int = Field(default=4, ge=0, description="Shorter answers are trivial.")
-    filler_answers: list[str] = ["OK.", "OK", "Ok.", "Sure.", "Sure", "Yes.", "No.", "Done."]
+    filler_answers: list[str] = Field(
+        default=["OK.", "OK", "Ok.", "Sure.", "Sure", "Yes.", "No.", "Done."],
+        description="Answers that count as empty (compared without case or extra spaces).",
+    )
     tiny_length_tokens: int = Field(
         default=8,
         ge=0,
@@ -87,7 +145,9 @@ class AuditConfig(BaseModel):
         description="Rows whose stored prompts template parity renders again (evenly spread, "
         "deterministic); 0 renders every row.",
     )
-    max_examples: int = Field(default=5, ge=0)
+    max_examples: int = Field(
+        default=5, ge=0, description="Example ids a check names in the report."
+    )
     not_judged: list[RowCheck] = Field(
         default_factory=list,
         description="Checks measured and reported but never graded, here or by the live gate: "

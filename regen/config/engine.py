@@ -26,12 +26,20 @@ SPECULATIVE_MAX_RUNNING = 4096
 class SpeculativeConfig(Section):
     """MTP / EAGLE speculative decoding; NEXTN needs no draft model for Qwen3.5-family models."""
 
-    enabled: bool = True
-    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = "NEXTN"
-    num_steps: int = Field(default=3, ge=1)
-    eagle_topk: int = Field(default=1, ge=1)
-    num_draft_tokens: int = Field(default=4, ge=1)
-    draft_model_path: Path | None = None
+    enabled: bool = Field(
+        default=True, description="Pass the speculative-decoding flags below; false: none."
+    )
+    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = Field(
+        default="NEXTN", description="--speculative-algorithm."
+    )
+    num_steps: int = Field(default=3, ge=1, description="--speculative-num-steps.")
+    eagle_topk: int = Field(default=1, ge=1, description="--speculative-eagle-topk.")
+    num_draft_tokens: int = Field(default=4, ge=1, description="--speculative-num-draft-tokens.")
+    draft_model_path: Path | None = Field(
+        default=None,
+        description="--speculative-draft-model-path; none for NEXTN, which uses the model's "
+        "own MTP heads.",
+    )
 
 
 class EmulatedGpu(Section):
@@ -56,9 +64,9 @@ class EmulatorConfig(Section):
     """Settings only the emulator reads: simulated speed and batch curve, load time and
     injected faults. The curve's defaults and their sources: regen/emulator/gpu.py."""
 
-    load_s: float = Field(default=0.5, ge=0)
+    load_s: float = Field(default=0.5, ge=0, description="Simulated model load time, seconds.")
     tokens_per_s: float = Field(
-        default=250.0, gt=0, description="A lone request's decode speed (simulated tokens/s)."
+        default=250.0, gt=0, description="Simulated decode speed of one request, tokens/s."
     )
     batch_knee: int = Field(
         default=128,
@@ -86,9 +94,17 @@ class EmulatorConfig(Section):
         default=3.6, gt=0, description="MTP accept length the emulator reports on /metrics."
     )
     time_scale: float = Field(default=0.01, gt=0, description="Wall seconds per simulated second.")
-    seed: int = 0
-    reasoning_tokens: str = Field(default="200:4000", pattern=r"^\d+:\d+$")
-    answer_tokens: str = Field(default="20:800", pattern=r"^\d+:\d+$")
+    seed: int = Field(default=0, description="Seed of the emulated text and lengths.")
+    reasoning_tokens: str = Field(
+        default="200:4000",
+        pattern=r"^\d+:\d+$",
+        description="MIN:MAX length of an emulated reasoning, in tokens.",
+    )
+    answer_tokens: str = Field(
+        default="20:800",
+        pattern=r"^\d+:\d+$",
+        description="MIN:MAX length of an emulated answer, in tokens.",
+    )
     faults: list[str] = Field(default_factory=list, description="--emu-fault specs, all servers.")
     server_faults: dict[int, list[str]] = Field(
         default_factory=dict, description="Extra --emu-fault specs by server index."
@@ -98,9 +114,13 @@ class EmulatorConfig(Section):
 class BenchConfig(Section):
     """The fleet's micro-benchmark: a short fixed load per server, to catch a slow GPU early."""
 
-    concurrency: int = Field(default=32, ge=1)
-    max_tokens: int = Field(default=256, ge=1)
-    budget_s: float = Field(default=20.0, gt=0)
+    concurrency: int = Field(default=32, ge=1, description="Requests sent to each server at once.")
+    max_tokens: int = Field(default=256, ge=1, description="max_tokens of each request.")
+    budget_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="Seconds the load runs; the tokens of requests finished within it are counted.",
+    )
     min_relative_speed: float = Field(
         default=0.5, ge=0, le=1, description="Flag a server below this share of the median."
     )
@@ -143,7 +163,12 @@ class EngineConfig(Section):
     """How the fleet is launched: one server per GPU (or `servers` on the CPU), each on
     base_port + index."""
 
-    kind: Literal["sglang", "emulator", "external"] = "sglang"
+    kind: Literal["sglang", "emulator", "external"] = Field(
+        default="sglang",
+        description="sglang: regen launches SGLang servers; emulator: SGLang-compatible "
+        "emulators (what a rehearsal uses); external: attach to running servers at "
+        "engine.urls.",
+    )
     device: Literal["cuda", "cpu"] = Field(
         default="cuda",
         description="cuda: one server per engine.gpus entry; cpu: engine.servers servers "
@@ -160,23 +185,37 @@ class EngineConfig(Section):
         default=sys.executable,
         description="Interpreter of the venv that has sglang (on a local file system).",
     )
-    launcher: Literal["module", "serve"] = "module"
-    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(
-        default_factory=lambda: [0], min_length=1
+    launcher: Literal["module", "serve"] = Field(
+        default="module",
+        description="module: python -m sglang.launch_server; serve: the venv's `sglang serve`.",
     )
-    host: str = "127.0.0.1"
-    base_port: Port = 30000
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(
+        default_factory=lambda: [0],
+        min_length=1,
+        description="With device cuda, one server per GPU index (its CUDA_VISIBLE_DEVICES).",
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address the servers listen on; a non-loopback host needs engine.api_key.",
+    )
+    base_port: Port = Field(default=30000, description="Server i listens on base_port + i.")
     api_key: SecretStr | None = Field(
         default=None, description="Server API key; generated per run when empty."
     )
-    reasoning_parser: str | None = "qwen3"
+    reasoning_parser: str | None = Field(
+        default="qwen3",
+        description="SGLang's --reasoning-parser, which splits the thinking from the answer; "
+        "none: no split.",
+    )
     tool_call_parser: str | None = Field(
         default=None,
         description="SGLang's --tool-call-parser (qwen25 for Qwen3, qwen3_coder, hermes, ...): "
         "the server then parses the calls of rows with tools into message.tool_calls; "
         "without it a call stays text in the answer.",
     )
-    speculative: SpeculativeConfig = SpeculativeConfig()
+    speculative: SpeculativeConfig = Field(
+        default=SpeculativeConfig(), description="Speculative decoding (MTP heads or a draft)."
+    )
     max_running_requests: int | None = Field(
         default=None,
         ge=1,
@@ -184,8 +223,10 @@ class EngineConfig(Section):
         "the requests regen keeps in flight on each; default: SGLang sizes it from the KV pool "
         "and regen measures each server's best concurrency below it.",
     )
-    context_length: int = Field(default=40960, ge=256)
-    mem_fraction_static: float = Field(default=0.88, gt=0, le=1)
+    context_length: int = Field(default=40960, ge=256, description="--context-length.")
+    mem_fraction_static: float = Field(
+        default=0.88, gt=0, le=1, description="--mem-fraction-static."
+    )
     kv_cache_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -202,18 +243,28 @@ class EngineConfig(Section):
         "were started so. Not on a CPU (SGLang refuses its torch_native attention there), "
         "and every min_p must be 0 (its seeded sampler has none).",
     )
-    extra_args: list[str] = Field(default_factory=list)
-    startup_timeout_s: float = Field(default=900.0, gt=0)
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More flags for every server's command line, checked by SGLang's parser; "
+        "a flag regen sets from the config, or one removed in sglang 0.5.23, is refused.",
+    )
+    startup_timeout_s: float = Field(
+        default=900.0, gt=0, description="Seconds a server has to load and pass its probes."
+    )
     min_servers: int | None = Field(
         default=None, ge=1, description="Go on with this many healthy servers; default all."
     )
     urls: list[str] = Field(default_factory=list, description="Server URLs for kind: external.")
-    bench: BenchConfig = BenchConfig()
+    bench: BenchConfig = Field(
+        default=BenchConfig(), description="The micro-benchmark each server runs after launch."
+    )
     relaunch: RelaunchConfig = Field(
         default_factory=RelaunchConfig,
         description="Launched servers (not kind external) that exit or hang are relaunched.",
     )
-    emulator: EmulatorConfig = EmulatorConfig()
+    emulator: EmulatorConfig = Field(
+        default=EmulatorConfig(), description="What the emulator simulates (engine.kind: emulator)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:

@@ -76,13 +76,33 @@ class ExportConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
     dest: str = Field(min_length=1, description="A directory or s3://bucket/prefix.")
-    formats: list[ExportFormat] = Field(min_length=1)
-    turns: Turns = "each"
-    exclude_truncated: bool = False
-    min_loss_tokens: int = Field(default=0, ge=0)
-    generated_only: bool | None = None
-    single_file: bool = Field(default=False, description="The JSONL formats only.")
-    token_freq: bool = Field(default=False, description="The token formats only.")
+    formats: list[ExportFormat] = Field(
+        min_length=1, description="Formats to write: specforge, tokenized, hf-dataset, messages."
+    )
+    turns: Turns = Field(
+        default="each",
+        description="Token formats: one sample per assistant turn (each) or the last turn only.",
+    )
+    exclude_truncated: bool = Field(
+        default=False, description="Leave out answers cut at max_tokens (finish_reason length)."
+    )
+    min_loss_tokens: int = Field(
+        default=0, ge=0, description="Leave out samples with fewer trained (response) tokens."
+    )
+    generated_only: bool | None = Field(
+        default=None,
+        description="Conversation formats: leave out the assistant turns that came with the "
+        "input; default on for turns: last datasets, off otherwise.",
+    )
+    single_file: bool = Field(
+        default=False,
+        description="JSONL formats: one <format>.jsonl (SpecForge opens one file) instead of "
+        "a file per shard.",
+    )
+    token_freq: bool = Field(
+        default=False,
+        description="Token formats: also write token_freq.pt (speculators' token frequencies).",
+    )
 
     def targets(self) -> list[tuple[str, ExportOptions]]:
         """(destination, options) per format, in the order given, each format once."""

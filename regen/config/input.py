@@ -13,8 +13,8 @@ from regen.config.section import Section
 
 class InputConfig(Section):
     """How the prompt set is read, and how a rerun treats one that changed since the dataset
-    was made. Not fingerprinted: a different input is a new input revision of the same run
-    (regen.dataset.plan), never a different run."""
+    was made. Not fingerprinted: a different input is a new input revision of the same run,
+    never a different run."""
 
     split: str | None = Field(
         default=None,

@@ -18,10 +18,10 @@ class SamplingSetting(Section):
     the share of rows drawn to it."""
 
     share: float = Field(ge=0, le=1, description="Share of rows sampled with this setting.")
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0, le=1)
+    temperature: float | None = Field(default=None, ge=0, description="Default: the section's.")
+    top_p: float | None = Field(default=None, gt=0, le=1, description="Default: the section's.")
+    top_k: int | None = Field(default=None, ge=-1, description="Default: the section's.")
+    min_p: float | None = Field(default=None, ge=0, le=1, description="Default: the section's.")
 
 
 class SamplingConfig(Section):
@@ -30,11 +30,13 @@ class SamplingConfig(Section):
     With `mix`, each row is drawn to one of its settings (a hash of the row id, so a retry,
     a resume or another node draws the same); a setting's unset keys are the section's."""
 
-    max_tokens: int = Field(default=4096, ge=1)
-    temperature: float = Field(default=0.6, ge=0)
-    top_p: float = Field(default=0.95, gt=0, le=1)
-    top_k: int = Field(default=20, ge=-1)
-    min_p: float = Field(default=0.0, ge=0, le=1)
+    max_tokens: int = Field(
+        default=4096, ge=1, description="Most tokens one answer may have, thinking included."
+    )
+    temperature: float = Field(default=0.6, ge=0, description="Sampling temperature.")
+    top_p: float = Field(default=0.95, gt=0, le=1, description="Nucleus sampling's top_p.")
+    top_k: int = Field(default=20, ge=-1, description="top_k; -1: no limit.")
+    min_p: float = Field(default=0.0, ge=0, le=1, description="min_p; 0: off.")
     seed: int = Field(
         default=0,
         ge=0,
@@ -78,7 +80,7 @@ class RegenerationConfig(Section):
     """What is regenerated: which assistant turns, and what becomes of the model's thinking.
 
     Part of the run's fingerprint: each setting changes what a stored row holds, except
-    `token_ids`, which only adds the server's ids beside the same text (see regen.fingerprint).
+    `token_ids`, which only adds the server's ids beside the same text.
     """
 
     turns: Literal["last", "all"] = Field(

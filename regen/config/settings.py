@@ -31,18 +31,33 @@ START_CONCURRENCY = 64
 class RegenConfig(Section):
     """Everything a run needs; the Prefect flow takes it as its parameter (a form in the UI)."""
 
-    model: ModelConfig
-    engine: EngineConfig = EngineConfig()
+    model: ModelConfig = Field(description="The target model: its weights, name and staging.")
+    engine: EngineConfig = Field(
+        default=EngineConfig(), description="The fleet of servers: how they are launched."
+    )
     prompts: str = Field(
         description="JSONL or Parquet file, glob or prefix, local or s3://, or a Hub dataset "
         "hf://datasets/ORG/NAME[@REVISION][/PATH-OR-GLOB]."
     )
-    input: InputConfig = InputConfig()
+    input: InputConfig = Field(
+        default=InputConfig(), description="How the prompt set is read, and a changed one treated."
+    )
     output: str = Field(description="Dataset root: a directory or an s3://bucket/prefix.")
-    work_dir: Path = Field(default=Path(".regen"), description="Local logs and PID files.")
-    sampling: SamplingConfig = SamplingConfig()
-    regeneration: RegenerationConfig = RegenerationConfig()
-    shard_size: int = Field(default=500, gt=0)
+    work_dir: Path = Field(
+        default=Path(".regen"),
+        description="Local files of each run (server logs, PID files, key files, under "
+        "runs/<flow run id>/), the prompt cache and rehearsals' datasets.",
+    )
+    sampling: SamplingConfig = Field(
+        default=SamplingConfig(), description="The sampling parameters of every request."
+    )
+    regeneration: RegenerationConfig = Field(
+        default=RegenerationConfig(),
+        description="Which assistant turns are regenerated, and what becomes of the thinking.",
+    )
+    shard_size: int = Field(
+        default=500, gt=0, description="Prompts per shard: the unit of commit, resume and retry."
+    )
     concurrency_per_server: int | None = Field(
         default=None,
         gt=0,
@@ -50,8 +65,12 @@ class RegenConfig(Section):
         "server while it generates, from 64 up to the server's own max_running_requests "
         "and engine.max_running_requests.",
     )
-    generation: GenerationConfig = GenerationConfig()
-    audit: AuditConfig = AuditConfig()
+    generation: GenerationConfig = Field(
+        default=GenerationConfig(), description="How requests are sent, retried and reported."
+    )
+    audit: AuditConfig = Field(
+        default=AuditConfig(), description="The quality gates' thresholds and policy."
+    )
     export: ExportConfig | None = Field(
         default=None, description="Trainer formats written after a passing audit (stage 6)."
     )
