@@ -20,8 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from regen.features.encode import read_tensors
-
 KEY_PREFIX = "regen:"
 CAPTURE_ENV = "REGEN_CAPTURE_DIR"
 """The capture module's directory, in a server's environment (regen.features.site)."""
@@ -82,6 +80,9 @@ def read_keyed(answer: dict[str, Any], input_ids: list[int], capture_dir: Path) 
         raise CaptureError(f"capture file {path} is missing") from None
     finally:
         path.unlink(missing_ok=True)
+    # Here, not at import: ml_dtypes costs every emulator process ~0.3 CPU s at its start.
+    from regen.features.encode import read_tensors
+
     tensors, _ = read_tensors(data)
     ids = tensors.get("input_ids")
     if ids is None or ids.shape != (len(input_ids),) or not np.array_equal(ids, input_ids):
