@@ -7,14 +7,18 @@ so a `regen` subprocess, the servers it launches in sessions of their own, SGLan
 and Prefect's temporary server all carry the tag of whatever started the run; nothing else is
 ever touched (another session's processes carry another token, an engineer's next door none).
 
-The hooks act where a conftest re-exports them (tests/engine/conftest.py), on that directory's
-tests alone. A fixture's processes are stopped after its teardown, or at once when its set-up
-raised (a timed-out module fixture would otherwise keep its servers until the module ends); a
-test body's right after the call. Session-scoped fixtures are set up outside these hooks: theirs
-carry the bare token and are stopped at the session's end. pytest-timeout's thread method (an
-`os._exit`), a SIGKILL or SIGTERM to pytest and a second Ctrl-C skip every finalizer: a watchdog
-(`python -m support.reaper PID STARTED TOKEN`, started with the first test) waits for the pytest
-process to end and then stops whatever carries its token.
+The whole suite re-exports the session's two hooks (tests/conftest.py): whatever a test, a
+fixture or a `regen` it runs leaves behind when its pytest process ends, or is killed, is
+stopped (a suite killed by an outer timeout once left its Prefect servers and workers running
+for an hour, at 8 % of a core each). Per fixture and per test, the hooks act where a conftest
+re-exports them (tests/engine/conftest.py), on that directory's tests alone: each costs a scan
+of the machine's processes. A fixture's processes are stopped after its teardown, or at once
+when its set-up raised (a timed-out module fixture would otherwise keep its servers until the
+module ends); a test body's right after the call. Session-scoped fixtures are set up outside
+these hooks: theirs carry the bare token and are stopped at the session's end. pytest-timeout's
+thread method (an `os._exit`), a SIGKILL or SIGTERM to pytest and a second Ctrl-C skip every
+finalizer: a watchdog (`python -m support.reaper PID STARTED TOKEN`, started with the session)
+waits for the pytest process to end and then stops whatever carries its token.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class Lane:
 
     token: str
     watchdog: subprocess.Popen[bytes]
+    finished: bool = False
     numbers: itertools.count[int] = field(default_factory=itertools.count)
     stopped: list[str] = field(default_factory=list)
     scopes: dict[int, str] = field(default_factory=dict)  # id(fixturedef) -> its scope
@@ -126,6 +131,15 @@ def _scoped(tag: str) -> Generator[None]:
             os.environ[SCOPE_ENV] = before
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The lane from the start, in each process that runs tests: not in an xdist controller,
+    whose workers would carry its token and be stopped as they shut down."""
+    config = session.config
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    _lane(config)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     _lane(item.config)
@@ -168,18 +182,19 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None]:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     lane = session.config.stash.get(_LANE, None)
-    if lane is None:
+    if lane is None or lane.finished:  # re-exported by more than one conftest
         return
+    lane.finished = True
     lane.reap(lane.token, "the session")
     lane.watchdog.terminate()
     lane.watchdog.wait(timeout=10)
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+def reaped_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """What had to be stopped: a test or a product teardown that left a process behind."""
     lane = terminalreporter.config.stash.get(_LANE, None)
     if lane is not None and lane.stopped:
-        terminalreporter.section("processes the lane's reaper stopped")
+        terminalreporter.section("processes the reaper stopped")
         for line in lane.stopped:
             terminalreporter.write_line(line)
 

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from support.reaper import pytest_sessionfinish as pytest_sessionfinish
+from support.reaper import pytest_sessionstart as pytest_sessionstart
+from support.reaper import reaped_summary
 from tests.support.cli import regen_env as _regen_env
 
 if TYPE_CHECKING:
@@ -89,3 +92,4 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for suite in (_sglang, engine, trainers):
         if not suite.env_ready() and not required():
             terminalreporter.write_line(suite.MISSING)
+    reaped_summary(terminalreporter)

@@ -34,7 +34,7 @@ from support.reaper import pytest_fixture_setup as pytest_fixture_setup
 from support.reaper import pytest_runtest_call as pytest_runtest_call
 from support.reaper import pytest_runtest_setup as pytest_runtest_setup
 from support.reaper import pytest_sessionfinish as pytest_sessionfinish
-from support.reaper import pytest_terminal_summary as pytest_terminal_summary
+from support.reaper import reaped_summary as pytest_terminal_summary
 """
 
 # Each process it starts is noted (PID, start time, scope) in NOTES before the test hangs.
@@ -149,7 +149,7 @@ def test_a_timeout_stops_what_the_test_and_its_fixtures_started(inner: Path) -> 
     # Stopped before the session ended, each by the end of the scope that started it: the
     # fixture whose set-up timed out at once, not when its module ended.
     assert _left(notes, timeout_s=0) == []
-    summary = out.split("processes the lane's reaper stopped", 1)[-1]
+    summary = out.split("processes the reaper stopped", 1)[-1]
     for what in ["test_inner.py::test_hangs_in_its_body", "fixture function_server:",
                  "fixture module_server:", "fixture hangs_in_set_up (set-up failed):"]:  # fmt: skip
         assert what in summary, summary
@@ -163,7 +163,7 @@ def test_a_hard_exit_of_pytest_leaves_nothing_behind(inner: Path) -> None:
     done, notes = _inner_session(inner, THREAD_TESTS)
     out = done.stdout + done.stderr
     assert done.returncode == 1 and "Timeout" in out, out[-4000:]
-    assert "processes the lane's reaper stopped" not in out  # no finalizer, no summary
+    assert "processes the reaper stopped" not in out  # no finalizer, no summary
     assert [n["what"] for n in notes] == ["before os._exit"]
     assert _left(notes, timeout_s=HANG_GUARD_S) == []
     token = notes[0]["scope"].split("/")[0]

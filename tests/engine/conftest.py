@@ -32,7 +32,6 @@ from support.reaper import pytest_fixture_setup as pytest_fixture_setup
 from support.reaper import pytest_runtest_call as pytest_runtest_call
 from support.reaper import pytest_runtest_setup as pytest_runtest_setup
 from support.reaper import pytest_sessionfinish as pytest_sessionfinish
-from support.reaper import pytest_terminal_summary as pytest_terminal_summary
 from tests.engine.live import LiveRun, running
 
 if not env_ready() and not required():
