@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -197,3 +198,21 @@ def in_process(
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+def hold_port(port: int, timeout_s: float = 60.0) -> socket.socket:
+    """Listen on `port` as soon as the server killed on it let it go: a relaunch then fails
+    for real (an emulator cannot bind, as SGLang could not)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"port {port} never came free") from None
+            time.sleep(0.005)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -47,7 +46,7 @@ from support.chaos import (
     write_chaos_config,
 )
 from support.dataset import dataset_ids, manifest_keys, read_progress
-from support.emulator import MODEL_DIR, Emulator
+from support.emulator import MODEL_DIR, Emulator, hold_port
 from support.multinode import write_prompts
 
 pytestmark = pytest.mark.timeout(600)
@@ -66,22 +65,6 @@ def _dead_fleet_run(tmp_path: Path) -> ChaosRun:
     config.write_text(yaml.safe_dump(data))
     prompts = write_prompts(tmp_path / "prompts.jsonl", ROWS)
     return ChaosRun(config=config, out=str(tmp_path / "out"), work_dir=work, prompts=prompts)
-
-
-def hold_port(port: int, timeout_s: float = 60.0) -> socket.socket:
-    """Listen on `port` as soon as its killed server let it go: its relaunch cannot bind."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
-        try:
-            sock.bind(("127.0.0.1", port))
-            sock.listen()
-            return sock
-        except OSError:
-            sock.close()
-            assert time.monotonic() < deadline, f"port {port} never came free"
-            time.sleep(0.005)
 
 
 def _shards_said(said: str, ended: str) -> set[int]:

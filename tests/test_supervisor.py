@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -56,7 +55,7 @@ from regen.sglang_api.endpoint import Endpoint
 from regen.sglang_api.probe import ProbeSettings, ProbeTarget
 from regen.storage import LocalStorage
 from support.dataset import dataset_ids, manifest_keys
-from support.emulator import emulators
+from support.emulator import emulators, hold_port
 from tests.support.fleet import MODEL_DIR, SERVED, fleet_config, server_pids, start_owner
 
 FAST = ProbeSettings(generation_timeout_s=5, interval_s=0.1)
@@ -189,23 +188,6 @@ def _exactly_once(out: pl.DataFrame, run: Run) -> None:
     assert out["error"].null_count() == out.height, out.filter(pl.col("error").is_not_null())
 
 
-def _hold_port(port: int, timeout: float = GUARD_S) -> socket.socket:
-    """Bind and listen on `port` as soon as a killed server has let it go: a relaunch then
-    fails for real (the emulator cannot bind, as SGLang could not)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
-        try:
-            sock.bind(("127.0.0.1", port))
-            sock.listen()
-            return sock
-        except OSError:
-            sock.close()
-            assert time.monotonic() < deadline, f"port {port} never came free"
-            time.sleep(0.005)
-
-
 def test_a_killed_server_is_relaunched_and_the_run_completes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -307,7 +289,7 @@ def test_a_server_that_cannot_come_back_stays_out_with_one_line(
             # Out in the report, then retired in the dispatcher (from a thread): both seen.
             return run.row(1).status == "out" and d.stats().servers[1].quarantine_reason is not None
 
-        with _hold_port(port):
+        with hold_port(port):
             run.wait("server-1 out", out)
             results = run.results()
         stats = d.stats()
@@ -350,7 +332,7 @@ def test_a_fleet_that_cannot_come_back_is_gone_at_once(tmp_path: Path) -> None:
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
-        holders = [_hold_port(port) for port in ports]
+        holders = [hold_port(port) for port in ports]
         try:
             with pytest.raises(FleetGone) as gone:
                 run.results()
