@@ -14,6 +14,7 @@ from regen.dataset.keys import AUDIT_MARKDOWN_KEY, key_url
 from regen.display.figures import sig
 from regen.errors import UserError
 from regen.fleet import reap_orphans
+from regen.fleet.orphans import reap_spawned
 from regen.generation.stopped import GenerationStopped
 from regen.machine.interrupt import (
     Interrupts,
@@ -83,7 +84,7 @@ def _interrupts(config: RegenConfig, server: TemporaryServer | None) -> Interrup
     watchdog bounds the unwinding, whatever Prefect's API does meanwhile."""
     return Interrupts(
         line=lambda sig: resume_line(sig, config.output, argv()),
-        stop_fleet=lambda: reap_orphans(config.work_dir),
+        stop_fleet=lambda: (reap_orphans(config.work_dir), reap_spawned()),
         on_force=server.kill if server is not None else lambda: None,
     )
 
@@ -155,6 +156,7 @@ def run_features(config: RegenConfig) -> int:
 
 def _interrupted(interrupts: Interrupts, config: RegenConfig, raised: signal.Signals) -> int:
     sig = interrupts.received or raised
+    reap_spawned()  # the teardown stopped the servers it knew of; a server spawned as it began
     print(resume_line(sig, config.output, argv()), file=sys.stderr)
     interrupts.said = True
     return exit_code(sig)

@@ -9,6 +9,7 @@ another process is not an orphan and is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import psutil
 
 from regen.fleet.commands import RUNS_DIR
 from regen.fleet.process import FLEET_ID_ENV
-from regen.machine.owned import alive, in_group, stop
+from regen.machine.owned import alive, in_group, mine, stop
 
 log = logging.getLogger(__name__)
 
@@ -146,3 +147,19 @@ def reap_orphans(work_dir: Path, grace_s: float = 5.0) -> list[int]:
         # The key file beside it: <dir>/pids/server-0.json -> <dir>/secrets/server-0.yaml.
         (orphan.path.parent.parent / "secrets" / f"{orphan.name}.yaml").unlink(missing_ok=True)
     return sorted(victims)
+
+
+def reap_spawned(grace_s: float = 5.0) -> list[int]:
+    """Stop every server this process launched that is still running, recorded or not; their
+    PIDs. A Ctrl-C that lands between a server's fork and its PID file leaves it in a session
+    of its own that no teardown knows of (seen once in CI, at the fleet's launch): it is found
+    by the tags every server carries, this process as its owner and a fleet id."""
+    victims = []
+    for proc in mine({}):
+        with contextlib.suppress(psutil.Error):
+            if FLEET_ID_ENV in proc.environ():
+                victims.append(proc)
+    for proc in victims:
+        log.warning("stopping server pid %d, launched as the run was interrupted", proc.pid)
+    stop(victims, grace_s, {p.pid for p in victims if in_group(p.pid, p.pid)})
+    return sorted(p.pid for p in victims)

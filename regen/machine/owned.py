@@ -95,6 +95,17 @@ def _owner_alive(tag: str) -> bool:
 def orphans(env_match: Mapping[str, str | None]) -> list[psutil.Process]:
     """Processes tagged by an owner that is gone and whose environment has `env_match`
     (a None value: the variable must be unset)."""
+    return [proc for proc, tag in _tagged(env_match) if not _owner_alive(tag)]
+
+
+def mine(env_match: Mapping[str, str | None]) -> list[psutil.Process]:
+    """Processes this one tagged (`tag_children`) whose environment has `env_match`."""
+    me = _identity(psutil.Process())
+    return [proc for proc, tag in _tagged(env_match) if tag == me]
+
+
+def _tagged(env_match: Mapping[str, str | None]) -> list[tuple[psutil.Process, str]]:
+    """Other processes with an owner's tag and `env_match` (None: the variable unset)."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter():
@@ -105,10 +116,8 @@ def orphans(env_match: Mapping[str, str | None]) -> list[psutil.Process]:
         except psutil.Error:  # another user's, or gone meanwhile
             continue
         tag = env.get(OWNER_ENV)
-        if not tag or any(env.get(k) != v for k, v in env_match.items()):
-            continue
-        if not _owner_alive(tag):
-            found.append(proc)
+        if tag and all(env.get(k) == v for k, v in env_match.items()):
+            found.append((proc, tag))
     return found
 
 
