@@ -93,7 +93,10 @@ def test_the_tuner_moves_a_real_server_from_its_start_and_settles_within_its_cap
             deadline = time.monotonic() + 600  # a hang guard, not a budget
             while controller.phase is not Phase.SETTLED:
                 assert time.monotonic() < deadline, tuner.changes
-                assert dispatcher.stats().queued > 0, f"rows ran out first: {tuner.changes}"
+                # Rows queued all along, however fast this machine answers: a server with
+                # nothing queued has nothing for the tuner to measure.
+                if dispatcher.stats().queued < 40:
+                    shards.append(dispatcher.submit_shard(len(shards), _prompts(40)))
                 time.sleep(0.2)
             level = controller.limit
             slots = dispatcher.stats().servers[0].slots
