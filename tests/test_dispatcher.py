@@ -7,7 +7,9 @@ Scheduling, retries and quarantine run against emulators served in this process 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import os
 import signal
 import threading
@@ -357,6 +359,44 @@ def test_dead_fleet_fails_pending_shards_after_fleet_dead_s(tmp_path: Path) -> N
     # The fleet was given its fleet_dead_s before the shard failed (a lower bound cannot
     # flake on a slow machine; the 30 s above is the guard against never failing).
     assert waited >= 1.4, waited
+
+
+def test_a_shared_reprobe_still_running_ends_with_the_dispatcher(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The fleet's re-probe is one task its callers share (asyncio.shield), so cancelling the
+    dispatcher's re-probe leaves it running on the dispatcher's loop. Closing must end it too:
+    a closed loop destroys it pending, and a dead fleet's one line was followed by asyncio's
+    "Task was destroyed but it is pending!" and a failed re-probe's "GeneratorExit"."""
+    started = threading.Event()
+    shared: dict[str, asyncio.Task[bool]] = {}
+
+    async def probe() -> bool:
+        started.set()
+        await asyncio.sleep(600)
+        return True
+
+    async def reprobe(endpoint: Endpoint) -> bool:
+        task = shared.get(endpoint.name)
+        if task is None:
+            task = shared[endpoint.name] = asyncio.get_running_loop().create_task(probe())
+        return await asyncio.shield(task)
+
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    with served(2) as fleet:
+        fleet[1].stop()
+        with dispatcher(fleet, reprobe=reprobe) as d:
+            future = d.submit_shard(0, prompts(20))
+            assert started.wait(30), d.stats()
+            assert future.result(timeout=30).height == 20
+            closing = time.monotonic()
+    assert time.monotonic() - closing < 5  # cancelled, not waited out
+    (task,) = shared.values()
+    assert task.cancelled(), task
+    del task
+    shared.clear()  # the last references: collected now, as a closed loop's would be
+    gc.collect()
+    assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
 
 
 def test_quarantined_server_leaves_for_good_and_loses_no_row() -> None:
