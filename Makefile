@@ -59,9 +59,12 @@ test: lint typecheck
 	@$(PYTEST) -q -n 2 --dist loadgroup -m "not engine" $(ARGS)
 	@$(PYTEST) -q -m engine --session-timeout 7200 tests/engine $(ARGS) || [ $$? -eq 5 ]
 
-# The fast loop: everything but the end-to-end Prefect runs and the bench smoke runs.
+# The fast loop: everything but the end-to-end Prefect runs, the bench smoke runs, the engine
+# lane and the tests slow by nature (marker slow: tests/conftest.py). One worker more than
+# cores: its tests wait on emulators and subprocesses a quarter of their time.
+FAST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, len(os.sched_getaffinity(0)) + 1))")
 test-fast: lint
-	@$(PYTEST) -q -n 2 --dist loadgroup -m "not e2e and not bench and not engine" $(ARGS)
+	@$(PYTEST) -q -n $(FAST_WORKERS) --dist loadgroup -m "not e2e and not bench and not engine and not slow" $(ARGS)
 
 # Full sizes take minutes to an hour each and write benches/results/*.json.
 bench: install

@@ -1,6 +1,6 @@
 """Shared fixtures (a Prefect home per test worker, the env of a `regen` subprocess, the moto S3
-server) and the one place that marks tests: e2e by the fixtures that start Prefect, bench by
-module."""
+server) and the one place that marks tests: e2e by the fixtures that start Prefect, bench and
+slow by module or directory."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 _E2E_FIXTURES = frozenset({"prefect_home", "prefect_harness", "prefect_server_home"})
 # Modules whose every test runs a bench at its smoke size.
 _BENCH_MODULES = frozenset({"test_benches.py"})
+# Slow by nature, not by waste: seconds of another venv's imports (SGLang's, the trainers'
+# torch), fleets of servers killed, stopped and relaunched, pytest sessions run out to their
+# timeouts. `make test-fast` leaves them to `make test`; a test slow for a reason of its own
+# carries the mark itself.
+_SLOW_DIRS = frozenset({"contract", "trainers"})
+_SLOW_MODULES = frozenset({"test_supervisor.py", "test_reaper.py"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -34,6 +40,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
         if item.path.name in _BENCH_MODULES:
             item.add_marker(pytest.mark.bench)
+        if item.path.name in _SLOW_MODULES or item.path.parent.name in _SLOW_DIRS:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -109,7 +109,7 @@ def test_a_starved_kv_pool_queues_and_retracts_but_answers_the_same() -> None:
     # Answers of 800-1000 tokens on a pool of 2,500: three fit as admission first reserves
     # (70 % of max_tokens), more once its ratio decays over 600 steps, and those outgrow it.
     answers = ["--emu-answer-tokens", "800:1000", "--emu-seed", "0"]  # one model, two servers
-    fleet = flags([*answers, "--emu-kv-tokens", "2500", "--emu-time-scale", "0.3"],
+    fleet = flags([*answers, "--emu-kv-tokens", "2500", "--emu-time-scale", "0.1"],
                   [*answers, "--emu-time-scale", "0.01"])  # fmt: skip
     with in_process(fleet, served_name=MODEL, api_key=KEY) as (starved, roomy):
         from concurrent.futures import ThreadPoolExecutor
@@ -130,6 +130,7 @@ def test_a_starved_kv_pool_queues_and_retracts_but_answers_the_same() -> None:
         assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
 
 
+@pytest.mark.slow  # the tuner's own pace: a step per second, a dozen steps to two knees
 @pytest.mark.timeout(240)
 def test_the_tuner_raises_each_server_to_its_own_knee_within_its_cap() -> None:
     """Two servers, knees at 8 and 32 running requests, both capped at 48 by their own
