@@ -60,8 +60,7 @@ from regen.sglang_api.request import auth_headers
 __all__ = ["Dispatcher", "Reprobe", "SessionFactory", "keepalive_session"]
 
 log = logging.getLogger(__name__)
-# How long closing waits for tasks others left on the loop to take their cancel.
-_ORPHAN_WAIT_S = 2.0
+_ORPHAN_WAIT_S = 2.0  # how long closing waits for others' tasks to take their cancel
 
 
 class Dispatcher:
@@ -294,11 +293,9 @@ class Dispatcher:
             side.cancel()
         pending = [*self._probes.values(), *self._side_tasks]
         await asyncio.gather(*pending, return_exceptions=True)
-        # What others started on this loop ends with it too: the fleet's re-probe is one task
-        # its callers share (shielded), which cancelling our re-probe leaves running; the
-        # closed loop would destroy it pending. Bounded: a cancel can be lost (bpo-42130).
-        current = asyncio.current_task()
-        others = [task for task in asyncio.all_tasks() if task is not current]
+        # Others' tasks on this loop end with it: the fleet's shared (shielded) re-probe
+        # outlives the cancel of ours. Bounded: a cancel can be lost (bpo-42130).
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
         for task in others:
             task.cancel()
         if others:

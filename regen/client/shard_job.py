@@ -22,6 +22,12 @@ import polars as pl
 from regen.client.effort import pick_effort
 from regen.client.seed import turn_seed
 from regen.client.setting import SettingDraw
+from regen.client.shard_frame import (
+    ID_COLUMNS,
+    RESULT_COLUMNS,
+    conversation_frame,
+    last_turn_frame,
+)
 from regen.config import ReasoningEffort
 from regen.conversations import (
     Turns,
@@ -32,26 +38,9 @@ from regen.conversations import (
     turn_number,
     user_turn_end,
 )
-from regen.schema import OUTPUT_MESSAGE, SAMPLING, TOOL_CALL, TURN, row_schema
 from regen.sglang_api.request import RowSetting
 from regen.sglang_api.response import Completion
 from regen.tools import divergence, result_ids, sent_messages
-
-_RESULT_COLUMNS = (
-    "content",
-    "reasoning_content",
-    "finish_reason",
-    "prompt_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "model",
-    "server",
-    "attempts",
-    "latency_s",
-    "error",
-)
-# The last turn's server ids (turns=last); with turns=all each turn record holds its own.
-_ID_COLUMNS = ("prompt_token_ids", "response_token_ids")
 
 
 class _HistoryMessage(TypedDict):
@@ -150,7 +139,7 @@ class ShardJob:
         draw = self._setting
         self._settings = [draw(i) if draw else None for i in self.ids]
         self._columns = {
-            name: [None] * self.size for name in (*_RESULT_COLUMNS, *_ID_COLUMNS, "tool_calls")
+            name: [None] * self.size for name in (*RESULT_COLUMNS, *ID_COLUMNS, "tool_calls")
         }
         if self._all:
             n = self.size
@@ -377,94 +366,20 @@ class ShardJob:
         self._settings = []
 
     def _result(self) -> pl.DataFrame:
-        schema = row_schema()
-        results = pl.DataFrame(
-            {name: self._columns[name] for name in _RESULT_COLUMNS},
-            schema={name: schema[name] for name in _RESULT_COLUMNS},
-        )
+        sampling = [s.record() if s is not None else None for s in self._settings]
         if self._all:
-            return self._conversation_result(results)
-        # strict=False: an element that is no int32 becomes null rather than failing the shard.
-        ids = pl.DataFrame(
-            {name: self._columns[name] for name in _ID_COLUMNS},
-            schema=dict.fromkeys(_ID_COLUMNS, pl.List(pl.Int32)),
-            strict=False,
-        ).with_columns(
-            pl.Series("tool_calls", self._columns["tool_calls"], pl.List(TOOL_CALL), strict=False),
-            pl.lit(None, pl.String).alias("tool_stop"),
-        )
-        message = pl.element().struct
-        frame = self._frame.with_columns(
-            pl.lit(self.shard, pl.Int64).alias("shard"),
-            pl.col("messages").list.eval(
-                pl.struct(
-                    message.field("role"),
-                    message.field("content"),
-                    pl.lit(None, pl.String).alias("reasoning_content"),
-                    message.field("tool_calls"),
-                    message.field("tool_call_id"),
-                )
-            ),
-            *([] if "tools" in self._frame.columns else [pl.lit(None, pl.String).alias("tools")]),
-        )
-        turn = pl.struct(
-            pl.Series("turn", [self.number_of(pos) for pos in range(self.size)], pl.Int64),
-            "finish_reason",
-            "prompt_tokens",
-            "completion_tokens",
-            "reasoning_tokens",
-            pl.Series(
-                "reasoning_effort", [self.effort(pos) for pos in range(self.size)], pl.String
-            ),
-            "server",
-            "attempts",
-            "latency_s",
-            *_ID_COLUMNS,
-            "tool_calls",
-            "tool_stop",
-            pl.Series("seed", [self.seed(pos) for pos in range(self.size)], pl.Int64),
-        )
-        out = pl.concat([frame, results, ids, self._sampling_column()], how="horizontal")
-        return (
-            out.with_columns(
-                pl.when(pl.col("error").is_null())
-                .then(pl.concat_list(turn))
-                .otherwise(pl.lit([], pl.List(TURN)))
-                .alias("turns")
+            return conversation_frame(
+                self._frame, self.shard, self._columns, self._history, self._records, sampling
             )
-            .select(schema.names())
-            .cast(schema)
-        )
-
-    def _conversation_result(self, results: pl.DataFrame) -> pl.DataFrame:
-        """turns=all: `messages` is the regenerated conversation (up to the failed turn's user
-        message on an error row), `turns` the per-turn records."""
-        schema = row_schema()
-        built = pl.DataFrame(
-            {
-                "id": self._frame["id"],
-                "shard": [self.shard] * self.size,
-                "messages": self._history if self.size else [],
-                "turns": self._records if self.size else [],
-                "tools": (
-                    self._frame["tools"] if "tools" in self._frame.columns else [None] * self.size
-                ),
-            },
-            schema={
-                "id": pl.String,
-                "shard": pl.Int64,
-                "messages": pl.List(OUTPUT_MESSAGE),
-                "turns": pl.List(TURN),
-                "tools": pl.String,
-            },
-        )
-        out = pl.concat([built, results, self._sampling_column()], how="horizontal")
-        return out.select(schema.names()).cast(schema)
-
-    def _sampling_column(self) -> pl.DataFrame:
-        records = [s.record() if s is not None else None for s in self._settings]
-        return pl.DataFrame(
-            {"sampling": records if self.size else []}, schema={"sampling": SAMPLING}
+        positions = range(self.size)
+        return last_turn_frame(
+            self._frame,
+            self.shard,
+            self._columns,
+            sampling,
+            turns=[self.number_of(pos) for pos in positions],
+            efforts=[self.effort(pos) for pos in positions],
+            seeds=[self.seed(pos) for pos in positions],
         )
 
 
