@@ -270,7 +270,8 @@ def add_library_verbs(verbs: argparse._SubParsersAction[Any]) -> None:
 def _audit(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from regen.audit import audit_table, run_audit, write_report
+    from regen.audit import run_audit, write_report
+    from regen.audit.table import audit_table
     from regen.canary import stopped_run
     from regen.config import AuditConfig, load_config
     from regen.dataset.keys import AUDIT_MARKDOWN_KEY

@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 from rich.console import Console
 
-from regen.audit import AuditResult, Example, audit_table, run_audit, write_report
+from regen.audit import AuditResult, Example, run_audit, write_report
+from regen.audit.table import audit_table
 from regen.config import AuditConfig
 from regen.errors import UserError
 from regen.lossmask import load_template, samples

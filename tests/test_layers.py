@@ -84,6 +84,41 @@ def test_regen_status_loads_neither_the_progress_writer_nor_a_terminal_library()
         assert not {m for m in loaded if m == "rich" or m.startswith("rich.")}, module
 
 
+STATUS = """
+import sys
+from flows.cli import main
+code = main(["status", sys.argv[1]])
+print("\\n".join(sys.modules), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_the_regen_status_command_loads_no_writer_no_dispatcher_and_no_rich(
+    tmp_path: Path,
+) -> None:
+    """The whole command on a run's root, not its modules alone: reading the stop record
+    imported the canary package, which loaded the dispatcher, and the audit package, which
+    loaded rich for its terminal table."""
+    from regen.dataset.keys import progress_key
+    from regen.progress.snapshot import ProgressSnapshot
+    from regen.storage import LocalStorage
+
+    snap = ProgressSnapshot(
+        updated_at=0.0, elapsed_s=1.0, total=10, done=4, already_done=0, ok=4, failed=0,
+        in_flight=0, queued=6, retries=0, shards_committed=0, rows_committed=0,
+        output_tokens=400, tokens_per_s=400.0, rows_per_s=4.0, eta_s=1.5, servers=(),
+    )  # fmt: skip
+    LocalStorage(tmp_path).write_bytes(progress_key(), snap.to_json())
+    done = subprocess.run(
+        [sys.executable, "-c", STATUS, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "live gate:" in done.stdout, done
+    loaded = set(done.stderr.split())
+    heavy = {"regen.progress.writer", "regen.client", "regen.audit.table", "prefect", "aiohttp"}
+    assert not loaded & heavy, loaded & heavy
+    assert not {m for m in loaded if m == "rich" or m.startswith("rich.")}
+
+
 def test_one_lease_protocol_under_its_users() -> None:
     """The output's lease and the shard claims were two leases on the same generation files,
     each with its own expiry, races and fence. Now regen.storage.lease is the one protocol:

@@ -11,7 +11,6 @@ from regen.audit.rolling import Decision, RollingAudit, judge
 from regen.audit.settings import AuditSettings, settings_for
 from regen.audit.summary import audit_rows, merge
 from regen.audit.summary_model import Summary
-from regen.audit.table import audit_table
 
 __all__ = [
     "CHECKS",
@@ -23,7 +22,6 @@ __all__ = [
     "RollingAudit",
     "Summary",
     "audit_rows",
-    "audit_table",
     "judge",
     "merge",
     "run_audit",

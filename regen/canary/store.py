@@ -13,13 +13,16 @@ import io
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import polars as pl
 
-from regen.client import Dispatcher
 from regen.dataset.keys import canary_key
 from regen.schema import row_schema
 from regen.storage import Storage
+
+if TYPE_CHECKING:  # `regen status` reads a stop record through this package: no dispatcher
+    from regen.client import Dispatcher
 
 # The number the canary is submitted under: below every shard, so the dispatcher's queue
 # (ordered by shard number) sends it before any shard that may already be waiting.
