@@ -36,6 +36,9 @@ def _config(tmp_path: Path, **emulator: Any) -> RegenConfig:
         # The final audit's own judgement of every server: the live gate would quarantine a
         # sick server at the canary, and its rows would never reach the dataset.
         "audit": {"live": "off"},
+        # Nor a hedged copy: a runaway answer is the slow tail a copy on a healthy server wins,
+        # so under load the sick server's rows were stored from the others (CI: figure 0.0).
+        "generation": {"hedge": "off"},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(data))
     with (tmp_path / "prompts.jsonl").open("w") as fh:
