@@ -195,9 +195,21 @@ def in_process(
     finally:
         for emu in started:
             emu.stop()
+        asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop).result()
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+async def _cancel_the_rest(wait_s: float = 5.0) -> None:
+    """End the handlers a stop left running (a request held in its decode when the port
+    closed): a closed loop destroys them pending, and asyncio's "Task was destroyed but it is
+    pending!" then lands in whatever test collects them, as if its own code had leaked them."""
+    rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in rest:
+        task.cancel()
+    if rest:
+        await asyncio.wait(rest, timeout=wait_s)
 
 
 def hold_port(port: int, timeout_s: float = 60.0) -> socket.socket:
