@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -42,6 +42,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.bench)
         if item.path.name in _SLOW_MODULES or item.path.parent.name in _SLOW_DIRS:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which returns its LoadGroupScheduling
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With `--dist loadgroup`, the tests that share a set-up go to one worker
+    (support.groups: the marks xdist reads are lost under pytest 9.2)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.support.groups import SharedSetupScheduling
+
+    return SharedSetupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

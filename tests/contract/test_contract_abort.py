@@ -22,8 +22,6 @@ from tests.contract._sglang import Sglang
 from tests.contract.test_contract_protocol import COMMON, KEY, Emu, _body, _check
 from tests.support.fleet import SERVED
 
-pytestmark = pytest.mark.xdist_group("sglang")
-
 SERVERS = {
     "abort": ["--emu-time-scale", "0.01", "--emu-fault", "abort=1"],
     # One slot and slow decoding: a second request waits in the queue.

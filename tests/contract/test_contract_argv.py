@@ -19,9 +19,6 @@ from regen.sglang_api.flags import FLAGS_FILE
 from tests.contract._sglang import SGLANG_PYTHON, Sglang
 from tests.support.fleet import MODEL_DIR, SERVED, fleet_config
 
-# One worker runs them all: one driver process, so sglang is imported once per test run.
-pytestmark = pytest.mark.xdist_group("sglang")
-
 KEY = SecretStr("contract-key-0c4e")
 
 # Held out from the code that judges them: typos, a removed flag, flags that never existed

@@ -27,9 +27,6 @@ from support.emulator import Emulator
 from tests.contract._sglang import Sglang
 from tests.support.fleet import SERVED
 
-# One worker runs them all: one driver process, so sglang is imported once per test run.
-pytestmark = pytest.mark.xdist_group("sglang")
-
 KEY = "contract-emu-key"
 USER = [{"role": "user", "content": "Explain how a queue works, step by step."}]
 MULTI_TURN = [

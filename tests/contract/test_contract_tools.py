@@ -22,8 +22,6 @@ from tests.contract._sglang import Sglang
 from tests.contract.test_contract_protocol import COMMON, KEY, Emu
 from tests.support.fleet import SERVED
 
-pytestmark = pytest.mark.xdist_group("sglang")
-
 WEATHER = {
     "type": "function",
     "function": {

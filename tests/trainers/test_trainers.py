@@ -36,8 +36,8 @@ from support.trainers import (
 )
 from tests.trainers.conftest import Rehearsal
 
-# One xdist worker: the rehearsal and the driver (torch, transformers) are built once.
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("trainers")]
+# One xdist worker (tests/support/groups.py): the rehearsal and the driver are built once.
+pytestmark = pytest.mark.timeout(300)
 
 
 def _export(source: Storage, dest: Path, fmt: str, **options: Any) -> Any:
