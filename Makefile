@@ -49,6 +49,9 @@ docs: install
 # and every emulator or `regen` subprocess compiled the project's sources again, and pytest
 # rewrote every test module's asserts again, on every run (the caches are git-ignored).
 PYTEST := PYTHONDONTWRITEBYTECODE= $(VENV)/bin/python -m pytest
+# One xdist worker more than cores: the tests wait on emulators, subprocesses and simulated
+# GPU time a fifth to a quarter of theirs (the suite used 1.5 of 2 cores at 2 workers, 1.8 at 3).
+WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, len(os.sched_getaffinity(0)) + 1))")
 
 # The real-engine lane (tests/engine/: two SGLang servers on this CPU) runs after the rest, on
 # its own, so its servers never share the two cores with a parallel suite; without
@@ -56,15 +59,13 @@ PYTEST := PYTHONDONTWRITEBYTECODE= $(VENV)/bin/python -m pytest
 # has its own limit (support/engine.py); after two hours no further test starts (the lane took
 # 11 min here at a load of 5, 26 min at 12: a hung lane is bounded, a slow one still passes).
 test: lint typecheck
-	@$(PYTEST) -q -n 2 --dist loadgroup -m "not engine" $(ARGS)
+	@$(PYTEST) -q -n $(WORKERS) --dist loadgroup -m "not engine" $(ARGS)
 	@$(PYTEST) -q -m engine --session-timeout 7200 tests/engine $(ARGS) || [ $$? -eq 5 ]
 
 # The fast loop: everything but the end-to-end Prefect runs, the bench smoke runs, the engine
-# lane and the tests slow by nature (marker slow: tests/conftest.py). One worker more than
-# cores: its tests wait on emulators and subprocesses a quarter of their time.
-FAST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, len(os.sched_getaffinity(0)) + 1))")
+# lane and the tests slow by nature (marker slow: tests/conftest.py).
 test-fast: lint
-	@$(PYTEST) -q -n $(FAST_WORKERS) --dist loadgroup -m "not e2e and not bench and not engine and not slow" $(ARGS)
+	@$(PYTEST) -q -n $(WORKERS) --dist loadgroup -m "not e2e and not bench and not engine and not slow" $(ARGS)
 
 # Full sizes take minutes to an hour each and write benches/results/*.json.
 bench: install
