@@ -322,9 +322,10 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", default=["multiturn", "balance", "tail"])
     a = p.parse_args()
     a.slots, a.conversations, a.tail_servers, a.tail_prompts = 16, 400, 4, 2000
-    a.balance_servers, a.balance_prompts = 4, 1000
-    if a.smoke:
+    a.balance_servers, a.balance_prompts, a.multiturn_fleets = 4, 1000, (4, 8)
+    if a.smoke:  # two fleet sizes still, each half: a server launched is most of a smoke run
         a.slots, a.conversations, a.tail_prompts, a.balance_prompts = 4, 24, 64, 64
+        a.tail_servers, a.balance_servers, a.multiturn_fleets = 2, 2, (2, 4)
         a.time_scale = min(a.time_scale, 0.01)
     result: dict[str, Any] = {
         "setup": {k: v for k, v in vars(a).items() if k != "cases"},
@@ -334,7 +335,7 @@ def main() -> None:
         root = Path(tmp)
         if "multiturn" in a.cases:
             for kind in ("full", "sparse"):
-                for servers in (4, 8):
+                for servers in a.multiturn_fleets:
                     key = f"{servers} {kind}"
                     result["multiturn"][key] = multiturn(a, servers, root, kind)
         if "balance" in a.cases:

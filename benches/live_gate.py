@@ -356,7 +356,9 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--slots", type=int, default=16, help="requests in flight per server")
     parser.add_argument("--repeats", type=int, default=5, help="clean runs of each kind")
-    parser.add_argument("--cases", default="emulator,gpu", help="emulator, gpu or both")
+    parser.add_argument(
+        "--cases", help="emulator, gpu or both (default: both; the smoke, emulator)"
+    )
     parser.add_argument(
         "--gpu-time-scale", type=float, default=1.0,
         help="the gpu case's wall seconds per simulated second (250 tok/s a request)",
@@ -367,9 +369,12 @@ def main() -> None:
     parser.add_argument("--gpu-repeats", type=int, default=3)
     parser.add_argument(
         "--smoke", action="store_true",
-        help="600 incident and 300 clean prompts, 2 servers, once; the gpu case at 0.05",
+        help="600 incident and 300 clean prompts, 2 servers, once; the emulator case alone "
+        "(the gpu case is the same runs at another time scale), unless --cases says",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.cases is None:
+        args.cases = "emulator" if args.smoke else "emulator,gpu"
     if args.smoke:
         args.prompts, args.clean_prompts, args.servers, args.repeats = 600, 300, 2, 1
         args.gpu_time_scale, args.gpu_clean_prompts, args.gpu_repeats = 0.05, 300, 1
