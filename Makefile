@@ -50,7 +50,8 @@ docs: install
 # rewrote every test module's asserts again, on every run (the caches are git-ignored).
 PYTEST := PYTHONDONTWRITEBYTECODE= $(VENV)/bin/python -m pytest
 # One xdist worker more than cores: the tests wait on emulators, subprocesses and simulated
-# GPU time a fifth to a quarter of theirs (the suite used 1.5 of 2 cores at 2 workers, 1.8 at 3).
+# GPU time a fifth to a quarter of theirs (the e2e tests used 1.5 of 2 cores at 2 workers; the
+# whole suite uses 1.8 at 3).
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, len(os.sched_getaffinity(0)) + 1))")
 
 # The real-engine lane (tests/engine/: two SGLang servers on this CPU) runs after the rest, on
