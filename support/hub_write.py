@@ -97,18 +97,20 @@ def put(h: _Handler) -> None:
         h._error(404, None, "no such route")
         return
     oid, data = parts[1], _body(h)
-    hub = h.hub
-    with hub._lock:
-        refused = hub.refuse_uploads_after is not None and hub.uploads >= hub.refuse_uploads_after
-    if refused:
-        h._error(403, None, "Request has expired")
-        return
     if hashlib.sha256(data).hexdigest() != oid:
         h._error(400, None, "the content does not match its sha256")
         return
+    hub = h.hub
+    # Judged and counted at once: huggingface_hub uploads in parallel, and two uploads that
+    # both passed a check made apart from the count were both taken (3 past a limit of 2).
     with hub._lock:
-        hub.lfs[oid] = data
-        hub.uploads += 1
+        refused = hub.refuse_uploads_after is not None and hub.uploads >= hub.refuse_uploads_after
+        if not refused:
+            hub.lfs[oid] = data
+            hub.uploads += 1
+    if refused:
+        h._error(403, None, "Request has expired")
+        return
     h._json({}, content_type="text/plain")
 
 
