@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which returns its LoadGroupScheduling
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With `--dist loadgroup`, the tests that share a set-up go to one worker
-    (support.groups: the marks xdist reads are lost under pytest 9.2)."""
+    (tests/support/groups.py: the marks xdist reads are lost under pytest 9.2)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from tests.support.groups import SharedSetupScheduling
